@@ -1,0 +1,91 @@
+"""Turn arbitrary Python objects into JSON-safe values, with a readable fallback for the rest."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+_PRIMITIVES = (str, int, bool, type(None))
+_MAX_DEPTH = 32
+
+
+def to_jsonable(value: Any, _depth: int = 0) -> Any:
+    """Return a JSON-serialisable version of ``value``; never raises.
+
+    Dicts, lists, tuples, sets, pydantic models and dataclasses are converted recursively.
+    Floats that JSON cannot carry (NaN, inf) become strings. Anything else becomes
+    ``{"__type__": "module.Class", "__repr__": repr(value)}`` so the payload stays readable.
+
+    >>> to_jsonable({"a": (1, 2), "b": {3}})
+    {'a': [1, 2], 'b': [3]}
+    >>> to_jsonable(object())["__type__"]
+    'builtins.object'
+    """
+    if isinstance(value, _PRIMITIVES):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if _depth > _MAX_DEPTH:
+        return _fallback(value)
+    d = _depth + 1
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v, d) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v, d) for v in value]
+    if isinstance(value, (set, frozenset)):
+        items = [to_jsonable(v, d) for v in value]
+        try:
+            return sorted(items)
+        except TypeError:
+            return items
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"__type__": "bytes", "base64": base64.b64encode(value).decode("ascii")}
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump) and not isinstance(value, type):
+        try:
+            return to_jsonable(model_dump(), d)
+        except Exception:  # a broken model_dump must not crash the agent
+            return _fallback(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        try:
+            return to_jsonable(dataclasses.asdict(value), d)
+        except Exception:
+            return _fallback(value)
+    tolist = getattr(value, "tolist", None)  # numpy arrays and torch tensors
+    if callable(tolist):
+        try:
+            return to_jsonable(tolist(), d)
+        except Exception:
+            return _fallback(value)
+    return _fallback(value)
+
+
+def _fallback(value: Any) -> dict[str, str]:
+    cls = type(value)
+    try:
+        text = repr(value)
+    except Exception as exc:  # repr itself may fail on user objects
+        text = f"<unrepresentable: {exc!r}>"
+    if len(text) > 4000:
+        text = text[:4000] + "...<truncated>"
+    return {"__type__": f"{cls.__module__}.{cls.__qualname__}", "__repr__": text}
+
+
+def dumps(value: Any) -> str:
+    """JSON-encode ``value`` compactly, converting unknown objects with :func:`to_jsonable`."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(to_jsonable(value), separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str | None) -> Any:
+    """Inverse of :func:`dumps`; ``None`` stays ``None``."""
+    return None if text is None else json.loads(text)

@@ -1,0 +1,7 @@
+"""Stores for rollouts and spans: one interface, in memory or in a SQLite file."""
+
+from .base import Store, new_rollout_id
+from .memory import MemoryStore
+from .sqlite import NotOurDatabase, SQLiteStore
+
+__all__ = ["MemoryStore", "NotOurDatabase", "SQLiteStore", "Store", "new_rollout_id"]

@@ -1,0 +1,119 @@
+"""The one interface every store implements: rollouts and their spans."""
+
+from __future__ import annotations
+
+import abc
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
+
+
+def new_rollout_id() -> str:
+    """A fresh, globally unique rollout id (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+class Store(abc.ABC):
+    """Where rollouts and spans live. ``MemoryStore`` and ``SQLiteStore`` implement it.
+
+    All methods are thread-safe. Stores are context managers (``close()`` on exit).
+    """
+
+    # -- rollouts -------------------------------------------------------------------------
+    def start_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> Rollout:
+        """Create a ``running`` rollout for ``task`` and return it."""
+        if mode not in ROLLOUT_MODES:
+            raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
+        rollout = Rollout(
+            rollout_id=rollout_id or new_rollout_id(),
+            task=task,
+            mode=mode,  # type: ignore[arg-type]
+            status="running",
+            start_time=time.time(),
+            metadata=metadata or {},
+        )
+        self._insert_rollout(rollout)
+        return rollout
+
+    def finish_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+    ) -> Rollout:
+        """Mark a rollout finished with ``status`` and its final ``reward``; return it.
+
+        Raises ``ValueError`` for a NaN/inf reward or an unknown status, ``KeyError`` for an
+        unknown rollout. A ``reward`` of ``None`` keeps any reward already recorded.
+        """
+        if status not in ROLLOUT_STATUSES or status == "running":
+            raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
+        reward = check_reward(reward)
+        rollout = self.get_rollout(rollout_id)
+        if rollout is None:
+            raise KeyError(f"unknown rollout {rollout_id!r}")
+        update = {"status": status, "end_time": time.time(), "error": error}
+        if reward is not None:
+            update["reward"] = reward
+        rollout = rollout.model_copy(update=update)
+        self._update_rollout(rollout)
+        return rollout
+
+    def set_reward(self, rollout_id: str, reward: float) -> None:
+        """Record the final reward of a rollout without changing its status."""
+        reward = check_reward(reward)
+        rollout = self.get_rollout(rollout_id)
+        if rollout is None:
+            raise KeyError(f"unknown rollout {rollout_id!r}")
+        self._update_rollout(rollout.model_copy(update={"reward": reward}))
+
+    @abc.abstractmethod
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        """The rollout with this id, or ``None``."""
+
+    @abc.abstractmethod
+    def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
+        """All rollouts, oldest first, optionally filtered by mode and status."""
+
+    # -- spans ----------------------------------------------------------------------------
+    def add_span(self, span: Span) -> None:
+        """Add (or replace, by ``span_id``) one span."""
+        self.add_spans([span])
+
+    @abc.abstractmethod
+    def add_spans(self, spans: Iterable[Span]) -> None:
+        """Add spans; a span whose ``span_id`` exists already replaces the stored one."""
+
+    @abc.abstractmethod
+    def spans(self, rollout_id: str) -> list[Span]:
+        """The spans of one rollout, ordered by start time (then insertion order)."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def flush(self) -> None:  # noqa: B027 - optional hook
+        """Make every write so far durable (a no-op for in-memory stores)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Flush and release resources."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- implementation hooks -------------------------------------------------------------
+    @abc.abstractmethod
+    def _insert_rollout(self, rollout: Rollout) -> None: ...
+
+    @abc.abstractmethod
+    def _update_rollout(self, rollout: Rollout) -> None: ...

@@ -1,0 +1,65 @@
+"""An in-process store: dicts behind a lock, for tests, notebooks and short runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from ..types import Rollout, Span
+from .base import Store
+
+
+class MemoryStore(Store):
+    """Keeps rollouts and spans in memory; nothing survives the process.
+
+    >>> import agentlightning_lite as agl
+    >>> store = agl.MemoryStore()
+    >>> tracer = agl.Tracer(store)
+    >>> with tracer.rollout({"q": "2+2"}) as ro:
+    ...     with tracer.span("tool", "calculator", input="2+2") as sp:
+    ...         sp.set_output(4)
+    ...     ro.reward(1.0)
+    >>> [s.name for s in store.spans(ro.id)], store.get_rollout(ro.id).reward
+    (['calculator', 'reward'], 1.0)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rollouts: dict[str, Rollout] = {}
+        self._spans: dict[str, dict[str, Span]] = {}
+
+    def _insert_rollout(self, rollout: Rollout) -> None:
+        with self._lock:
+            if rollout.rollout_id in self._rollouts:
+                raise ValueError(f"rollout {rollout.rollout_id!r} exists already")
+            self._rollouts[rollout.rollout_id] = rollout
+            self._spans.setdefault(rollout.rollout_id, {})
+
+    def _update_rollout(self, rollout: Rollout) -> None:
+        with self._lock:
+            self._rollouts[rollout.rollout_id] = rollout
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        with self._lock:
+            return self._rollouts.get(rollout_id)
+
+    def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
+        with self._lock:
+            items = list(self._rollouts.values())
+        return [
+            r
+            for r in items
+            if (mode is None or r.mode == mode) and (status is None or r.status == status)
+        ]
+
+    def add_spans(self, spans: Iterable[Span]) -> None:
+        with self._lock:
+            for span in spans:
+                # a replaced span keeps its original position, as in SQLiteStore
+                self._spans.setdefault(span.rollout_id, {})[span.span_id] = span
+
+    def spans(self, rollout_id: str) -> list[Span]:
+        with self._lock:
+            items = list(self._spans.get(rollout_id, {}).values())
+        # stable sort keeps insertion order among equal start times
+        return sorted(items, key=lambda s: s.start_time)

@@ -1,0 +1,477 @@
+"""The embedded tracer: rollouts and nested spans by context, rewards and signals from anywhere."""
+
+from __future__ import annotations
+
+import contextvars
+import secrets
+import threading
+import time
+import warnings
+from typing import Any
+
+from .store.base import Store
+from .store.memory import MemoryStore
+from .types import SPAN_KINDS, ROLLOUT_MODES, Span, check_reward
+
+_rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
+    "agl_rollout", default=None
+)
+_span_var: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar(
+    "agl_span", default=None
+)
+
+
+def new_span_id() -> str:
+    """A fresh span id (16 hex characters, like OpenTelemetry's)."""
+    return secrets.token_hex(8)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class SpanHandle:
+    """An open span. Set its output, attributes or tokens; it is written to the store on exit.
+
+    Use it through ``with tracer.span(...) as sp:``, or call ``end()`` yourself after
+    ``tracer.start_span(...)`` (callback-style integrations).
+    """
+
+    __slots__ = (
+        "_tracer", "_token", "_ended", "span_id", "rollout_id", "parent_id", "kind", "name",
+        "agent", "start_time", "input", "output", "attributes", "model", "prompt_token_ids",
+        "response_token_ids", "response_logprobs", "status", "error", "_activate", "_owner",
+    )
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        kind: str,
+        name: str,
+        rollout_id: str,
+        parent_id: str | None,
+        agent: str | None,
+        input: Any,
+        attributes: dict[str, Any] | None,
+        model: str | None,
+        activate: bool,
+        owner: RolloutHandle | None = None,
+        span_id: str | None = None,
+        start_time: float | None = None,
+    ) -> None:
+        if kind not in SPAN_KINDS:
+            raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+        self._tracer = tracer
+        self._token: contextvars.Token[SpanHandle | None] | None = None
+        self._ended = False
+        self._activate = activate
+        self._owner = owner  # an implicit rollout this span opened and must close
+        self.span_id = span_id or new_span_id()
+        self.rollout_id = rollout_id
+        self.parent_id = parent_id
+        self.kind = kind
+        self.name = name
+        self.agent = agent
+        self.start_time = time.time() if start_time is None else start_time
+        self.input = input
+        self.output: Any = None
+        self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
+        self.model = model
+        self.prompt_token_ids: list[int] | None = None
+        self.response_token_ids: list[int] | None = None
+        self.response_logprobs: list[float] | None = None
+        self.status = "ok"
+        self.error: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The span id."""
+        return self.span_id
+
+    def set_output(self, value: Any) -> None:
+        """Record what the span produced."""
+        self.output = value
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Record one attribute (any JSON-able value; others are stored in readable form)."""
+        self.attributes[key] = value
+
+    def set_attributes(self, values: dict[str, Any]) -> None:
+        """Record several attributes."""
+        self.attributes.update(values)
+
+    def set_tokens(
+        self,
+        prompt_token_ids: list[int] | None = None,
+        response_token_ids: list[int] | None = None,
+        response_logprobs: list[float] | None = None,
+        model: str | None = None,
+    ) -> None:
+        """Record the engine's exact token ids and logprobs of an LLM call."""
+        if prompt_token_ids is not None:
+            self.prompt_token_ids = list(prompt_token_ids)
+        if response_token_ids is not None:
+            self.response_token_ids = list(response_token_ids)
+        if response_logprobs is not None:
+            self.response_logprobs = list(response_logprobs)
+        if model is not None:
+            self.model = model
+
+    def set_error(self, error: BaseException | str) -> None:
+        """Mark the span failed with ``error`` (an exception or a message)."""
+        self.status = "error"
+        self.error = error if isinstance(error, str) else _error_text(error)
+
+    def to_span(self, end_time: float | None = None) -> Span:
+        """The span as a :class:`~agentlightning_lite.Span` record."""
+        return Span(
+            span_id=self.span_id,
+            rollout_id=self.rollout_id,
+            parent_id=self.parent_id,
+            kind=self.kind,  # type: ignore[arg-type]
+            name=self.name,
+            agent=self.agent,
+            start_time=self.start_time,
+            end_time=end_time,
+            status=self.status,  # type: ignore[arg-type]
+            error=self.error,
+            input=self.input,
+            output=self.output,
+            attributes=self.attributes,
+            model=self.model,
+            prompt_token_ids=self.prompt_token_ids,
+            response_token_ids=self.response_token_ids,
+            response_logprobs=self.response_logprobs,
+        )
+
+    def end(self, output: Any = None, error: BaseException | str | None = None) -> Span:
+        """Close the span (once), write it to the store and return the record."""
+        if self._ended:
+            raise RuntimeError(f"span {self.name!r} ({self.span_id}) ended twice")
+        self._ended = True
+        if output is not None:
+            self.output = output
+        if error is not None:
+            self.set_error(error)
+        span = self.to_span(end_time=time.time())
+        self._tracer.store.add_spans([span])
+        if self._token is not None:
+            try:
+                _span_var.reset(self._token)
+            except ValueError:  # ended from another context: nothing to restore there
+                pass
+            self._token = None
+        if self._owner is not None:
+            self._owner._finish(None if self.status == "ok" else self.error)
+        return span
+
+    def __enter__(self) -> SpanHandle:
+        if self._activate:
+            self._token = _span_var.set(self)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self.set_error(exc)
+        if not self._ended:
+            self.end()
+
+    async def __aenter__(self) -> SpanHandle:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<SpanHandle {self.kind}:{self.name} {self.span_id}>"
+
+
+class RolloutHandle:
+    """An open rollout: its ``id``, and ``reward(value)`` to set the episode's final reward.
+
+    On a normal exit the rollout is marked ``succeeded``; if an exception escapes, it is marked
+    ``failed`` with the error recorded, and the exception is re-raised.
+    """
+
+    def __init__(self, tracer: Tracer, rollout_id: str, created: bool) -> None:
+        self.tracer = tracer
+        self.id = rollout_id
+        self._created = created
+        self._token: contextvars.Token[RolloutHandle | None] | None = None
+        self._span_token: contextvars.Token[SpanHandle | None] | None = None
+        self._lock = threading.Lock()
+        self._final: float | None = None
+        self._last_reward: Span | None = None
+        self._finished = False
+
+    def reward(self, value: float, name: str | None = None) -> None:
+        """Set the final reward of this rollout (raises ``ValueError`` for NaN/inf)."""
+        value = check_reward(value)  # type: ignore[assignment]
+        self.tracer._record_reward(self, value, name, final=True)
+
+    @property
+    def final_reward(self) -> float | None:
+        """The final reward set so far (explicitly, or the last one emitted)."""
+        with self._lock:
+            if self._final is not None:
+                return self._final
+            return None if self._last_reward is None else self._last_reward.output
+
+    def _finish(self, error: str | None, status: str | None = None) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            final, last = self._final, self._last_reward
+        if final is None and last is not None:
+            # no explicit final reward: the last emitted reward is the episode's reward
+            final = last.output
+            attrs = dict(last.attributes, final=True)
+            self.tracer.store.add_spans([last.model_copy(update={"attributes": attrs})])
+        if status is None:
+            status = "succeeded" if error is None else "failed"
+        self.tracer.store.finish_rollout(self.id, status=status, reward=final, error=error)
+
+    def __enter__(self) -> RolloutHandle:
+        self._token = _rollout_var.set(self)
+        self._span_token = _span_var.set(None)  # spans inside start a fresh tree
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc is None:
+                self._finish(None)
+            elif isinstance(exc, TimeoutError):
+                self._finish(_error_text(exc), status="timeout")
+            else:
+                self._finish(_error_text(exc))
+        finally:
+            if self._span_token is not None:
+                _span_var.reset(self._span_token)
+            if self._token is not None:
+                _rollout_var.reset(self._token)
+
+    async def __aenter__(self) -> RolloutHandle:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<RolloutHandle {self.id}>"
+
+
+class Tracer:
+    """Records rollouts and nested spans into a store.
+
+    Spans nest by context (``contextvars``), so nesting follows ``asyncio`` tasks and threads
+    started with a copied context. A span opened outside any rollout opens an implicit ``trace``
+    rollout that closes with it.
+
+    >>> import agentlightning_lite as agl
+    >>> tracer = agl.Tracer(agl.MemoryStore())
+    >>> with tracer.rollout({"question": "What is 2+3?"}, mode="train") as ro:
+    ...     with tracer.span("agent", "solver", agent="solver"):
+    ...         with tracer.span("llm", "chat", input=[{"role": "user", "content": "2+3?"}]) as sp:
+    ...             sp.set_output("5")
+    ...     _ = agl.emit_reward(1.0)
+    >>> [(s.kind, s.name, s.agent) for s in tracer.store.spans(ro.id)]
+    [('agent', 'solver', 'solver'), ('llm', 'chat', 'solver'), ('reward', 'reward', None)]
+    >>> tracer.store.get_rollout(ro.id).reward
+    1.0
+    """
+
+    def __init__(self, store: Store | None = None) -> None:
+        self.store: Store = store if store is not None else MemoryStore()
+
+    # -- rollouts -------------------------------------------------------------------------
+    def rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> RolloutHandle:
+        """Open a rollout for ``task``; use as ``with tracer.rollout(task) as ro:``.
+
+        If ``rollout_id`` names a rollout already in the store (started by a trainer, say), the
+        handle attaches to it instead of creating a new one.
+        """
+        if mode not in ROLLOUT_MODES:
+            raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
+        if rollout_id is not None and self.store.get_rollout(rollout_id) is not None:
+            return RolloutHandle(self, rollout_id, created=False)
+        ro = self.store.start_rollout(task, mode=mode, metadata=metadata, rollout_id=rollout_id)
+        return RolloutHandle(self, ro.rollout_id, created=True)
+
+    @staticmethod
+    def current_rollout() -> RolloutHandle | None:
+        """The rollout open in this context, or ``None``."""
+        return _rollout_var.get()
+
+    @staticmethod
+    def current_span() -> SpanHandle | None:
+        """The innermost span open in this context, or ``None``."""
+        return _span_var.get()
+
+    # -- spans ----------------------------------------------------------------------------
+    def start_span(
+        self,
+        kind: str,
+        name: str,
+        input: Any = None,
+        agent: str | None = None,
+        attributes: dict[str, Any] | None = None,
+        model: str | None = None,
+        parent_id: str | None = None,
+        rollout_id: str | None = None,
+        activate: bool = False,
+        span_id: str | None = None,
+        start_time: float | None = None,
+    ) -> SpanHandle:
+        """Open a span and return its handle; call ``handle.end()`` to record it.
+
+        Parent, rollout and agent default to the current context's: a span without ``agent``
+        inherits its parent's. For callback-style integrations pass ``parent_id``/``rollout_id``
+        explicitly and keep ``activate=False`` (the span does not become the current one).
+        """
+        parent = _span_var.get()
+        owner: RolloutHandle | None = None
+        if rollout_id is None:
+            if parent is not None and parent._tracer is self:
+                rollout_id = parent.rollout_id
+            else:
+                current = _rollout_var.get()
+                if current is not None:
+                    rollout_id = current.id
+                else:  # no rollout open: this span opens an implicit one and closes it
+                    ro = self.store.start_rollout(None, mode="trace")
+                    owner = RolloutHandle(self, ro.rollout_id, created=True)
+                    rollout_id = ro.rollout_id
+        if parent_id is None and parent is not None and parent.rollout_id == rollout_id:
+            parent_id = parent.span_id
+            if agent is None:
+                agent = parent.agent
+        return SpanHandle(
+            self, kind, name, rollout_id, parent_id, agent, input, attributes, model,
+            activate, owner=owner, span_id=span_id, start_time=start_time,
+        )
+
+    def span(
+        self,
+        kind: str,
+        name: str,
+        input: Any = None,
+        agent: str | None = None,
+        attributes: dict[str, Any] | None = None,
+        model: str | None = None,
+    ) -> SpanHandle:
+        """Open a span nested in the current one: ``with tracer.span("tool", "search") as sp:``.
+
+        An exception inside marks the span ``error`` (with the message) and propagates.
+        """
+        return self.start_span(kind, name, input, agent, attributes, model, activate=True)
+
+    def _record_reward(
+        self, ro: RolloutHandle, value: float, name: str | None, final: bool
+    ) -> Span:
+        parent = _span_var.get()
+        now = time.time()
+        span = Span(
+            span_id=new_span_id(),
+            rollout_id=ro.id,
+            parent_id=parent.span_id if parent is not None and parent.rollout_id == ro.id else None,
+            kind="reward",
+            name=name or "reward",
+            agent=parent.agent if parent is not None else None,
+            start_time=now,
+            end_time=now,
+            output=value,
+            attributes={"reward": value, "final": final},
+        )
+        self.store.add_spans([span])
+        with ro._lock:
+            if final:
+                ro._final = value
+            else:
+                ro._last_reward = span
+        if final:
+            self.store.set_reward(ro.id, value)
+        return span
+
+
+_warned_outside: set[str] = set()
+
+
+def _warn_outside(what: str) -> None:
+    if what not in _warned_outside:
+        _warned_outside.add(what)
+        warnings.warn(
+            f"agl.{what}() called outside a rollout: nothing was recorded", RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def emit_reward(value: float, name: str | None = None, final: bool = False) -> Span | None:
+    """Record a reward in the current rollout, from anywhere in agent code.
+
+    Rewards emitted during the episode are intermediate rewards (used by
+    ``credit.Discounted``); ``final=True`` sets the episode's final reward. If a rollout ends
+    with no final reward set, its last emitted reward becomes the final one. NaN and inf raise
+    ``ValueError``. Outside a rollout, nothing is recorded (with a warning).
+
+    >>> import agentlightning_lite as agl
+    >>> tracer = agl.Tracer()
+    >>> with tracer.rollout("task") as ro:
+    ...     _ = agl.emit_reward(0.2, name="format")
+    ...     _ = agl.emit_reward(1.0, final=True)
+    >>> tracer.store.get_rollout(ro.id).reward
+    1.0
+    """
+    value = check_reward(value)  # type: ignore[assignment]
+    if value is None:
+        raise ValueError("reward must be a finite number, got None")
+    ro = _rollout_var.get()
+    if ro is None:
+        _warn_outside("emit_reward")
+        return None
+    return ro.tracer._record_reward(ro, value, name, final=final)
+
+
+def emit_signal(
+    name: str, value: Any = None, status: str | None = None, **attributes: Any
+) -> Span | None:
+    """Record a system signal (a test passed, a tool failed, a format check...) in the rollout.
+
+    Signals carry no reward by themselves; ``air.Rule`` turns them into intermediate rewards.
+    ``status`` is free text; ``"error"``, ``"failed"`` and ``"failure"`` mark the span as an error.
+
+    >>> import agentlightning_lite as agl
+    >>> tracer = agl.Tracer()
+    >>> with tracer.rollout("task") as ro:
+    ...     _ = agl.emit_signal("sql_executed", value=3, status="ok")
+    >>> [(s.kind, s.name, s.output) for s in tracer.store.spans(ro.id)]
+    [('signal', 'sql_executed', 3)]
+    """
+    ro = _rollout_var.get()
+    if ro is None:
+        _warn_outside("emit_signal")
+        return None
+    parent = _span_var.get()
+    now = time.time()
+    failed = status is not None and status.lower() in ("error", "failed", "failure")
+    span = Span(
+        span_id=new_span_id(),
+        rollout_id=ro.id,
+        parent_id=parent.span_id if parent is not None and parent.rollout_id == ro.id else None,
+        kind="signal",
+        name=name,
+        agent=parent.agent if parent is not None else None,
+        start_time=now,
+        end_time=now,
+        status="error" if failed else "ok",
+        output=value,
+        attributes={"signal_status": status, **attributes},
+    )
+    ro.tracer.store.add_spans([span])
+    return span

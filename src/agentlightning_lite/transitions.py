@@ -1,0 +1,153 @@
+"""Spans to RL transitions: one (prompt, response, reward) per policy-model call, in call order."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+
+from .air import AIRRule, call_before
+from .credit import CreditRule, FinalReward, Step
+from .store.base import Store
+from .types import Rollout, Span, Transition
+
+__all__ = ["policy_calls", "rollout_transitions", "transitions"]
+
+
+def policy_calls(spans: Sequence[Span], models: Iterable[str] | None = None) -> list[Span]:
+    """The LLM spans of a rollout that count as policy-model calls, in call order.
+
+    A span is left out when its model is not in ``models`` (if given), or when it carries the
+    attribute ``agl.duplicate_of`` (a framework's view of a call already recorded with tokens).
+    """
+    allowed = None if models is None else set(models)
+    return [
+        s
+        for s in spans
+        if s.kind == "llm"
+        and (allowed is None or s.model in allowed)
+        and not s.attributes.get("agl.duplicate_of")
+    ]
+
+
+def _intermediate_rewards(spans: Sequence[Span], calls: Sequence[Span]) -> list[list[tuple[str, float]]]:
+    """Rewards emitted during the episode (not the final one), attributed to calls."""
+    per_call: list[list[tuple[str, float]]] = [[] for _ in calls]
+    for s in spans:
+        if s.kind != "reward" or s.attributes.get("final"):
+            continue
+        idx = call_before(calls, s, s.agent)
+        if idx is None:
+            idx = 0 if calls else None  # a reward before any call belongs to the first one
+        if idx is not None and isinstance(s.output, (int, float)):
+            per_call[idx].append((s.name, float(s.output)))
+    return per_call
+
+
+def rollout_transitions(
+    rollout: Rollout,
+    spans: Sequence[Span],
+    agents: Iterable[str] | None = None,
+    credit: CreditRule | None = None,
+    air: Sequence[AIRRule] | None = None,
+    models: Iterable[str] | None = None,
+) -> list[Transition]:
+    """Transitions of one rollout from its spans; see :func:`transitions`."""
+    calls = policy_calls(spans, models)
+    if not calls:
+        return []
+    steps = [Step(i, c, r) for i, (c, r) in enumerate(zip(calls, _intermediate_rewards(spans, calls)))]
+    for rule in air or ():
+        for ir in rule(spans, calls):
+            steps[ir.call_index].rewards.append((ir.name, ir.value))
+    rule_fn = credit if credit is not None else FinalReward()
+    rewards = rule_fn(steps, rollout.reward)
+    if len(rewards) != len(steps):
+        raise ValueError(f"credit rule returned {len(rewards)} rewards for {len(steps)} calls")
+    keep = None if agents is None else set(agents)
+    out = []
+    for step, reward in zip(steps, rewards):
+        c = step.span
+        if keep is not None and c.agent not in keep:
+            continue
+        out.append(
+            Transition(
+                rollout_id=rollout.rollout_id,
+                index=step.index,
+                agent=c.agent,
+                prompt=c.input,
+                response=c.output,
+                prompt_token_ids=c.prompt_token_ids,
+                response_token_ids=c.response_token_ids,
+                response_logprobs=c.response_logprobs,
+                reward=reward,
+                final_reward=rollout.reward,
+                metadata={
+                    "span_id": c.span_id,
+                    "model": c.model,
+                    "intermediate_rewards": step.rewards,
+                    "status": c.status,
+                    "rollout_status": rollout.status,
+                },
+            )
+        )
+    return out
+
+
+def transitions(
+    store: Store,
+    rollout_ids: Iterable[str] | None = None,
+    agents: Iterable[str] | None = None,
+    credit: CreditRule | None = None,
+    air: Sequence[AIRRule] | None = None,
+    models: Iterable[str] | None = None,
+    mode: str | None = None,
+    require_tokens: bool = False,
+) -> list[Transition]:
+    """One transition per policy LLM call of each rollout, in call order, with credited rewards.
+
+    Args:
+        store: where the rollouts live.
+        rollout_ids: which rollouts (default: every rollout in the store, or those of ``mode``).
+        agents: keep only these agents' calls; the others stay in the trace but are not trained.
+            Credit is still assigned over the whole episode.
+        credit: a credit rule (default ``credit.FinalReward()``: the episode's reward on every call).
+        air: automatic intermediate reward rules (``air.ToolStatus``, ``air.Rule``, callables).
+        models: count only LLM calls made by these model names as policy calls.
+        mode: with no ``rollout_ids``, take only rollouts of this mode (``train``/``val``/``trace``).
+        require_tokens: drop calls without exact token ids (with a warning saying how many).
+
+    >>> import agentlightning_lite as agl
+    >>> tracer = agl.Tracer()
+    >>> with tracer.rollout("2+2?") as ro:
+    ...     for agent in ("writer", "checker"):
+    ...         with tracer.span("llm", "chat", agent=agent, input="2+2?") as sp:
+    ...             sp.set_output("4")
+    ...     ro.reward(1.0)
+    >>> [(t.index, t.agent, t.reward) for t in agl.transitions(tracer.store, agents=["writer"])]
+    [(0, 'writer', 1.0)]
+    """
+    if rollout_ids is None:
+        rollouts = store.rollouts(mode=mode)
+    else:
+        rollouts = []
+        for rid in rollout_ids:
+            ro = store.get_rollout(rid)
+            if ro is None:
+                raise KeyError(f"unknown rollout {rid!r}")
+            rollouts.append(ro)
+    agents = None if agents is None else list(agents)
+    models = None if models is None else list(models)
+    out: list[Transition] = []
+    for ro in rollouts:
+        out.extend(rollout_transitions(ro, store.spans(ro.rollout_id), agents, credit, air, models))
+    if require_tokens:
+        kept = [t for t in out if t.prompt_token_ids is not None and t.response_token_ids is not None]
+        if len(kept) < len(out):
+            warnings.warn(
+                f"{len(out) - len(kept)} of {len(out)} policy calls have no token ids "
+                "(made against a model the PolicyServer does not serve?) and are skipped",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        out = kept
+    return out
