@@ -1,0 +1,311 @@
+"""The engine interface the PolicyServer talks to: token-in, token-out generation with logprobs.
+
+An engine turns :class:`GenRequest` (prompt token ids plus sampling settings) into
+:class:`GenResult` (the sampled token ids, their logprobs, the text and why it stopped).
+:class:`BatchingEngine` adds a background loop that groups concurrent requests into batches.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..chat import render_chat
+
+__all__ = ["BatchingEngine", "Engine", "GenRequest", "GenResult"]
+
+
+@dataclass
+class GenRequest:
+    """One generation: a prompt as token ids and how to sample the continuation.
+
+    ``temperature == 0`` means greedy. ``top_logprobs`` asks for that many alternatives per
+    token. ``messages``/``tools`` carry the chat request (a scripted engine answers from them).
+
+    >>> GenRequest(prompt_token_ids=[1, 2, 3], max_tokens=8, temperature=0.0).stop
+    []
+    """
+
+    prompt_token_ids: list[int]
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    top_logprobs: int = 0
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    request_id: str = ""
+
+
+@dataclass
+class GenResult:
+    """What an engine generated for one :class:`GenRequest`.
+
+    ``token_ids`` are the sampled tokens exactly as generated (an EOS token that ended the
+    reply is included; text cut at a stop string keeps the tokens that were sampled);
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]``; ``text`` is the decoded reply
+    without special tokens and without a matched stop string. ``finish_reason`` is
+    ``"stop"`` (EOS or stop string) or ``"length"``.
+
+    >>> r = GenResult(prompt_token_ids=[1], token_ids=[5, 2], logprobs=[-0.1, -0.2], text="hi",
+    ...               finish_reason="stop")
+    >>> r.num_tokens
+    2
+    """
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    stop_reason: str | int | None = None
+    weights_version: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """How many tokens were generated."""
+        return len(self.token_ids)
+
+
+class Engine(abc.ABC):
+    """Base class of the policy engines (``HFEngine``, ``VLLMEngine``, ``ScriptedEngine``).
+
+    Subclasses set ``model_name``, ``tokenizer`` (a Hugging Face tokenizer or one with the same
+    ``encode``/``decode``/``apply_chat_template``) and ``max_context``, and implement
+    :meth:`generate`. ``version`` counts weight updates; ``lock`` guards the weights.
+
+    >>> from agentlightning_lite.serving.engines import ScriptedEngine
+    >>> engine = ScriptedEngine(["Hello!"], tokenizer="bytes")
+    >>> ids = engine.encode(engine.apply_chat_template([{"role": "user", "content": "Hi"}]))
+    >>> engine.generate([GenRequest(prompt_token_ids=ids)])[0].text
+    'Hello!'
+    """
+
+    model_name: str = "model"
+    tokenizer: Any = None
+    max_context: int = 8192
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.version = 0
+        self._stats_lock = threading.Lock()
+        self._stats: dict[str, Any] = {
+            "requests": 0,
+            "batches": 0,
+            "max_batch_size": 0,
+            "batch_sizes": collections.Counter(),
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "busy_s": 0.0,
+        }
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+
+    # -- text <-> tokens ------------------------------------------------------------------
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None = None, tool_choice: Any = None
+    ) -> str:
+        """The prompt text for OpenAI chat ``messages`` (tools rendered as the model expects)."""
+        return render_chat(self.tokenizer, list(messages), tools, tool_choice)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text`` (no BOS added by default: chat templates write their own)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids``."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token (special tokens included), as reported in logprobs."""
+        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Token ids that end a reply."""
+        ids: set[int] = set()
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        return ids
+
+    # -- generation -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        """Generate for every request (blocking; thread-safe). One result per request, in order."""
+
+    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+        """Start one generation and return a future (the server awaits it without blocking)."""
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        if self._executor is None:
+            with self._stats_lock:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=4, thread_name_prefix=f"agl-{type(self).__name__}"
+                    )
+        return self._executor.submit(lambda: self.generate([request])[0])
+
+    # -- weights --------------------------------------------------------------------------
+    def update_weights(self, source: Any) -> int:
+        """Load new policy weights; returns the new ``version``. Engines that train override it."""
+        raise NotImplementedError(f"{type(self).__name__} has no weights to update")
+
+    # -- statistics -----------------------------------------------------------------------
+    def _record_batch(
+        self, requests: Sequence[GenRequest], results: Sequence[GenResult], busy: float
+    ) -> None:
+        with self._stats_lock:
+            s = self._stats
+            s["requests"] += len(requests)
+            s["batches"] += 1
+            s["max_batch_size"] = max(s["max_batch_size"], len(requests))
+            s["batch_sizes"][len(requests)] += 1
+            s["prompt_tokens"] += sum(len(r.prompt_token_ids) for r in requests)
+            s["generated_tokens"] += sum(r.num_tokens for r in results)
+            s["busy_s"] += busy
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``requests``, ``batches``, ``max_batch_size``, ``batch_sizes`` (size -> count),
+        ``prompt_tokens``, ``generated_tokens``, ``busy_s`` (seconds spent generating)."""
+        with self._stats_lock:
+            out = dict(self._stats)
+            out["batch_sizes"] = dict(self._stats["batch_sizes"])
+            return out
+
+    def reset_stats(self) -> None:
+        """Zero the counters of :attr:`stats`."""
+        with self._stats_lock:
+            for k, v in self._stats.items():
+                self._stats[k] = collections.Counter() if isinstance(v, collections.Counter) else type(v)()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop background threads; pending requests fail."""
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model_name!r}, version={self.version})"
+
+
+_STOP = object()
+
+
+class BatchingEngine(Engine):
+    """An engine whose requests go through one background loop that batches them.
+
+    The loop takes the first waiting request, keeps collecting for ``batch_window_s`` seconds
+    (or until ``max_batch_size`` requests), and hands the batch to :meth:`_generate_batch`.
+    Requests that arrive while a batch runs form the next one.
+    """
+
+    def __init__(self, max_batch_size: int = 16, batch_window_s: float = 0.01) -> None:
+        super().__init__()
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._loop_thread: threading.Thread | None = None
+        self._loop_lock = threading.Lock()
+
+    @abc.abstractmethod
+    def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        """Generate for one batch (called from the batching loop only)."""
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        self._ensure_loop()
+        fut: concurrent.futures.Future[GenResult] = concurrent.futures.Future()
+        self._queue.put((request, fut))
+        return fut
+
+    def _ensure_loop(self) -> None:
+        if self._loop_thread is not None and self._loop_thread.is_alive():
+            return
+        with self._loop_lock:
+            if self._loop_thread is None or not self._loop_thread.is_alive():
+                self._loop_thread = threading.Thread(
+                    target=self._loop, name=f"agl-{type(self).__name__}-batcher", daemon=True
+                )
+                self._loop_thread.start()
+
+    def _collect(self) -> list[tuple[GenRequest, concurrent.futures.Future[GenResult]]] | None:
+        first = self._queue.get()
+        if first is _STOP:
+            return None
+        batch = [first]
+        deadline = time.monotonic() + self.batch_window_s
+        while len(batch) < self.max_batch_size:
+            timeout = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                self._queue.put(_STOP)
+                break
+            batch.append(item)
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._collect()
+            if batch is None:
+                return
+            live = [(r, f) for r, f in batch if f.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            requests = [r for r, _ in live]
+            t0 = time.perf_counter()
+            try:
+                results = self._generate_batch(requests)
+                if len(results) != len(requests):
+                    raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
+            except BaseException as exc:  # every waiting caller gets the error; the loop goes on
+                for _, f in live:
+                    f.set_exception(exc)
+                continue
+            self._record_batch(requests, results, time.perf_counter() - t0)
+            for (_, f), res in zip(live, results, strict=True):
+                f.set_result(res)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        if self._loop_thread is not None:
+            self._loop_thread.join(timeout=30)
+        while True:  # fail whatever is still queued
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                item[1].set_exception(RuntimeError(f"{type(self).__name__} closed"))
+        super().close()

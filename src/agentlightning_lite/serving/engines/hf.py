@@ -1,0 +1,323 @@
+"""The transformers engine: batched generation with exact per-token logprobs, CPU or GPU, with LoRA.
+
+Concurrent requests are grouped by a background loop, left-padded and decoded together with a
+KV cache; each request keeps its own sampling settings, seed, stop strings and token budget.
+A trainer can update the (optionally peft-wrapped) model in place between steps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from ... import models
+from .base import BatchingEngine, GenRequest, GenResult
+
+__all__ = ["HFEngine"]
+
+LogprobsMode = Literal["scaled", "raw", "processed"]
+
+
+class HFEngine(BatchingEngine):
+    """Serve a transformers causal LM: ``HFEngine("smollm2-135m")``, any Hugging Face id or local path.
+
+    Args:
+        model: a name from :mod:`agentlightning_lite.models`, a Hugging Face id, a local directory
+            or ``.gguf`` file, or an already loaded ``PreTrainedModel`` (then pass ``tokenizer``).
+        lora: ``None``; a directory holding a peft adapter (loaded trainable); a
+            ``peft.LoraConfig`` (a fresh adapter is attached); or an object with
+            ``to_peft_config()``.
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``...
+        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), a ``torch.dtype`` or its name.
+        max_batch_size: most requests decoded together.
+        batch_window_s: how long the batching loop waits for more requests after the first.
+        logprobs_mode: which log-probabilities are reported for the sampled tokens.
+            ``"scaled"`` (default): ``log_softmax(logits / temperature)``, the policy at the
+            sampling temperature before top-p truncation (what a trainer recomputes with a
+            forward pass; at temperature 1 the model's own distribution). ``"raw"``:
+            ``log_softmax(logits)``. ``"processed"``: after temperature and top-p (the exact
+            distribution sampled from). Greedy requests (temperature 0) report ``"raw"``.
+        model_name: the name served and recorded in spans (default: the name given).
+
+    ``engine.model`` is the module (peft-wrapped with ``lora``), ``engine.tokenizer`` its
+    tokenizer, ``engine.lock`` is held during each batch (hold it while changing weights) and
+    ``engine.version`` counts :meth:`update_weights` calls.
+
+    >>> engine = HFEngine("smollm2-135m", max_batch_size=8)  # doctest: +SKIP
+    >>> prompt = engine.apply_chat_template([{"role": "user", "content": "2+2?"}])  # doctest: +SKIP
+    >>> ids = engine.encode(prompt)  # doctest: +SKIP
+    >>> engine.generate([GenRequest(ids, max_tokens=8, temperature=0)])[0].text  # doctest: +SKIP
+    'The answer to this classic math problem'
+    """
+
+    def __init__(
+        self,
+        model: Any = "smollm2-135m",
+        lora: Any = None,
+        device: str = "auto",
+        dtype: Any = "auto",
+        max_batch_size: int = 16,
+        batch_window_s: float = 0.01,
+        logprobs_mode: LogprobsMode = "scaled",
+        model_name: str | None = None,
+        tokenizer: Any = None,
+        seed: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_window_s=batch_window_s)
+        import torch
+
+        if logprobs_mode not in ("scaled", "raw", "processed"):
+            raise ValueError(f"logprobs_mode must be 'scaled', 'raw' or 'processed', got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if dtype == "auto":
+            dtype = torch.float32
+            if self.device.type == "cuda":
+                dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        elif isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.dtype = dtype
+
+        if isinstance(model, (str, os.PathLike)):
+            resolved = models.resolve(model)
+            self.model_name = model_name or str(model)
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            kwargs = {"trust_remote_code": trust_remote_code, **resolved.from_pretrained_kwargs()}
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(resolved.path, **kwargs)
+            module = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, **kwargs)
+        else:
+            if tokenizer is None:
+                raise ValueError("pass tokenizer= with an already loaded model")
+            module = model
+            self.model_name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "model")
+        module = module.to(self.device)
+        module.eval()
+        self.tokenizer = tokenizer
+        if lora is not None:
+            module = self._attach_lora(module, lora)
+        self.model = module
+        config = getattr(module, "config", None)
+        self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
+        self._eos = set(super().eos_token_ids)
+        gen_eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            self._eos.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            self._eos.update(int(e) for e in gen_eos)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad) if pad is not None else (min(self._eos) if self._eos else 0)
+        self._rng = torch.Generator(device=self.device)
+        self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+
+    # -- weights --------------------------------------------------------------------------
+    @staticmethod
+    def _attach_lora(module: Any, lora: Any) -> Any:
+        try:
+            import peft
+        except ImportError as exc:  # pragma: no cover - peft is a dependency of training
+            raise ImportError("LoRA needs peft: pip install peft") from exc
+        if isinstance(lora, (str, os.PathLike)):
+            return peft.PeftModel.from_pretrained(module, str(lora), is_trainable=True)
+        if hasattr(lora, "to_peft_config"):
+            lora = lora.to_peft_config()
+        if isinstance(lora, peft.PeftConfig):
+            return peft.get_peft_model(module, lora)
+        raise TypeError(
+            f"lora must be an adapter directory, a peft.LoraConfig or None, got {type(lora).__name__}"
+        )
+
+    @property
+    def is_peft(self) -> bool:
+        """Whether the model carries a peft adapter."""
+        return hasattr(self.model, "peft_config")
+
+    def update_weights(
+        self, source: Mapping[str, Any] | Callable[[Any], Any] | str | os.PathLike[str]
+    ) -> int:
+        """Change the policy weights under ``lock`` and bump ``version`` (returned).
+
+        ``source`` is a callable ``fn(model)`` (e.g. an optimiser step on the same module),
+        a state dict (the adapter's, as ``peft.get_peft_model_state_dict`` returns, when the
+        model has a LoRA adapter; else a full or partial model state dict), or a directory
+        holding a saved peft adapter.
+
+        >>> engine.update_weights(lambda model: None)  # doctest: +SKIP
+        1
+        """
+        with self.lock:
+            if callable(source) and not isinstance(source, Mapping):
+                source(self.model)
+            else:
+                if isinstance(source, (str, os.PathLike)):
+                    source = self._read_adapter(str(source))
+                self._load_state(source)
+            self.version += 1
+            return self.version
+
+    @staticmethod
+    def _read_adapter(path: str) -> dict[str, Any]:
+        st = os.path.join(path, "adapter_model.safetensors")
+        if os.path.isfile(st):
+            from safetensors.torch import load_file
+
+            return load_file(st)
+        raise FileNotFoundError(f"no adapter_model.safetensors in {path}")
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        if self.is_peft:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, dict(state))
+            unexpected = getattr(result, "unexpected_keys", None) or []
+            if unexpected:
+                raise KeyError(f"adapter weights not in the model: {unexpected[:5]}")
+        else:
+            result = self.model.load_state_dict(dict(state), strict=False)
+            if result.unexpected_keys:
+                raise KeyError(f"weights not in the model: {result.unexpected_keys[:5]}")
+
+    # -- generation -----------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(self._eos)
+
+    def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        import torch
+
+        with self.lock, torch.inference_mode():
+            was_training = self.model.training
+            if was_training:
+                self.model.eval()
+            try:
+                return self._decode(requests, self.version)
+            finally:
+                if was_training:
+                    self.model.train()
+
+    def _sample(
+        self, logits: Any, req: GenRequest, gen: Any
+    ) -> tuple[int, float, list[tuple[int, float]] | None]:
+        """Pick the next token for one row; return it, its logprob and the top alternatives."""
+        import torch
+
+        raw = torch.log_softmax(logits, dim=-1)
+        if req.temperature <= 1e-5:
+            token = int(torch.argmax(logits))
+            report = raw
+        else:
+            scaled = torch.log_softmax(logits / req.temperature, dim=-1)
+            processed = scaled
+            if req.top_p < 1.0:
+                sorted_lp, order = torch.sort(scaled, descending=True)
+                cum = torch.cumsum(sorted_lp.exp(), dim=-1)
+                drop_sorted = (cum - sorted_lp.exp()) >= req.top_p  # keep the smallest set reaching top_p
+                drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+                processed = torch.log_softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
+            token = int(torch.multinomial(processed.exp(), 1, generator=gen))
+            report = {"scaled": scaled, "raw": raw, "processed": processed}[self.logprobs_mode]
+        top = None
+        if req.top_logprobs:
+            vals, idx = torch.topk(report, req.top_logprobs)
+            top = [(int(i), float(v)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
+        return token, float(report[token]), top
+
+    def _decode(self, requests: Sequence[GenRequest], version: int) -> list[GenResult]:
+        import torch
+
+        device = self.device
+        n = len(requests)
+        width = max(len(r.prompt_token_ids) for r in requests)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            k = len(r.prompt_token_ids)
+            ids[i, width - k :] = torch.tensor(r.prompt_token_ids, dtype=torch.long)
+            mask[i, width - k :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        gens = []
+        for r in requests:
+            if r.seed is None:
+                gens.append(self._rng)
+            else:
+                g = torch.Generator(device=device)
+                g.manual_seed(int(r.seed))
+                gens.append(g)
+
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        logits = out.logits[:, -1, :].float()
+        past = out.past_key_values
+        next_pos = positions[:, -1:] + 1
+
+        tokens: list[list[int]] = [[] for _ in requests]
+        lps: list[list[float]] = [[] for _ in requests]
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in requests]
+        done = [False] * n
+        finish = ["length"] * n
+        stop_reason: list[str | int | None] = [None] * n
+        texts: list[str | None] = [None] * n
+        max_new = max(r.max_tokens for r in requests)
+        for _step in range(max_new):
+            step_tokens = []
+            for i, r in enumerate(requests):
+                if done[i]:
+                    step_tokens.append(self.pad_token_id)
+                    continue
+                tok, lp, top = self._sample(logits[i], r, gens[i])
+                tokens[i].append(tok)
+                lps[i].append(lp)
+                if top is not None:
+                    tops[i].append(top)
+                step_tokens.append(tok)
+                if tok in self._eos:
+                    done[i], finish[i], stop_reason[i] = True, "stop", tok
+                elif r.stop:
+                    text = self.decode(tokens[i])
+                    hits = sorted((text.find(s), s) for s in r.stop if s and s in text)
+                    if hits:
+                        done[i], finish[i], stop_reason[i] = True, "stop", hits[0][1]
+                        texts[i] = text[: hits[0][0]]
+                if not done[i] and (
+                    len(tokens[i]) >= r.max_tokens
+                    or len(r.prompt_token_ids) + len(tokens[i]) >= self.max_context
+                ):
+                    done[i] = True
+            if all(done):
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
+            step = torch.tensor(step_tokens, dtype=torch.long, device=device).unsqueeze(1)
+            out = self.model(
+                input_ids=step,
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :].float()
+            past = out.past_key_values
+            next_pos = next_pos + 1
+
+        results = []
+        for i, r in enumerate(requests):
+            text = texts[i] if texts[i] is not None else self.decode(tokens[i])
+            results.append(
+                GenResult(
+                    prompt_token_ids=list(r.prompt_token_ids),
+                    token_ids=tokens[i],
+                    logprobs=lps[i],
+                    text=text,
+                    finish_reason=finish[i],
+                    top_logprobs=tops[i] if r.top_logprobs else None,
+                    stop_reason=stop_reason[i],
+                    weights_version=version,
+                )
+            )
+        return results

@@ -1,0 +1,213 @@
+"""The vLLM engine (GPU, optional): token ids and logprobs from vLLM itself, LoRA hot-swapped per version.
+
+vLLM is imported only when a ``VLLMEngine`` is built, so the SDK works without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ... import models
+from .base import BatchingEngine, GenRequest, GenResult
+
+__all__ = ["VLLMEngine", "vllm_available"]
+
+INSTALL_HINT = (
+    "VLLMEngine needs vLLM (a CUDA GPU and Linux): pip install 'agentlightning-lite[vllm]' "
+    "(or pip install vllm). Without a GPU, use agl.engines.HFEngine."
+)
+
+
+def vllm_available() -> bool:
+    """Whether vLLM can be imported here.
+
+    >>> isinstance(vllm_available(), bool)
+    True
+    """
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _import_vllm() -> tuple[Any, Any]:
+    """``(vllm, LoRARequest)``, or an ImportError that says how to install vLLM."""
+    try:
+        import vllm
+        from vllm.lora.request import LoRARequest
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    return vllm, LoRARequest
+
+
+class VLLMEngine(BatchingEngine):
+    """Serve a model with vLLM, optionally through a LoRA adapter that training replaces in place.
+
+    Args:
+        model: a Hugging Face id or local directory; ``"smollm2-135m"`` maps to its original
+            Hugging Face repository (vLLM applies LoRA to unquantised weights, not the GGUF).
+        lora: a directory holding a peft adapter to serve from the start, or ``None``.
+        enable_lora: reserve LoRA slots even without an initial adapter (default: True).
+        max_lora_rank: the largest adapter rank vLLM must accept.
+        adapter_dir: where adapter versions given as state dicts are written (default: a temp dir).
+        **llm_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``,
+            ``logprobs_mode``...). vLLM reports raw logprobs (before temperature) by default.
+
+    Requests that arrive together are passed to one ``LLM.generate`` call (vLLM batches them
+    continuously inside). After :meth:`update_weights` the next batch uses a new
+    ``LoRARequest`` (a fresh id per version), so vLLM loads the new adapter without a restart.
+
+    >>> engine = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct", lora="runs/adapter-0")  # doctest: +SKIP
+    >>> engine.update_weights("runs/adapter-1")  # doctest: +SKIP
+    1
+    """
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        lora: str | os.PathLike[str] | None = None,
+        enable_lora: bool = True,
+        max_lora_rank: int = 64,
+        model_name: str | None = None,
+        max_batch_size: int = 256,
+        batch_window_s: float = 0.005,
+        adapter_dir: str | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
+        vllm, lora_request_cls = _import_vllm()
+        super().__init__(max_batch_size=max_batch_size, batch_window_s=batch_window_s)
+        self._vllm = vllm
+        self._lora_request_cls = lora_request_cls
+        spec = models.KNOWN_MODELS.get(str(model).lower())
+        target = spec.hf_id if spec is not None else str(model)
+        self.model_name = model_name or str(model)
+        self.enable_lora = bool(enable_lora or lora is not None)
+        kwargs = dict(llm_kwargs)
+        if self.enable_lora:
+            kwargs.setdefault("enable_lora", True)
+            kwargs.setdefault("max_lora_rank", max_lora_rank)
+            kwargs.setdefault("max_loras", 1)
+        self.llm = vllm.LLM(model=target, **kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_context = self._max_model_len(kwargs.get("max_model_len"))
+        self._adapter_dir = adapter_dir
+        self._lora_path: str | None = None
+        self.lora_request: Any = None
+        if lora is not None:
+            self._set_adapter(str(lora))
+
+    def _max_model_len(self, given: int | None) -> int:
+        if given:
+            return int(given)
+        try:
+            return int(self.llm.llm_engine.model_config.max_model_len)
+        except AttributeError:
+            return 8192
+
+    # -- LoRA -----------------------------------------------------------------------------
+    def _set_adapter(self, path: str) -> None:
+        if not self.enable_lora:
+            raise RuntimeError("this VLLMEngine was built with enable_lora=False")
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise FileNotFoundError(f"{path} is not a peft adapter directory (no adapter_config.json)")
+        old = self.lora_request
+        lora_id = self.version + 1  # vLLM caches adapters by id: a new id per version forces a reload
+        self.lora_request = self._lora_request_cls(f"policy-v{self.version}", lora_id, path)
+        self._lora_path = path
+        if old is not None:
+            try:  # free the old slot; vLLM would evict it anyway
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            except Exception:
+                pass
+
+    def _write_adapter(self, state: Mapping[str, Any]) -> str:
+        if self._lora_path is None:
+            raise RuntimeError(
+                "a state dict needs an initial adapter (lora=...) to take its adapter_config.json from"
+            )
+        from safetensors.torch import save_file
+
+        root = self._adapter_dir or tempfile.mkdtemp(prefix="agl-vllm-lora-")
+        self._adapter_dir = root
+        path = os.path.join(root, f"v{self.version + 1}")
+        os.makedirs(path, exist_ok=True)
+        shutil.copy(os.path.join(self._lora_path, "adapter_config.json"), path)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+        return path
+
+    def update_weights(self, source: str | os.PathLike[str] | Mapping[str, Any]) -> int:
+        """Serve new adapter weights from the next batch on; returns the new ``version``.
+
+        ``source`` is a directory holding a saved peft adapter (``model.save_pretrained(dir)``)
+        or the adapter's state dict (written next to a copy of the first adapter's config).
+        """
+        with self.lock:
+            if isinstance(source, Mapping):
+                path = self._write_adapter(source)
+            elif isinstance(source, (str, os.PathLike)):
+                path = str(source)
+            else:
+                raise TypeError("VLLMEngine.update_weights takes an adapter directory or a state dict")
+            self.version += 1
+            try:
+                self._set_adapter(path)
+            except BaseException:
+                self.version -= 1
+                raise
+            return self.version
+
+    # -- generation -----------------------------------------------------------------------
+    def sampling_params(self, req: GenRequest) -> Any:
+        """The ``vllm.SamplingParams`` of one request (logprobs of the sampled token always on)."""
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=float(req.temperature),
+            top_p=float(req.top_p),
+            max_tokens=int(req.max_tokens),
+            stop=list(req.stop) or None,
+            seed=req.seed,
+            logprobs=int(req.top_logprobs),  # 0: just the sampled token's logprob
+            skip_special_tokens=True,
+        )
+
+    def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        with self.lock:
+            lora, version = self.lora_request, self.version
+        prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+        params = [self.sampling_params(r) for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
+        return [self._result(r, o, version) for r, o in zip(requests, outputs, strict=True)]
+
+    @staticmethod
+    def _result(req: GenRequest, output: Any, version: int) -> GenResult:
+        c = output.outputs[0]
+        token_ids = [int(t) for t in c.token_ids]
+        logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        for tok, entry in zip(token_ids, c.logprobs or [], strict=False):
+            logprobs.append(float(entry[tok].logprob))
+            if req.top_logprobs:
+                ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[: req.top_logprobs]
+                tops.append([(int(t), float(lp.logprob)) for t, lp in ranked])
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError("vLLM returned no logprobs for some tokens; is logprobs disabled?")
+        finish = c.finish_reason if c.finish_reason in ("stop", "length") else "stop"
+        return GenResult(
+            prompt_token_ids=list(req.prompt_token_ids),
+            token_ids=token_ids,
+            logprobs=logprobs,
+            text=c.text,
+            finish_reason=finish,
+            top_logprobs=tops if req.top_logprobs else None,
+            stop_reason=getattr(c, "stop_reason", None),
+            weights_version=version,
+        )
+
+    def describe(self) -> str:
+        """A one-line description: model, adapter and version."""
+        return json.dumps({"model": self.model_name, "lora": self._lora_path, "version": self.version})
