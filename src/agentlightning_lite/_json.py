@@ -67,6 +67,27 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
     return _fallback(value)
 
 
+def jsonable_copy(value: Any) -> Any:
+    """A JSON-safe deep copy of ``value``: the C JSON codec when it can, :func:`to_jsonable` otherwise.
+
+    >>> src = {"messages": [{"role": "user", "content": "hi"}]}
+    >>> dst = jsonable_copy(src)
+    >>> dst == src, dst["messages"] is src["messages"]
+    (True, False)
+    """
+    if isinstance(value, _PRIMITIVES):
+        return value
+    try:
+        return _loads(_dumps(value))
+    except (TypeError, ValueError, RecursionError):
+        return to_jsonable(value)
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_loads = json.loads
+_encode_str = json.encoder.encode_basestring  # the C implementation when available
+
+
 def _fallback(value: Any) -> dict[str, str]:
     cls = type(value)
     try:
@@ -80,9 +101,13 @@ def _fallback(value: Any) -> dict[str, str]:
 
 def dumps(value: Any) -> str:
     """JSON-encode ``value`` compactly, converting unknown objects with :func:`to_jsonable`."""
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return _encode_str(value)
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
+        return _dumps(value)
+    except (TypeError, ValueError, RecursionError):
         return json.dumps(to_jsonable(value), separators=(",", ":"), ensure_ascii=False)
 
 

@@ -85,8 +85,10 @@ def requesting_call(calls: Sequence[Span], tool: Span) -> int | None:
                 return i
     best: int | None = None
     for i, c in enumerate(calls):
-        if c.end_time is not None and c.end_time <= tool.start_time and (
-            tool.agent is None or c.agent == tool.agent
+        if (
+            c.end_time is not None
+            and c.end_time <= tool.start_time
+            and (tool.agent is None or c.agent == tool.agent)
         ):
             best = i
     return best if best is not None else call_before(calls, tool, tool.agent)
@@ -146,7 +148,7 @@ class Rule:
     >>> with tracer.rollout("q") as ro:
     ...     with tracer.span("llm", "chat"):
     ...         pass
-    ...     _ = agl.emit_signal("sql_ok")
+    ...     agl.emit_signal("sql_ok")
     >>> [t.reward for t in agl.transitions(tracer.store, credit=agl.credit.Discounted(), air=[rule])]
     [0.2]
     """

@@ -64,12 +64,21 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
+def _json_or_text(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]] | None:
     """Legacy GenAI attributes ``gen_ai.prompt.0.role`` ... into a message list."""
     items: dict[int, dict[str, Any]] = {}
     for key, value in attrs.items():
         if key.startswith(prefix):
-            idx, _, field = key[len(prefix):].partition(".")
+            idx, _, field = key[len(prefix) :].partition(".")
             if idx.isdigit() and field:
                 items.setdefault(int(idx), {})[field] = value
     return [items[i] for i in sorted(items)] or None
@@ -105,22 +114,20 @@ def from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) -> 
     agent = attrs.get("gen_ai.agent.name")
     model = attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model")
 
+    # spans exported by agentlightning-lite hold JSON in these fields; others may hold plain text
+    decode = _json_or_text if _PREFIX + "span_id" in attrs else _maybe_json
     inp = attrs.get(_PREFIX + "input")
     if inp is None:
-        inp = attrs.get("gen_ai.input.messages") or attrs.get("gen_ai.tool.call.arguments")
-    if inp is None:
-        inp = _indexed(attrs, "gen_ai.prompt.")
+        inp = attrs.get("gen_ai.input.messages", attrs.get("gen_ai.tool.call.arguments"))
+    inp = _indexed(attrs, "gen_ai.prompt.") if inp is None else decode(inp)
     out = attrs.get(_PREFIX + "output")
     if out is None:
-        out = attrs.get("gen_ai.output.messages") or attrs.get("gen_ai.tool.call.result")
-    if out is None:
-        out = _indexed(attrs, "gen_ai.completion.")
+        out = attrs.get("gen_ai.output.messages", attrs.get("gen_ai.tool.call.result"))
+    out = _indexed(attrs, "gen_ai.completion.") if out is None else decode(out)
 
     extra = _maybe_json(attrs.pop(_PREFIX + "attributes", None))
     attributes: dict[str, Any] = {
-        k: (list(v) if isinstance(v, tuple) else v)
-        for k, v in attrs.items()
-        if not k.startswith(_PREFIX)
+        k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.items() if not k.startswith(_PREFIX)
     }
     if isinstance(extra, dict):
         attributes.update(extra)
@@ -135,8 +142,7 @@ def from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) -> 
             if ev.name == "exception":
                 ev_attrs = ev.attributes or {}
                 error = error or (
-                    f"{ev_attrs.get('exception.type', 'Exception')}: "
-                    f"{ev_attrs.get('exception.message', '')}"
+                    f"{ev_attrs.get('exception.type', 'Exception')}: {ev_attrs.get('exception.message', '')}"
                 )
         error = error or "error"
 
@@ -156,8 +162,8 @@ def from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) -> 
         end_time=None if otel_span.end_time is None else otel_span.end_time / _NS,
         status="error" if error else "ok",
         error=error,
-        input=_maybe_json(inp),
-        output=_maybe_json(out),
+        input=inp,
+        output=out,
         attributes=attributes,
         model=model,
         prompt_token_ids=ints("prompt_token_ids"),
@@ -251,7 +257,8 @@ class SpanProcessor(_OTelSpanProcessor):  # type: ignore[misc,valid-type]
                 del self._trace_rollouts[span.context.trace_id]
         if implicit and span.parent is None:
             self.tracer.store.finish_rollout(
-                rollout_id, status="failed" if record.status == "error" else "succeeded",
+                rollout_id,
+                status="failed" if record.status == "error" else "succeeded",
                 error=record.error,
             )
 
@@ -331,7 +338,9 @@ def to_otel(span: Span, resource: Any = None) -> Any:
         name=span.name,
         context=context,
         parent=parent,
-        resource=resource if resource is not None else Resource.create({"service.name": "agentlightning-lite"}),
+        resource=resource
+        if resource is not None
+        else Resource.create({"service.name": "agentlightning-lite"}),
         attributes=attrs,
         kind=kind,
         status=status,

@@ -59,8 +59,10 @@ def export_sft(
     >>> path = os.path.join(tempfile.mkdtemp(), "sft.jsonl")
     >>> agl.export_sft(tracer.store, path, min_reward=1.0)
     1
-    >>> open(path).read().strip()
-    '{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "reward": 1.0, "agent": null, "rollout_id": "...", "index": 0}'
+    >>> import json
+    >>> record = json.loads(open(path).read())
+    >>> record["messages"], record["reward"]
+    ([{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}], 1.0)
     """
     items = transitions(store, rollout_ids=rollout_ids, agents=agents, mode=mode)
     path = Path(path)

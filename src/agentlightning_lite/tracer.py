@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import contextvars
-import secrets
 import threading
 import time
 import warnings
 from typing import Any
 
+from ._json import dumps
+from .ids import new_span_id
 from .store.base import Store
 from .store.memory import MemoryStore
-from .types import SPAN_KINDS, ROLLOUT_MODES, Span, check_reward
+from .store.rows import SpanRow
+from .types import ROLLOUT_MODES, SPAN_KINDS, Span, check_reward
 
 _rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
     "agl_rollout", default=None
 )
-_span_var: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar(
-    "agl_span", default=None
-)
-
-
-def new_span_id() -> str:
-    """A fresh span id (16 hex characters, like OpenTelemetry's)."""
-    return secrets.token_hex(8)
+_span_var: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("agl_span", default=None)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -38,9 +33,27 @@ class SpanHandle:
     """
 
     __slots__ = (
-        "_tracer", "_token", "_ended", "span_id", "rollout_id", "parent_id", "kind", "name",
-        "agent", "start_time", "input", "output", "attributes", "model", "prompt_token_ids",
-        "response_token_ids", "response_logprobs", "status", "error", "_activate", "_owner",
+        "_activate",
+        "_ended",
+        "_owner",
+        "_token",
+        "_tracer",
+        "agent",
+        "attributes",
+        "error",
+        "input",
+        "kind",
+        "model",
+        "name",
+        "output",
+        "parent_id",
+        "prompt_token_ids",
+        "response_logprobs",
+        "response_token_ids",
+        "rollout_id",
+        "span_id",
+        "start_time",
+        "status",
     )
 
     def __init__(
@@ -123,17 +136,17 @@ class SpanHandle:
         self.error = error if isinstance(error, str) else _error_text(error)
 
     def to_span(self, end_time: float | None = None) -> Span:
-        """The span as a :class:`~agentlightning_lite.Span` record."""
+        """The span as a :class:`~agentlightning_lite.Span` record (payloads copied, JSON-safe)."""
         return Span(
             span_id=self.span_id,
             rollout_id=self.rollout_id,
             parent_id=self.parent_id,
-            kind=self.kind,  # type: ignore[arg-type]
+            kind=self.kind,
             name=self.name,
             agent=self.agent,
             start_time=self.start_time,
             end_time=end_time,
-            status=self.status,  # type: ignore[arg-type]
+            status=self.status,
             error=self.error,
             input=self.input,
             output=self.output,
@@ -144,8 +157,8 @@ class SpanHandle:
             response_logprobs=self.response_logprobs,
         )
 
-    def end(self, output: Any = None, error: BaseException | str | None = None) -> Span:
-        """Close the span (once), write it to the store and return the record."""
+    def end(self, output: Any = None, error: BaseException | str | None = None) -> None:
+        """Close the span (once) and write it to the store."""
         if self._ended:
             raise RuntimeError(f"span {self.name!r} ({self.span_id}) ended twice")
         self._ended = True
@@ -153,8 +166,27 @@ class SpanHandle:
             self.output = output
         if error is not None:
             self.set_error(error)
-        span = self.to_span(end_time=time.time())
-        self._tracer.store.add_spans([span])
+        # the row encodes the payloads now: later changes to the agent's objects are not recorded
+        row = (
+            self.span_id,
+            self.rollout_id,
+            self.parent_id,
+            self.kind,
+            self.name,
+            self.agent,
+            self.start_time,
+            time.time(),
+            self.status,
+            self.error,
+            dumps(self.input),
+            dumps(self.output),
+            dumps(self.attributes) if self.attributes else "{}",
+            self.model,
+            self.prompt_token_ids,
+            self.response_token_ids,
+            self.response_logprobs,
+        )
+        self._tracer.store._add_rows([row])
         if self._token is not None:
             try:
                 _span_var.reset(self._token)
@@ -163,7 +195,6 @@ class SpanHandle:
             self._token = None
         if self._owner is not None:
             self._owner._finish(None if self.status == "ok" else self.error)
-        return span
 
     def __enter__(self) -> SpanHandle:
         if self._activate:
@@ -201,7 +232,7 @@ class RolloutHandle:
         self._span_token: contextvars.Token[SpanHandle | None] | None = None
         self._lock = threading.Lock()
         self._final: float | None = None
-        self._last_reward: Span | None = None
+        self._last_reward: tuple[float, SpanRow] | None = None  # (value, row)
         self._finished = False
 
     def reward(self, value: float, name: str | None = None) -> None:
@@ -215,7 +246,7 @@ class RolloutHandle:
         with self._lock:
             if self._final is not None:
                 return self._final
-            return None if self._last_reward is None else self._last_reward.output
+            return None if self._last_reward is None else self._last_reward[0]
 
     def _finish(self, error: str | None, status: str | None = None) -> None:
         with self._lock:
@@ -225,9 +256,9 @@ class RolloutHandle:
             final, last = self._final, self._last_reward
         if final is None and last is not None:
             # no explicit final reward: the last emitted reward is the episode's reward
-            final = last.output
-            attrs = dict(last.attributes, final=True)
-            self.tracer.store.add_spans([last.model_copy(update={"attributes": attrs})])
+            final, row = last
+            attrs = dumps({"reward": final, "final": True})
+            self.tracer.store._add_rows([(*row[:12], attrs, *row[13:])])
         if status is None:
             status = "succeeded" if error is None else "failed"
         self.tracer.store.finish_rollout(self.id, status=status, reward=final, error=error)
@@ -274,7 +305,7 @@ class Tracer:
     ...     with tracer.span("agent", "solver", agent="solver"):
     ...         with tracer.span("llm", "chat", input=[{"role": "user", "content": "2+3?"}]) as sp:
     ...             sp.set_output("5")
-    ...     _ = agl.emit_reward(1.0)
+    ...     agl.emit_reward(1.0)
     >>> [(s.kind, s.name, s.agent) for s in tracer.store.spans(ro.id)]
     [('agent', 'solver', 'solver'), ('llm', 'chat', 'solver'), ('reward', 'reward', None)]
     >>> tracer.store.get_rollout(ro.id).reward
@@ -353,8 +384,19 @@ class Tracer:
             if agent is None:
                 agent = parent.agent
         return SpanHandle(
-            self, kind, name, rollout_id, parent_id, agent, input, attributes, model,
-            activate, owner=owner, span_id=span_id, start_time=start_time,
+            self,
+            kind,
+            name,
+            rollout_id,
+            parent_id,
+            agent,
+            input,
+            attributes,
+            model,
+            activate,
+            owner=owner,
+            span_id=span_id,
+            start_time=start_time,
         )
 
     def span(
@@ -372,32 +414,43 @@ class Tracer:
         """
         return self.start_span(kind, name, input, agent, attributes, model, activate=True)
 
-    def _record_reward(
-        self, ro: RolloutHandle, value: float, name: str | None, final: bool
-    ) -> Span:
-        parent = _span_var.get()
-        now = time.time()
-        span = Span(
-            span_id=new_span_id(),
-            rollout_id=ro.id,
-            parent_id=parent.span_id if parent is not None and parent.rollout_id == ro.id else None,
-            kind="reward",
-            name=name or "reward",
-            agent=parent.agent if parent is not None else None,
-            start_time=now,
-            end_time=now,
-            output=value,
-            attributes={"reward": value, "final": final},
-        )
-        self.store.add_spans([span])
+    def _record_reward(self, ro: RolloutHandle, value: float, name: str | None, final: bool) -> None:
+        row = _instant_row(ro, "reward", name or "reward", value, {"reward": value, "final": final}, "ok")
+        self.store._add_rows([row])
         with ro._lock:
             if final:
                 ro._final = value
             else:
-                ro._last_reward = span
-        if final:
-            self.store.set_reward(ro.id, value)
-        return span
+                ro._last_reward = (value, row)
+
+
+def _instant_row(
+    ro: RolloutHandle, kind: str, name: str, output: Any, attributes: dict[str, Any], status: str
+) -> SpanRow:
+    """The row of a zero-length span (reward, signal) under the current span."""
+    parent = _span_var.get()
+    if parent is not None and parent.rollout_id != ro.id:
+        parent = None
+    now = time.time()
+    return (
+        new_span_id(),
+        ro.id,
+        parent and parent.span_id,
+        kind,
+        name,
+        parent and parent.agent,
+        now,
+        now,
+        status,
+        None,
+        "null",
+        dumps(output),
+        dumps(attributes),
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 _warned_outside: set[str] = set()
@@ -407,12 +460,13 @@ def _warn_outside(what: str) -> None:
     if what not in _warned_outside:
         _warned_outside.add(what)
         warnings.warn(
-            f"agl.{what}() called outside a rollout: nothing was recorded", RuntimeWarning,
+            f"agl.{what}() called outside a rollout: nothing was recorded",
+            RuntimeWarning,
             stacklevel=3,
         )
 
 
-def emit_reward(value: float, name: str | None = None, final: bool = False) -> Span | None:
+def emit_reward(value: float, name: str | None = None, final: bool = False) -> None:
     """Record a reward in the current rollout, from anywhere in agent code.
 
     Rewards emitted during the episode are intermediate rewards (used by
@@ -423,8 +477,8 @@ def emit_reward(value: float, name: str | None = None, final: bool = False) -> S
     >>> import agentlightning_lite as agl
     >>> tracer = agl.Tracer()
     >>> with tracer.rollout("task") as ro:
-    ...     _ = agl.emit_reward(0.2, name="format")
-    ...     _ = agl.emit_reward(1.0, final=True)
+    ...     agl.emit_reward(0.2, name="format")
+    ...     agl.emit_reward(1.0, final=True)
     >>> tracer.store.get_rollout(ro.id).reward
     1.0
     """
@@ -434,13 +488,11 @@ def emit_reward(value: float, name: str | None = None, final: bool = False) -> S
     ro = _rollout_var.get()
     if ro is None:
         _warn_outside("emit_reward")
-        return None
-    return ro.tracer._record_reward(ro, value, name, final=final)
+        return
+    ro.tracer._record_reward(ro, value, name, final=final)
 
 
-def emit_signal(
-    name: str, value: Any = None, status: str | None = None, **attributes: Any
-) -> Span | None:
+def emit_signal(name: str, value: Any = None, status: str | None = None, **attributes: Any) -> None:
     """Record a system signal (a test passed, a tool failed, a format check...) in the rollout.
 
     Signals carry no reward by themselves; ``air.Rule`` turns them into intermediate rewards.
@@ -449,29 +501,14 @@ def emit_signal(
     >>> import agentlightning_lite as agl
     >>> tracer = agl.Tracer()
     >>> with tracer.rollout("task") as ro:
-    ...     _ = agl.emit_signal("sql_executed", value=3, status="ok")
+    ...     agl.emit_signal("sql_executed", value=3, status="ok")
     >>> [(s.kind, s.name, s.output) for s in tracer.store.spans(ro.id)]
     [('signal', 'sql_executed', 3)]
     """
     ro = _rollout_var.get()
     if ro is None:
         _warn_outside("emit_signal")
-        return None
-    parent = _span_var.get()
-    now = time.time()
+        return
     failed = status is not None and status.lower() in ("error", "failed", "failure")
-    span = Span(
-        span_id=new_span_id(),
-        rollout_id=ro.id,
-        parent_id=parent.span_id if parent is not None and parent.rollout_id == ro.id else None,
-        kind="signal",
-        name=name,
-        agent=parent.agent if parent is not None else None,
-        start_time=now,
-        end_time=now,
-        status="error" if failed else "ok",
-        output=value,
-        attributes={"signal_status": status, **attributes},
-    )
-    ro.tracer.store.add_spans([span])
-    return span
+    attrs = {"signal_status": status, **attributes}
+    ro.tracer.store._add_rows([_instant_row(ro, "signal", name, value, attrs, "error" if failed else "ok")])

@@ -55,7 +55,9 @@ def rollout_transitions(
     calls = policy_calls(spans, models)
     if not calls:
         return []
-    steps = [Step(i, c, r) for i, (c, r) in enumerate(zip(calls, _intermediate_rewards(spans, calls)))]
+    steps = [
+        Step(i, c, r) for i, (c, r) in enumerate(zip(calls, _intermediate_rewards(spans, calls), strict=True))
+    ]
     for rule in air or ():
         for ir in rule(spans, calls):
             steps[ir.call_index].rewards.append((ir.name, ir.value))
@@ -65,7 +67,7 @@ def rollout_transitions(
         raise ValueError(f"credit rule returned {len(rewards)} rewards for {len(steps)} calls")
     keep = None if agents is None else set(agents)
     out = []
-    for step, reward in zip(steps, rewards):
+    for step, reward in zip(steps, rewards, strict=True):
         c = step.span
         if keep is not None and c.agent not in keep:
             continue

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ._json import to_jsonable
+from ._json import jsonable_copy
 
 SpanKind = Literal["llm", "tool", "agent", "chain", "reward", "signal", "custom"]
 SpanStatus = Literal["ok", "error"]
@@ -17,6 +17,13 @@ RolloutStatus = Literal["running", "succeeded", "failed", "timeout"]
 SPAN_KINDS: tuple[str, ...] = ("llm", "tool", "agent", "chain", "reward", "signal", "custom")
 ROLLOUT_MODES: tuple[str, ...] = ("train", "val", "trace")
 ROLLOUT_STATUSES: tuple[str, ...] = ("running", "succeeded", "failed", "timeout")
+
+#: Validation context for payloads that are JSON-decoded already (read back from a store).
+TRUSTED: dict[str, bool] = {"agl_trusted": True}
+
+
+def _copy(v: Any, info: ValidationInfo) -> Any:
+    return v if info.context is TRUSTED else jsonable_copy(v)
 
 
 def check_reward(value: Any, what: str = "reward") -> float | None:
@@ -79,15 +86,13 @@ class Span(BaseModel):
 
     @field_validator("input", "output", mode="before")
     @classmethod
-    def _jsonable(cls, v: Any) -> Any:
-        return to_jsonable(v)
+    def _jsonable(cls, v: Any, info: ValidationInfo) -> Any:
+        return _copy(v, info)
 
     @field_validator("attributes", mode="before")
     @classmethod
-    def _jsonable_attrs(cls, v: Any) -> Any:
-        if v is None:
-            return {}
-        return to_jsonable(v)
+    def _jsonable_attrs(cls, v: Any, info: ValidationInfo) -> Any:
+        return {} if v is None else _copy(v, info)
 
     @property
     def duration(self) -> float | None:
@@ -124,13 +129,13 @@ class Rollout(BaseModel):
 
     @field_validator("task", mode="before")
     @classmethod
-    def _jsonable(cls, v: Any) -> Any:
-        return to_jsonable(v)
+    def _jsonable(cls, v: Any, info: ValidationInfo) -> Any:
+        return _copy(v, info)
 
     @field_validator("metadata", mode="before")
     @classmethod
-    def _jsonable_meta(cls, v: Any) -> Any:
-        return {} if v is None else to_jsonable(v)
+    def _jsonable_meta(cls, v: Any, info: ValidationInfo) -> Any:
+        return {} if v is None else _copy(v, info)
 
     @field_validator("reward", mode="before")
     @classmethod

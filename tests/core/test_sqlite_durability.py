@@ -135,7 +135,8 @@ KILLED_WRITER = """
     n = 0
     while True:
         spans = [agl.Span(span_id=f"{n + k:012d}", rollout_id=ro.rollout_id, kind="llm", name="x" * 200,
-                          start_time=float(n + k), input={"payload": "y" * 500}, prompt_token_ids=list(range(64)))
+                          start_time=float(n + k), input={"payload": "y" * 500},
+                          prompt_token_ids=list(range(64)))
                  for k in range(batch)]
         store.add_spans(spans)  # reaches batch_size: commits before returning
         n += batch
@@ -199,3 +200,35 @@ def test_batched_writes_visible_to_other_connection_after_interval(tmp_path: Pat
         other.close()
     with pytest.raises(RuntimeError, match="closed"):
         store.spans(ro.rollout_id)
+
+
+def _child_writes(store: agl.SQLiteStore, n: int) -> None:
+    tracer = agl.Tracer(store)
+    for i in range(n):
+        with tracer.rollout({"child": i}) as ro:
+            with tracer.span("llm", "chat"):
+                pass
+            ro.reward(1.0)
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_children_reuse_the_store_object(tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    store = agl.SQLiteStore(tmp_path / "fork.db", batch_size=1000, flush_interval=0)
+    with agl.Tracer(store).rollout("parent") as parent:
+        pass  # still pending in the parent's queue when the children fork
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_child_writes, args=(store, 5)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    rollouts = store.rollouts()  # the parent's connection still works after the children closed theirs
+    assert len(rollouts) == 16
+    assert sum(1 for r in rollouts if r.task == "parent") == 1  # the children did not write it again
+    assert store.get_rollout(parent.id).status == "succeeded"
+    assert sum(len(store.spans(r.rollout_id)) for r in rollouts) == 15 * 2
+    store.close()

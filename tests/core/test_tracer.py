@@ -17,9 +17,19 @@ def run_agent(tracer: agl.Tracer, question: str) -> str:
     with tracer.rollout({"question": question}, mode="train") as ro:
         with tracer.span("agent", "solver", agent="solver", input=question):
             with tracer.span("llm", "chat", input=[{"role": "user", "content": question}], model="m") as sp:
-                sp.set_output({"role": "assistant", "content": None,
-                               "tool_calls": [{"id": "call_1", "type": "function",
-                                               "function": {"name": "calc", "arguments": '{"e": "2+3"}'}}]})
+                sp.set_output(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "calc", "arguments": '{"e": "2+3"}'},
+                            }
+                        ],
+                    }
+                )
                 sp.set_tokens([1, 2, 3], [4, 5], [-0.1, -0.2])
             with tracer.span("tool", "calc", input={"e": "2+3"}, attributes={"tool_call_id": "call_1"}) as t:
                 t.set_output(5)
@@ -33,7 +43,13 @@ def test_nested_spans_parents_and_agent_inheritance(tracer: agl.Tracer) -> None:
     rid = run_agent(tracer, "2+3?")
     spans = tracer.store.spans(rid)
     by_kind = [(s.kind, s.name) for s in spans]
-    assert by_kind == [("agent", "solver"), ("llm", "chat"), ("tool", "calc"), ("llm", "chat"), ("reward", "reward")]
+    assert by_kind == [
+        ("agent", "solver"),
+        ("llm", "chat"),
+        ("tool", "calc"),
+        ("llm", "chat"),
+        ("reward", "reward"),
+    ]
     agent_span = spans[0]
     assert agent_span.parent_id is None
     for child in spans[1:4]:
@@ -94,8 +110,10 @@ def test_unserialisable_payloads_stored_readably(tracer: agl.Tracer) -> None:
             sp.set_output(Weird())
             sp.set_attribute("nan", math.nan)
     (span,) = tracer.store.spans(ro.id)
-    assert span.output == {"__type__": f"{__name__}.test_unserialisable_payloads_stored_readably.<locals>.Weird",
-                           "__repr__": "<Weird thing>"}
+    assert span.output == {
+        "__type__": f"{__name__}.test_unserialisable_payloads_stored_readably.<locals>.Weird",
+        "__repr__": "<Weird thing>",
+    }
     assert span.input["s"] == [1, 3]
     assert span.input["b"] == {"__type__": "bytes", "base64": "/w=="}
     assert span.attributes["nan"] == "nan"
@@ -113,7 +131,7 @@ def test_last_emitted_reward_becomes_final(tracer: agl.Tracer) -> None:
 
 def test_emit_outside_rollout_warns_and_records_nothing() -> None:
     with pytest.warns(RuntimeWarning, match="outside a rollout"):
-        assert agl.emit_signal("lonely_signal_for_test") is None
+        agl.emit_signal("lonely_signal_for_test")
 
 
 def test_span_outside_rollout_opens_implicit_trace_rollout(tracer: agl.Tracer) -> None:
@@ -141,7 +159,11 @@ def test_signals_and_start_span_for_callbacks(tracer: agl.Tracer) -> None:
     assert spans["sql"].status == "error" and spans["sql"].output == "rows"
     assert spans["inner"].parent_id is None
     sig = spans["sql_error"]
-    assert sig.kind == "signal" and sig.status == "error" and sig.attributes == {"signal_status": "error", "db": "pets"}
+    assert (
+        sig.kind == "signal"
+        and sig.status == "error"
+        and sig.attributes == {"signal_status": "error", "db": "pets"}
+    )
 
 
 def test_context_follows_asyncio_tasks(tracer: agl.Tracer) -> None:
@@ -170,11 +192,14 @@ def test_context_follows_asyncio_tasks(tracer: agl.Tracer) -> None:
 def test_threads_with_copied_context(tracer: agl.Tracer) -> None:
     with tracer.rollout("threads") as ro:
         with tracer.span("agent", "root") as root:
+
             def work(i: int) -> None:
                 with tracer.span("tool", f"t{i}"):
                     pass
 
-            threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, i)) for i in range(8)]
+            threads = [
+                threading.Thread(target=contextvars.copy_context().run, args=(work, i)) for i in range(8)
+            ]
             for t in threads:
                 t.start()
             for t in threads:

@@ -12,14 +12,19 @@ from agentlightning_lite import air, credit
 
 
 def tool_call(call_id: str, name: str) -> dict:
-    return {"role": "assistant", "content": None,
-            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}],
+    }
 
 
 def sql_episode(tracer: agl.Tracer, final: float | None = 1.0) -> str:
     """writer -> sql tool (fails) -> checker -> +0.2 reward -> rewriter; a judge on another model."""
     with tracer.rollout({"question": "How many singers?"}, mode="train") as ro:
-        with tracer.span("llm", "chat", agent="writer", model="policy", input=[{"role": "user", "content": "q"}]) as sp:
+        with tracer.span(
+            "llm", "chat", agent="writer", model="policy", input=[{"role": "user", "content": "q"}]
+        ) as sp:
             sp.set_output(tool_call("c1", "run_sql"))
             sp.set_tokens([10, 11], [12, 13, 14], [-0.1, -0.2, -0.3])
         with tracer.span("tool", "run_sql", agent="writer", attributes={"tool_call_id": "c1"}) as t:
@@ -46,7 +51,10 @@ def test_one_transition_per_policy_call_in_order(tracer: agl.Tracer) -> None:
     assert ts[0].prompt == [{"role": "user", "content": "q"}]
     assert ts[0].response == tool_call("c1", "run_sql")
     assert (ts[0].prompt_token_ids, ts[0].response_token_ids, ts[0].response_logprobs) == (
-        [10, 11], [12, 13, 14], [-0.1, -0.2, -0.3])
+        [10, 11],
+        [12, 13, 14],
+        [-0.1, -0.2, -0.3],
+    )
     assert ts[2].response == "SELECT count(*) FROM singer"
     # without a model filter the judge's call counts too
     assert [t.agent for t in agl.transitions(tracer.store)] == ["writer", "checker", "judge", "rewriter"]
@@ -72,8 +80,13 @@ def test_discounted_credit_with_air_hand_computed(tracer: agl.Tracer) -> None:
     assert ts[0].metadata["intermediate_rewards"] == [("tool_error:run_sql", -0.5)]
     assert ts[1].metadata["intermediate_rewards"] == [("checker_found_bug", 0.2)]
     # selection is applied after credit over the whole episode
-    sel = agl.transitions(tracer.store, models=["policy"], agents=["writer"], credit=credit.Discounted(0.9),
-                          air=[air.ToolStatus(success=0.1, error=-0.5)])
+    sel = agl.transitions(
+        tracer.store,
+        models=["policy"],
+        agents=["writer"],
+        credit=credit.Discounted(0.9),
+        air=[air.ToolStatus(success=0.1, error=-0.5)],
+    )
     assert [t.reward for t in sel] == pytest.approx([0.49])
 
 

@@ -1,6 +1,7 @@
 """Stores for rollouts and spans: one interface, in memory or in a SQLite file."""
 
-from .base import Store, new_rollout_id
+from ..ids import new_rollout_id
+from .base import Store
 from .memory import MemoryStore
 from .sqlite import NotOurDatabase, SQLiteStore
 

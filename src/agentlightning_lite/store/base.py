@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import abc
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
-
-
-def new_rollout_id() -> str:
-    """A fresh, globally unique rollout id (32 hex characters)."""
-    return uuid.uuid4().hex
+from .rows import SpanRow, row_to_span
 
 
 class Store(abc.ABC):
@@ -33,6 +29,8 @@ class Store(abc.ABC):
         """Create a ``running`` rollout for ``task`` and return it."""
         if mode not in ROLLOUT_MODES:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
+        if rollout_id is not None and self.get_rollout(rollout_id) is not None:
+            raise ValueError(f"rollout {rollout_id!r} exists already")
         rollout = Rollout(
             rollout_id=rollout_id or new_rollout_id(),
             task=task,
@@ -59,10 +57,10 @@ class Store(abc.ABC):
         if status not in ROLLOUT_STATUSES or status == "running":
             raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
         reward = check_reward(reward)
-        rollout = self.get_rollout(rollout_id)
+        rollout = self._rollout_for_update(rollout_id)
         if rollout is None:
             raise KeyError(f"unknown rollout {rollout_id!r}")
-        update = {"status": status, "end_time": time.time(), "error": error}
+        update: dict[str, Any] = {"status": status, "end_time": time.time(), "error": error}
         if reward is not None:
             update["reward"] = reward
         rollout = rollout.model_copy(update=update)
@@ -72,7 +70,7 @@ class Store(abc.ABC):
     def set_reward(self, rollout_id: str, reward: float) -> None:
         """Record the final reward of a rollout without changing its status."""
         reward = check_reward(reward)
-        rollout = self.get_rollout(rollout_id)
+        rollout = self._rollout_for_update(rollout_id)
         if rollout is None:
             raise KeyError(f"unknown rollout {rollout_id!r}")
         self._update_rollout(rollout.model_copy(update={"reward": reward}))
@@ -112,6 +110,13 @@ class Store(abc.ABC):
         self.close()
 
     # -- implementation hooks -------------------------------------------------------------
+    def _add_rows(self, rows: list[SpanRow]) -> None:
+        """Add spans in row form (the tracer's fast path); stores may store rows as they are."""
+        self.add_spans([row_to_span(r) for r in rows])
+
+    def _rollout_for_update(self, rollout_id: str) -> Rollout | None:
+        return self.get_rollout(rollout_id)
+
     @abc.abstractmethod
     def _insert_rollout(self, rollout: Rollout) -> None: ...
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from ..types import Rollout, Span
 from .base import Store
+from .rows import SpanRow, row_to_span, span_to_row
 
 
 class MemoryStore(Store):
@@ -26,7 +27,7 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rollouts: dict[str, Rollout] = {}
-        self._spans: dict[str, dict[str, Span]] = {}
+        self._spans: dict[str, dict[str, Span | SpanRow]] = {}
 
     def _insert_rollout(self, rollout: Rollout) -> None:
         with self._lock:
@@ -47,19 +48,24 @@ class MemoryStore(Store):
         with self._lock:
             items = list(self._rollouts.values())
         return [
-            r
-            for r in items
-            if (mode is None or r.mode == mode) and (status is None or r.status == status)
+            r for r in items if (mode is None or r.mode == mode) and (status is None or r.status == status)
         ]
 
     def add_spans(self, spans: Iterable[Span]) -> None:
+        self._add_rows([span_to_row(s) for s in spans])
+
+    def _add_rows(self, rows: list[SpanRow]) -> None:
         with self._lock:
-            for span in spans:
+            for r in rows:
                 # a replaced span keeps its original position, as in SQLiteStore
-                self._spans.setdefault(span.rollout_id, {})[span.span_id] = span
+                self._spans.setdefault(r[1], {})[r[0]] = r
 
     def spans(self, rollout_id: str) -> list[Span]:
         with self._lock:
-            items = list(self._spans.get(rollout_id, {}).values())
+            bucket = self._spans.get(rollout_id, {})
+            for key, item in bucket.items():
+                if isinstance(item, tuple):  # decode once, on first read
+                    bucket[key] = row_to_span(item)
+            items: list[Span] = list(bucket.values())  # type: ignore[arg-type]
         # stable sort keeps insertion order among equal start times
         return sorted(items, key=lambda s: s.start_time)

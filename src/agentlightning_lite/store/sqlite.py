@@ -5,16 +5,19 @@ from __future__ import annotations
 import atexit
 import os
 import sqlite3
+import sys
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from .._json import dumps, loads
-from ..types import Rollout, Span
+from ..types import TRUSTED, Rollout, Span
 from .base import Store
+from .rows import SpanRow, floats_to_blob, ids_to_blob, row_to_span, span_to_row
 
 #: ``PRAGMA application_id`` of files written by this package ("AGLL").
 APPLICATION_ID = 0x41474C4C
@@ -34,7 +37,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
 );
 CREATE INDEX IF NOT EXISTS rollouts_mode_status ON rollouts(mode, status);
 CREATE TABLE IF NOT EXISTS spans (
-    seq                INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq                INTEGER PRIMARY KEY,  -- insertion order
     span_id            TEXT NOT NULL UNIQUE,
     rollout_id         TEXT NOT NULL,
     parent_id          TEXT,
@@ -49,9 +52,9 @@ CREATE TABLE IF NOT EXISTS spans (
     output             TEXT,    -- JSON
     attributes         TEXT NOT NULL,  -- JSON object
     model              TEXT,
-    prompt_token_ids   TEXT,    -- JSON array of ints
-    response_token_ids TEXT,    -- JSON array of ints
-    response_logprobs  TEXT     -- JSON array of floats
+    prompt_token_ids   BLOB,    -- little-endian int32, 4 bytes a token
+    response_token_ids BLOB,    -- little-endian int32
+    response_logprobs  BLOB     -- little-endian float64, one per response token
 );
 CREATE INDEX IF NOT EXISTS spans_rollout ON spans(rollout_id, start_time);
 """
@@ -66,54 +69,52 @@ _SPAN_UPSERT = (
     + ", ".join(f"{c} = excluded.{c}" for c in _SPAN_COLUMNS.split(", ")[1:])
 )
 _ROLLOUT_COLUMNS = "rollout_id, task, mode, status, start_time, end_time, reward, metadata, error"
+_ROLLOUT_INSERT = (
+    f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * 9)}) "
+    "ON CONFLICT(rollout_id) DO NOTHING"
+)
+# task, mode, metadata and start_time are fixed when a rollout starts; the rest may change
+_ROLLOUT_UPDATE = "UPDATE rollouts SET status = ?, end_time = ?, reward = ?, error = ? WHERE rollout_id = ?"
 
 
 class NotOurDatabase(ValueError):
     """The file is a SQLite database written by something else, or not a database at all."""
 
 
-def _span_row(s: Span) -> tuple[Any, ...]:
-    return (
-        s.span_id,
-        s.rollout_id,
-        s.parent_id,
-        s.kind,
-        s.name,
-        s.agent,
-        s.start_time,
-        s.end_time,
-        s.status,
-        s.error,
-        dumps(s.input),
-        dumps(s.output),
-        dumps(s.attributes),
-        s.model,
-        None if s.prompt_token_ids is None else dumps(s.prompt_token_ids),
-        None if s.response_token_ids is None else dumps(s.response_token_ids),
-        None if s.response_logprobs is None else dumps(s.response_logprobs),
-    )
+if sys.byteorder == "little":
+
+    def _db_row(r: SpanRow) -> SpanRow:
+        p, q, lp = r[14], r[15], r[16]
+        return (
+            *r[:14],
+            None if p is None else array("i", p).tobytes(),
+            None if q is None else array("i", q).tobytes(),
+            None if lp is None else array("d", lp).tobytes(),
+        )
+
+else:  # pragma: no cover - big-endian machines
+
+    def _db_row(r: SpanRow) -> SpanRow:
+        return (*r[:14], ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
 
 
-def _row_span(r: tuple[Any, ...]) -> Span:
-    return Span.model_construct(
-        span_id=r[0],
-        rollout_id=r[1],
-        parent_id=r[2],
-        kind=r[3],
-        name=r[4],
-        agent=r[5],
-        start_time=r[6],
-        end_time=r[7],
-        status=r[8],
-        error=r[9],
-        input=loads(r[10]),
-        output=loads(r[11]),
-        attributes=loads(r[12]),
-        model=r[13],
-        prompt_token_ids=loads(r[14]),
-        response_token_ids=loads(r[15]),
-        response_logprobs=loads(r[16]),
-    )
+def _merge_updates(
+    inserts: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Fold updates of rollouts inserted in the same batch into their insert rows."""
+    if not inserts or not updates:
+        return inserts, updates
+    index = {row[0]: i for i, row in enumerate(inserts)}
+    merged = list(inserts)
+    rest = []
+    for status, end_time, reward, error, rollout_id in updates:
+        i = index.get(rollout_id)
+        if i is None:
+            rest.append((status, end_time, reward, error, rollout_id))
+        else:
+            r = merged[i]
+            merged[i] = (r[0], r[1], r[2], status, r[4], end_time, reward, r[7], error)
+    return merged, rest
 
 
 def _rollout_row(r: Rollout) -> tuple[Any, ...]:
@@ -131,27 +132,31 @@ def _rollout_row(r: Rollout) -> tuple[Any, ...]:
 
 
 def _row_rollout(r: tuple[Any, ...]) -> Rollout:
-    return Rollout.model_construct(
-        rollout_id=r[0],
-        task=loads(r[1]),
-        mode=r[2],
-        status=r[3],
-        start_time=r[4],
-        end_time=r[5],
-        reward=r[6],
-        metadata=loads(r[7]),
-        error=r[8],
+    return Rollout.model_validate(
+        {
+            "rollout_id": r[0],
+            "task": loads(r[1]),
+            "mode": r[2],
+            "status": r[3],
+            "start_time": r[4],
+            "end_time": r[5],
+            "reward": r[6],
+            "metadata": loads(r[7]),
+            "error": r[8],
+        },
+        context=TRUSTED,
     )
 
 
 class SQLiteStore(Store):
     """Rollouts and spans in a SQLite file that any process can open while others write.
 
-    Spans are buffered and committed in batches: when ``batch_size`` spans are pending, every
-    ``flush_interval`` seconds (a background thread), before any read, and on ``close()``.
-    Rollout starts and finishes commit at once. The file is in WAL mode, so readers never block
-    writers; several processes may write the same file. A process killed mid-stream loses at most
-    its uncommitted batch; the file stays valid.
+    Writes (spans, rollout starts and finishes) are buffered and committed in batches, each batch
+    one transaction: when ``batch_size`` writes are pending, every ``flush_interval`` seconds (a
+    background thread), before any read in this process, on ``flush()`` and on ``close()`` (also at
+    interpreter exit). The file is in WAL mode, so readers never block writers; several processes
+    may write the same file. A process killed mid-stream loses at most its uncommitted batch (at
+    most ``flush_interval`` seconds of work); the file stays valid.
 
     >>> import tempfile, os, agentlightning_lite as agl
     >>> path = os.path.join(tempfile.mkdtemp(), "runs.db")
@@ -166,7 +171,7 @@ class SQLiteStore(Store):
     def __init__(
         self,
         path: str | os.PathLike[str],
-        batch_size: int = 256,
+        batch_size: int = 512,
         flush_interval: float = 0.2,
         timeout: float = 60.0,
     ) -> None:
@@ -176,17 +181,27 @@ class SQLiteStore(Store):
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.timeout = timeout
-        self._lock = threading.RLock()
-        self._pending: list[Span] = []
         self._closed = False
         self._conn: sqlite3.Connection | None = None
+        self._init_process_state()
+        _open_stores.add(self)
+
+    def _init_process_state(self) -> None:
+        """Connection, queues, locks and writer thread: what a forked child must not share."""
         self._pid = os.getpid()
+        self._forked = False  # set in a forked child (see _after_fork)
+        self._lock = threading.Lock()  # guards the queues and _live (held briefly)
+        self._wlock = threading.RLock()  # guards the connection; taken before _lock, never after
+        self._inserts: list[tuple[Any, ...]] = []
+        self._rows: list[SpanRow] = []
+        self._updates: list[tuple[Any, ...]] = []
+        self._live: dict[str, Rollout] = {}  # rollouts started here and still running
         self._open()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
-        if flush_interval > 0:
+        if self.flush_interval > 0:
             self._start_flusher()
-        _open_stores.add(self)
 
     # -- connection -----------------------------------------------------------------------
     def _open(self) -> None:
@@ -198,150 +213,163 @@ class SQLiteStore(Store):
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            tables = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise NotOurDatabase(f"{self.path} is not a SQLite database ({exc})") from None
-        if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables - {"sqlite_sequence"}):
+        if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables):
             conn.close()
-            raise NotOurDatabase(
-                f"{self.path} is a SQLite database, but not an agentlightning-lite store"
-            )
+            raise NotOurDatabase(f"{self.path} is a SQLite database, but not an agentlightning-lite store")
+        if app_id == 0:
+            conn.execute("PRAGMA page_size = 16384")  # fewer, larger pages for span rows
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")  # durable across process crashes in WAL mode
+        conn.execute("PRAGMA cache_size = -16384")  # 16 MiB of page cache for batched writes
         if app_id == 0:
-            self._write(conn, lambda c: c.executescript(
-                "BEGIN IMMEDIATE;" + _SCHEMA
-                + f"PRAGMA application_id = {APPLICATION_ID};"
-                + f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-            ), script=True)
+            self._transaction(conn, lambda c: self._create_schema(c))
         self._conn = conn
+
+    @staticmethod
+    def _create_schema(conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
+            return  # another process created it while we waited for the lock
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _connection(self) -> sqlite3.Connection:
         if self._closed:
-            raise RuntimeError(f"SQLiteStore({str(self.path)!r}) is closed")
-        if os.getpid() != self._pid:  # forked child: never share the parent's connection
-            self._pid = os.getpid()
-            self._pending = []
-            self._lock = threading.RLock()
-            self._open()
-            if self.flush_interval > 0:
-                self._start_flusher()
+            raise RuntimeError(f"{self!r} is closed")
+        if self._forked:  # forked child: never use the parent's connection or queues
+            self._init_process_state()
         assert self._conn is not None
         return self._conn
 
-    def _write(self, conn: sqlite3.Connection, fn: Any, script: bool = False) -> None:
+    def _transaction(self, conn: sqlite3.Connection, fn: Any) -> None:
         """Run ``fn(conn)`` in one IMMEDIATE transaction, retrying while another process writes."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                if script:
-                    fn(conn)
-                    return
                 conn.execute("BEGIN IMMEDIATE")
-                try:
-                    fn(conn)
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-                return
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+                if ("locked" in str(exc) or "busy" in str(exc)) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                raise
+            try:
+                fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return
 
     def _start_flusher(self) -> None:
-        self._stop = threading.Event()
         ref = weakref.ref(self)
-        stop = self._stop
-        interval = self.flush_interval
+        wake, stop, interval = self._wake, self._stop, self.flush_interval
 
         def loop() -> None:
-            while not stop.wait(interval):
+            while not stop.is_set():
+                wake.wait(interval)
+                wake.clear()
                 store = ref()
                 if store is None:
                     return
                 try:
                     store.flush()
-                except Exception:  # the next flush, a read or close() surfaces the error
+                except Exception:  # kept queued; the next flush, a read or close() raises it
                     pass
                 del store
 
-        self._flusher = threading.Thread(target=loop, name="agl-sqlite-flush", daemon=True)
+        self._flusher = threading.Thread(target=loop, name="agl-sqlite-writer", daemon=True)
         self._flusher.start()
 
     # -- writes ---------------------------------------------------------------------------
-    def _flush_locked(self, conn: sqlite3.Connection, extra: Any = None) -> None:
-        pending = self._pending
-        if not pending and extra is None:
-            return
-        rows = [_span_row(s) for s in pending]
-
-        def tx(c: sqlite3.Connection) -> None:
-            if extra is not None:
-                extra(c)
-            if rows:
-                c.executemany(_SPAN_UPSERT, rows)
-
-        self._write(conn, tx)
-        self._pending = []
-
+    # Pending writes wait in three queues (rollout inserts, span rows, rollout updates). Each flush
+    # commits all three in one transaction, inserts first: a batch is all there or not at all.
+    # A full batch is written by the thread that filled it (a writer thread would contend for the
+    # GIL with the agent and was measured slower); the background thread flushes partial batches.
     def flush(self) -> None:
-        with self._lock:
+        with self._wlock:
             if self._closed:
                 return
-            self._flush_locked(self._connection())
+            conn = self._connection()
+            with self._lock:
+                inserts, spans, updates = self._inserts, self._rows, self._updates
+                self._inserts, self._rows, self._updates = [], [], []
+            if not (inserts or spans or updates):
+                return
+
+            inserts, updates = _merge_updates(inserts, updates)
+
+            def tx(c: sqlite3.Connection) -> None:
+                if inserts:
+                    c.executemany(_ROLLOUT_INSERT, inserts)
+                if spans:
+                    c.executemany(_SPAN_UPSERT, [_db_row(r) for r in spans])
+                if updates:
+                    c.executemany(_ROLLOUT_UPDATE, updates)
+
+            try:
+                self._transaction(conn, tx)
+            except BaseException:
+                with self._lock:  # nothing is lost: the batch goes back to the front of the queues
+                    self._inserts[:0], self._rows[:0], self._updates[:0] = inserts, spans, updates
+                raise
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        if self._forked:
+            with self._wlock:
+                self._connection()
 
     def add_spans(self, spans: Iterable[Span]) -> None:
+        self._add_rows([span_to_row(s) for s in spans])
+
+    def _add_rows(self, rows: list[SpanRow]) -> None:
+        self._check_open()
         with self._lock:
-            conn = self._connection()
-            self._pending.extend(spans)
-            if len(self._pending) >= self.batch_size:
-                self._flush_locked(conn)
+            self._rows.extend(rows)
+            full = len(self._rows) >= self.batch_size
+        if full:
+            self.flush()
 
     def _insert_rollout(self, rollout: Rollout) -> None:
-        row = _rollout_row(rollout)
+        self._check_open()
         with self._lock:
-            conn = self._connection()
-            try:
-                self._flush_locked(
-                    conn,
-                    lambda c: c.execute(
-                        f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * 9)})",
-                        row,
-                    ),
-                )
-            except sqlite3.IntegrityError:
-                raise ValueError(f"rollout {rollout.rollout_id!r} exists already") from None
+            self._live[rollout.rollout_id] = rollout
+            self._inserts.append(_rollout_row(rollout))
 
     def _update_rollout(self, rollout: Rollout) -> None:
-        row = _rollout_row(rollout)
+        self._check_open()
         with self._lock:
-            self._flush_locked(
-                self._connection(),
-                lambda c: c.execute(
-                    "UPDATE rollouts SET task = ?, mode = ?, status = ?, start_time = ?, "
-                    "end_time = ?, reward = ?, metadata = ?, error = ? WHERE rollout_id = ?",
-                    row[1:] + row[:1],
-                ),
+            if rollout.status == "running":
+                self._live[rollout.rollout_id] = rollout
+            else:
+                self._live.pop(rollout.rollout_id, None)
+            self._updates.append(
+                (rollout.status, rollout.end_time, rollout.reward, rollout.error, rollout.rollout_id)
             )
+            full = len(self._updates) >= self.batch_size
+        if full:
+            self.flush()
+
+    def _rollout_for_update(self, rollout_id: str) -> Rollout | None:
+        with self._lock:
+            live = self._live.get(rollout_id)
+        return live if live is not None else self.get_rollout(rollout_id)
 
     # -- reads ----------------------------------------------------------------------------
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            conn = self._connection()
-            self._flush_locked(conn)
-            return conn.execute(sql, params).fetchall()
+        with self._wlock:
+            self.flush()  # read your own writes
+            return self._connection().execute(sql, params).fetchall()
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        rows = self._query(
-            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)
-        )
+        rows = self._query(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
         return _row_rollout(rows[0]) if rows else None
 
     def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
@@ -363,22 +391,23 @@ class SQLiteStore(Store):
             f"SELECT {_SPAN_COLUMNS} FROM spans WHERE rollout_id = ? ORDER BY start_time, seq",
             (rollout_id,),
         )
-        return [_row_span(r) for r in rows]
+        return [row_to_span(r) for r in rows]
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
-        with self._lock:
+        with self._wlock:
             if self._closed:
                 return
             self._stop.set()
+            self._wake.set()
             try:
-                if os.getpid() == self._pid:
-                    self._flush_locked(self._connection())
+                if not self._forked:
+                    self.flush()
             finally:
                 self._closed = True
-                if self._conn is not None:
+                if self._conn is not None and not self._forked:  # a child never touches the parent's
                     self._conn.close()
-                    self._conn = None
+                self._conn = None
         _open_stores.discard(self)
 
     def __repr__(self) -> str:
@@ -386,6 +415,17 @@ class SQLiteStore(Store):
 
 
 _open_stores: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for store in list(_open_stores):
+        store._forked = True
+        store._lock = threading.Lock()  # the parent's locks may have been held by another thread
+        store._wlock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 @atexit.register
