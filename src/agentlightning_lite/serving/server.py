@@ -155,6 +155,8 @@ class PolicyServer:
     ``<model>@<agent>``. Calls to plain ``/v1`` (no rollout; also settable with the
     ``X-Agl-Rollout-Id`` header) each get their own implicit rollout of mode ``trace``
     (metadata ``{"implicit": True}``), or are not recorded with ``record_unrouted=False``.
+    Spans are written before the response is sent; ``flush=True`` also commits them at once
+    (for readers in other processes; otherwise the store's batching decides when).
 
     Errors: malformed JSON, unknown model (404), unknown rollout (404), bad parameters and
     context overflow get a 4xx with an OpenAI error body and record nothing; an engine failure
@@ -187,6 +189,7 @@ class PolicyServer:
         default_max_tokens: int = 1024,
         max_n: int = 16,
         record_unrouted: bool = True,
+        flush: bool = False,
         log_level: str = "warning",
     ) -> None:
         self.engine = engine
@@ -199,6 +202,7 @@ class PolicyServer:
         self.default_max_tokens = default_max_tokens
         self.max_n = max_n
         self.record_unrouted = record_unrouted
+        self.flush = flush
         self.log_level = log_level
         self._known_rollouts: set[str] = set()
         self._server: Any = None
@@ -559,6 +563,8 @@ class PolicyServer:
         self.store.add_spans(spans)
         if implicit:
             self.store.finish_rollout(rollout_id, status="failed" if failed else "succeeded")
+        if self.flush:
+            self.store.flush()
 
     def _span(
         self, call: _Call, name: str, start: float, input: Any, attributes: dict[str, Any], **fields: Any
