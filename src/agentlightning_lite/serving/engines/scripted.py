@@ -116,10 +116,13 @@ class ScriptedEngine(Engine):
         if len(ids) > req.max_tokens:
             ids = ids[: req.max_tokens]
             text, finish, stop_reason = self.decode(ids), "length", None
-        elif self.append_eos and stop_reason is None and self.eos_token_ids and len(ids) < req.max_tokens:
-            eos = min(self.eos_token_ids)
-            ids = [*ids, eos]
-            stop_reason = eos
+        elif self.append_eos and stop_reason is None and self.eos_token_ids:
+            if len(ids) < req.max_tokens:
+                eos = min(self.eos_token_ids)
+                ids = [*ids, eos]
+                stop_reason = eos
+            else:  # the budget ran out before the EOS a model would have written
+                finish = "length"
         return GenResult(
             prompt_token_ids=list(req.prompt_token_ids),
             token_ids=ids,

