@@ -11,6 +11,7 @@
 """
 
 from . import air, credit, otel
+from .rl import GRPO, PPO, LitAgent, LoRA, Trainer
 from .sft import export_sft
 from .store import MemoryStore, SQLiteStore, Store
 from .tracer import Tracer, emit_reward, emit_signal
@@ -20,6 +21,11 @@ from .types import Rollout, Span, Transition
 __version__ = "0.1.0"
 
 __all__ = [
+    "GRPO",
+    "PPO",
+    "LitAgent",
+    "LoRA",
+    "Trainer",
     "MemoryStore",
     "Rollout",
     "SQLiteStore",

@@ -261,7 +261,10 @@ class RolloutHandle:
             self.tracer.store._add_rows([(*row[:12], attrs, *row[13:])])
         if status is None:
             status = "succeeded" if error is None else "failed"
-        self.tracer.store.finish_rollout(self.id, status=status, reward=final, error=error)
+        # a rollout marked timeout by a trainer while this agent ran on stays as it was
+        self.tracer.store.finish_rollout(
+            self.id, status=status, reward=final, error=error, only_if_running=not self._created
+        )
 
     def __enter__(self) -> RolloutHandle:
         self._token = _rollout_var.set(self)

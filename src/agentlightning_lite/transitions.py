@@ -89,6 +89,8 @@ def rollout_transitions(
                     "intermediate_rewards": step.rewards,
                     "status": c.status,
                     "rollout_status": rollout.status,
+                    "params": c.attributes.get("params"),
+                    "weights_version": c.attributes.get("weights_version"),
                 },
             )
         )

@@ -266,3 +266,22 @@ def test_span_upsert_replaces_in_place(store: agl.Store) -> None:
     store.add_span(s1.model_copy(update={"attributes": {"joined": True}}))
     got = store.spans(ro.rollout_id)
     assert [(s.span_id, s.attributes) for s in got] == [("a", {"joined": True}), ("b", {})]
+
+
+def test_circular_and_hostile_payloads_never_crash(tracer: agl.Tracer) -> None:
+    class BadRepr:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr for you")
+
+    loop: dict = {"name": "loop"}
+    loop["self"] = loop
+    with tracer.rollout("t") as ro:
+        with tracer.span("tool", "t", input=loop) as sp:
+            sp.set_output(BadRepr())
+    (span,) = tracer.store.spans(ro.id)
+    depth, node = 0, span.input
+    while isinstance(node, dict) and "self" in node:  # cut off at a bounded depth, readable all the way
+        assert node["name"] == "loop"
+        node, depth = node["self"], depth + 1
+    assert 10 < depth < 100 and node["__type__"] == "builtins.dict"
+    assert span.output["__repr__"].startswith("<unrepresentable: RuntimeError('no repr for you')")

@@ -48,11 +48,13 @@ class Store(abc.ABC):
         status: str = "succeeded",
         reward: float | None = None,
         error: str | None = None,
+        only_if_running: bool = False,
     ) -> Rollout:
         """Mark a rollout finished with ``status`` and its final ``reward``; return it.
 
         Raises ``ValueError`` for a NaN/inf reward or an unknown status, ``KeyError`` for an
-        unknown rollout. A ``reward`` of ``None`` keeps any reward already recorded.
+        unknown rollout. A ``reward`` of ``None`` keeps any reward already recorded. With
+        ``only_if_running``, a rollout finished already (e.g. marked ``timeout``) stays as it is.
         """
         if status not in ROLLOUT_STATUSES or status == "running":
             raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
@@ -60,6 +62,8 @@ class Store(abc.ABC):
         rollout = self._rollout_for_update(rollout_id)
         if rollout is None:
             raise KeyError(f"unknown rollout {rollout_id!r}")
+        if only_if_running and rollout.status != "running":
+            return rollout
         update: dict[str, Any] = {"status": status, "end_time": time.time(), "error": error}
         if reward is not None:
             update["reward"] = reward

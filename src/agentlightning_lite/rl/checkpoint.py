@@ -1,0 +1,121 @@
+"""Checkpoints a killed run can resume from: adapter, optimiser, value head, RNG, data position, step.
+
+Everything is written with safetensors or JSON, or ``torch.save`` of plain tensors loaded back with
+``weights_only=True``: nothing is unpickled. A checkpoint directory appears atomically (written to a
+temporary name, then renamed), so a run killed while saving leaves the previous one intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["latest_checkpoint", "load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+
+_PREFIX = "step-"
+
+
+def rng_state() -> dict[str, Any]:
+    """Python's and torch's random states (numpy's too when installed), JSON/tensor friendly."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    except ImportError:  # pragma: no cover
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str],
+    step: int,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    value_head: torch.nn.Module | None = None,
+    keep: int | None = 3,
+) -> Path:
+    """Write ``directory/step-N`` (adapter, optimiser, value head, RNG, state); keep the last ``keep``."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{_PREFIX}{step:06d}"
+    tmp = root / f".tmp-{_PREFIX}{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if value_head is not None:
+        from safetensors.torch import save_file
+
+        save_file(
+            {k: v.contiguous() for k, v in value_head.state_dict().items()},
+            str(tmp / "value_head.safetensors"),
+        )
+    rng = rng_state()
+    tensors = {k: rng[k] for k in ("torch", "cuda") if k in rng}  # tensors (loaded weights_only)
+    torch.save(tensors, tmp / "rng_torch.pt")
+    meta = {**trainer_state, "step": step, "rng": {k: rng[k] for k in ("python", "numpy") if k in rng}}
+    (tmp / "trainer_state.json").write_text(json.dumps(meta))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    if keep is not None:
+        for old in sorted(root.glob(f"{_PREFIX}*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
+    """The newest complete ``step-N`` directory, or ``None``."""
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    done = [p for p in sorted(root.glob(f"{_PREFIX}*")) if (p / "trainer_state.json").is_file()]
+    return done[-1] if done else None
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    value_head: torch.nn.Module | None = None,
+) -> dict[str, Any]:
+    """Load adapter weights, optimiser, value head and RNG from ``path``; return the trainer state."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    set_peft_model_state_dict(model, adapter)
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if value_head is not None and (path / "value_head.safetensors").is_file():
+        value_head.load_state_dict(load_file(str(path / "value_head.safetensors")))
+    state = json.loads((path / "trainer_state.json").read_text())
+    rng = dict(state.pop("rng", {}))
+    rng.update(torch.load(path / "rng_torch.pt", weights_only=True))
+    set_rng_state(rng)
+    return state

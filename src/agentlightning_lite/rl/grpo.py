@@ -1,0 +1,176 @@
+"""GRPO: group-relative advantages and the clipped policy-gradient loss, written out line by line.
+
+LightningRL is hierarchical: credit assignment (``agl.credit``) first gives every policy call of an
+episode a reward; then each call's response is a single-turn RL sample. GRPO (Shao et al. 2024,
+DeepSeekMath) needs no value model: the advantage of a sample is its reward relative to the other
+samples of the same task (the group of ``group_size`` rollouts of one task, all their calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = ["GRPO", "LossAggregation", "aggregate", "group_advantages", "kl_penalty", "policy_loss"]
+
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@dataclass
+class GRPO:
+    """Every GRPO knob in one place.
+
+    Args:
+        group_size: rollouts per task; advantages are normalised within each task's group.
+        clip: PPO clip range epsilon: the ratio is kept in ``[1 - clip, 1 + clip_high or clip]``.
+        clip_high: upper clip range ("clip-higher", DAPO, Yu et al. 2025); ``None`` = ``clip``.
+        kl_coef: weight of the KL penalty against the reference policy (the base model with the
+            adapter switched off: no second copy in memory); 0 disables it and skips its forward pass.
+        kl_estimator: ``"k3"`` (Schulman's unbiased, always >= 0, as in GRPO) or ``"k1"`` (log ratio).
+        lr: AdamW learning rate of the adapter.
+        weight_decay: AdamW weight decay.
+        epochs: optimisation passes over each step's samples (1 = on-policy).
+        mini_batch_size: samples per optimiser step within an epoch (``None``: all at once).
+        micro_batch_size: samples per forward/backward (gradient accumulation up to a mini batch).
+        max_grad_norm: gradient clipping by global norm.
+        scale_rewards: divide by the group's std (``True``, GRPO) or only subtract its mean
+            (``False``, Dr.GRPO, Liu et al. 2025: the std division biases toward easy/hard tasks).
+        loss_agg: how token losses become one number:
+            ``"token-mean"``: mean over all response tokens of the batch (DAPO);
+            ``"seq-mean-token-mean"``: mean over each response's tokens, then over responses (GRPO);
+            ``"seq-mean-token-sum-norm"``: each response's token sum divided by the constant
+            ``max_response_tokens``, then mean over responses (Dr.GRPO: no length bias).
+        max_response_tokens: the constant of ``seq-mean-token-sum-norm``.
+        eps: added to the std before dividing.
+
+    >>> import agentlightning_lite as agl
+    >>> agl.GRPO(group_size=8, clip=0.2, kl_coef=0.0, lr=1e-5).loss_agg
+    'token-mean'
+    """
+
+    group_size: int = 4
+    clip: float = 0.2
+    clip_high: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    epochs: int = 1
+    mini_batch_size: int | None = None
+    micro_batch_size: int = 8
+    max_grad_norm: float = 1.0
+    scale_rewards: bool = True
+    loss_agg: LossAggregation = "token-mean"
+    max_response_tokens: int = 512
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        if not 0 < self.clip < 1:
+            raise ValueError(f"clip must be in (0, 1), got {self.clip}")
+        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+            raise ValueError(f"unknown loss_agg {self.loss_agg!r}")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"unknown kl_estimator {self.kl_estimator!r}")
+        if self.micro_batch_size < 1 or self.epochs < 1:
+            raise ValueError("micro_batch_size and epochs must be >= 1")
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    groups: Sequence[Hashable],
+    scale: bool = True,
+    eps: float = 1e-6,
+) -> tuple[list[float], dict[str, float]]:
+    """GRPO advantages: ``A_i = (r_i - mean(r_g)) / (std(r_g) + eps)`` over the samples of group ``g``.
+
+    Returns the advantages and stats: how many groups had zero spread (they give no gradient).
+
+    >>> adv, stats = group_advantages([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"])
+    >>> [round(a, 3) for a in adv], stats["zero_std_groups"]
+    ([0.707, -0.707, 0.0, 0.0], 1.0)
+    """
+    by_group: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    adv = [0.0] * len(rewards)
+    zero = 0
+    for idx in by_group.values():
+        r = torch.tensor([rewards[i] for i in idx], dtype=torch.float64)
+        mean = r.mean()
+        # the sample (unbiased) std, as TRL and verl compute it
+        std = r.std() if len(idx) > 1 else torch.tensor(0.0, dtype=torch.float64)
+        if float(std) < 1e-8:
+            zero += 1  # all samples alike: nothing to prefer, no gradient
+            continue
+        a = (r - mean) / (std + eps) if scale else r - mean
+        for i, v in zip(idx, a.tolist(), strict=True):
+            adv[i] = v
+    n = max(len(by_group), 1)
+    return adv, {"groups": float(len(by_group)), "zero_std_groups": float(zero), "zero_std_frac": zero / n}
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token PPO-clip surrogate (to be aggregated with :func:`aggregate`).
+
+    ``ratio = exp(logp - old_logp)``;
+    ``loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``.
+    ``advantages`` is one value per sequence (broadcast over its tokens) or per token.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    with torch.no_grad():
+        m = mask.bool()
+        stats = {
+            # tokens where the clipped term is the smaller one: their gradient is cut
+            "clip_frac": ((clipped < unclipped) & m).float().sum() / m.sum().clamp(min=1),
+            "ratio_mean": ratio[m].mean() if m.any() else torch.tensor(1.0),
+        }
+    return loss, stats
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate from sampled tokens.
+
+    ``k1 = logp - ref_logp``; ``k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1`` (>= 0).
+    """
+    if estimator == "k1":
+        return logp - ref_logp
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    return torch.exp(d) - d - 1.0
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int = 512) -> torch.Tensor:
+    """Reduce per-token losses ``[batch, tokens]`` to a scalar; see :class:`GRPO` ``loss_agg``.
+
+    >>> import torch
+    >>> loss, mask = torch.tensor([[1.0, 1.0], [4.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
+    >>> [float(aggregate(loss, mask, m, max_tokens=2)) for m in
+    ...  ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")]
+    [2.0, 2.5, 1.5]
+    """
+    mask = mask.to(loss.dtype)
+    if mode == "token-mean":
+        return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+    per_seq_sum = (loss * mask).sum(dim=-1)
+    if mode == "seq-mean-token-mean":
+        return (per_seq_sum / mask.sum(dim=-1).clamp(min=1.0)).mean()
+    if mode == "seq-mean-token-sum-norm":
+        return (per_seq_sum / float(max_tokens)).mean()
+    raise ValueError(f"unknown loss aggregation {mode!r}")

@@ -1,0 +1,649 @@
+"""``agl.Trainer``: run the agent, turn its runs into transitions, update the LoRA policy, repeat.
+
+One step: take ``batch_size`` tasks; run each ``group_size`` times through the user's agent,
+concurrently, every rollout talking to the policy through its own ``server.llm(rollout_id)``;
+build transitions from the store (credit + AIR + agent selection); compute advantages (GRPO or
+PPO); update the adapter in place under the engine's lock, so the next rollouts sample from the
+new policy; log, evaluate every ``eval_every`` steps, checkpoint every ``save_every`` steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..credit import CreditRule
+from ..store.base import Store
+from ..store.sqlite import SQLiteStore
+from ..tracer import Tracer
+from ..transitions import transitions
+from .batching import Sample, collate, forward_logprobs
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .grpo import GRPO, aggregate, group_advantages, kl_penalty, policy_loss
+from .lora import LoRA, check_4bit_available
+from .metrics import MetricsLogger, plot_reward_curve
+from .ppo import PPO, ValueHead, gae, value_loss
+from .rollouts import RolloutResult, RolloutSpec, run_rollouts
+
+__all__ = ["Trainer"]
+
+logger = logging.getLogger("agentlightning_lite.trainer")
+
+
+def _progress(total: int, desc: str, initial: int = 0) -> Any:
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, initial=initial, dynamic_ncols=True, leave=True)
+    except ImportError:  # pragma: no cover
+        return None
+
+
+class Trainer:
+    """Train an existing agent's policy model with reinforcement learning on LoRA weights.
+
+    Args:
+        model: the policy: a name from ``agl.models`` (``"smollm2-135m"``, embedded), a Hugging
+            Face id or local path.
+        algorithm: ``agl.GRPO(...)`` (default) or ``agl.PPO(...)``.
+        lora: ``agl.LoRA(...)`` adapter settings (``load_in_4bit=True`` for QLoRA on a GPU).
+        engine: ``"auto"`` (vLLM on a GPU when installed, else transformers), ``"hf"``,
+            ``"vllm"``, or an engine instance (``agl.engines.HFEngine(...)``).
+        store: where rollouts and spans go (default: ``SQLiteStore(output_dir/"runs.db")``).
+        agents: train only these agents' LLM calls; the others' stay frozen (not trained).
+        credit: credit rule over an episode's calls (default ``credit.FinalReward()``).
+        air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``).
+        output_dir: metrics, reward curve, checkpoints, the final adapter.
+        batch_size: tasks per step (each run ``algorithm.group_size`` times).
+        concurrency: rollouts run at once (threads).
+        rollout_timeout: seconds a rollout may take before it is marked ``timeout``.
+        failed_reward: what a failed or timed-out rollout counts for: ``"drop"`` (left out of the
+            update) or a number (its calls are trained with that reward).
+        success_threshold: a rollout succeeds when its reward is at least this.
+        eval_every, save_every: steps between evaluations / checkpoints (0 = never).
+        max_seq_len: samples with a longer prompt + response are skipped (counted in the metrics).
+        old_logprobs: importance-ratio denominator: ``"engine"`` (the logprobs the engine
+            sampled with), ``"recompute"`` (a no-grad forward pass of the training model), or
+            ``"auto"``: the engine's when it agrees with the recomputation within
+            ``logprob_tolerance`` (mean absolute difference per token), else recomputed.
+            The mismatch is logged either way.
+        seed: seeds data order, sampling seeds and torch.
+        loggers: ``"auto"``, or a list of ``"tensorboard"``, ``"wandb"``, ``"mlflow"``.
+
+    >>> import agentlightning_lite as agl
+    >>> def agent(task, llm):  # any function (task, llm) -> reward, or an agl.LitAgent
+    ...     client = llm.openai_client()
+    ...     reply = client.chat.completions.create(model=llm.model, max_tokens=8,
+    ...         messages=[{"role": "user", "content": task["question"]}]).choices[0].message.content
+    ...     return float(task["answer"] in reply)
+    >>> trainer = agl.Trainer(model="smollm2-135m", algorithm=agl.GRPO(group_size=4),
+    ...                       lora=agl.LoRA(r=8), output_dir="runs/demo")  # doctest: +SKIP
+    >>> trainer.fit(agent, [{"question": "2+2=?", "answer": "4"}], steps=2)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: Any = "smollm2-135m",
+        algorithm: GRPO | PPO | None = None,
+        lora: LoRA | None = None,
+        engine: Any = "auto",
+        store: Store | None = None,
+        agents: Sequence[str] | None = None,
+        credit: CreditRule | None = None,
+        air: Sequence[Any] | None = None,
+        output_dir: str | os.PathLike[str] = "runs/agl",
+        batch_size: int = 8,
+        concurrency: int = 16,
+        rollout_timeout: float | None = 300.0,
+        failed_reward: str | float = "drop",
+        success_threshold: float = 1.0,
+        eval_every: int = 0,
+        save_every: int = 0,
+        keep_checkpoints: int | None = 3,
+        max_seq_len: int = 2048,
+        old_logprobs: str = "auto",
+        logprob_tolerance: float = 1e-3,
+        seed: int = 0,
+        loggers: str | list[str] = "auto",
+        server_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.algorithm = algorithm if algorithm is not None else GRPO()
+        if not isinstance(self.algorithm, (GRPO, PPO)):
+            raise TypeError(
+                f"algorithm must be agl.GRPO(...) or agl.PPO(...), got {type(self.algorithm).__name__}"
+            )
+        if failed_reward != "drop" and not isinstance(failed_reward, (int, float)):
+            raise ValueError(f"failed_reward must be 'drop' or a number, got {failed_reward!r}")
+        if old_logprobs not in ("auto", "engine", "recompute"):
+            raise ValueError("old_logprobs must be 'auto', 'engine' or 'recompute'")
+        self.model_name = model
+        self.lora = lora if lora is not None else LoRA()
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.store = store if store is not None else SQLiteStore(self.output_dir / "runs.db")
+        self.tracer = Tracer(self.store)
+        self.agents = list(agents) if agents is not None else None
+        self.credit = credit
+        self.air = list(air) if air is not None else None
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.rollout_timeout = rollout_timeout
+        self.failed_reward = failed_reward
+        self.success_threshold = success_threshold
+        self.eval_every = eval_every
+        self.save_every = save_every
+        self.keep_checkpoints = keep_checkpoints
+        self.max_seq_len = max_seq_len
+        self.old_logprobs = old_logprobs
+        self.logprob_tolerance = logprob_tolerance
+        self.seed = seed
+        self.server_options = dict(server_options or {})
+        self.step = 0
+        self._epoch = 0
+        self._cursor = 0
+        random.seed(seed)
+        torch.manual_seed(seed)
+        self._owns_engine = isinstance(engine, str)
+        self.engine = self._make_engine(engine, model)
+        self.policy = self._training_model()
+        self.device = next(self.policy.parameters()).device
+        self.autocast = (
+            torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+        )
+        self.value_head: ValueHead | None = None
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        groups: list[dict[str, Any]] = [{"params": params, "lr": self.algorithm.lr}]
+        if isinstance(self.algorithm, PPO):
+            hidden = int(self.policy.config.hidden_size)
+            self.value_head = ValueHead(hidden).to(self.device)
+            groups.append(
+                {
+                    "params": list(self.value_head.parameters()),
+                    "lr": self.algorithm.value_lr or self.algorithm.lr,
+                }
+            )
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=self.algorithm.weight_decay)
+        self.metrics = MetricsLogger(self.output_dir, loggers)
+        self._server: Any = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _make_engine(self, engine: Any, model: Any) -> Any:
+        from ..serving import engines as eng
+
+        if self.lora.load_in_4bit:
+            check_4bit_available()
+        if not isinstance(engine, str):
+            return engine
+        if engine == "auto":
+            engine = "vllm" if torch.cuda.is_available() and _has_vllm() else "hf"
+        if engine == "hf":
+            return eng.HFEngine(model, lora=self.lora, seed=self.seed)
+        if engine == "vllm":
+            return eng.VLLMEngine(model, lora=self.lora)
+        raise ValueError(f"engine must be 'auto', 'hf', 'vllm' or an engine instance, got {engine!r}")
+
+    def _training_model(self) -> Any:
+        """The peft model the optimiser updates: the HF engine's own module, or a separate copy."""
+        model = getattr(self.engine, "model", None)
+        if model is not None and hasattr(model, "peft_config") and isinstance(model, torch.nn.Module):
+            return model  # train in place: the engine serves the updated adapter at once
+        from ..serving import engines as eng
+
+        # an engine that cannot train in place (vLLM): a transformers copy whose adapter is pushed to it
+        trainer_engine = eng.HFEngine(self.model_name, lora=self.lora, seed=self.seed)
+        return trainer_engine.model
+
+    # -- the loop -------------------------------------------------------------------------
+    def fit(
+        self,
+        agent: Callable[..., Any],
+        train_dataset: Sequence[Any],
+        val_dataset: Sequence[Any] | None = None,
+        steps: int | None = None,
+        epochs: int = 1,
+        resume: bool = False,
+    ) -> dict[str, Any]:
+        """Train ``agent`` on ``train_dataset`` for ``steps`` steps (default: ``epochs`` passes).
+
+        ``agent`` is a function ``(task, llm) -> float | None`` (sync or async) or an
+        ``agl.LitAgent``. With ``resume=True`` the newest checkpoint in ``output_dir`` is loaded
+        (adapter, optimiser, RNG, data position, step) and training continues from there.
+        Returns the final metrics (with the last validation scores when ``val_dataset`` is given).
+        """
+        if len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty")
+        per_epoch = math.ceil(len(train_dataset) / self.batch_size)
+        total = steps if steps is not None else per_epoch * epochs
+        if resume:
+            ckpt = latest_checkpoint(self.output_dir / "checkpoints")
+            if ckpt is None:
+                logger.warning(
+                    "resume=True but no checkpoint in %s: starting fresh", self.output_dir / "checkpoints"
+                )
+            else:
+                state = load_checkpoint(ckpt, self.policy, self.optimizer, self.value_head)
+                self.step, self._epoch, self._cursor = state["step"], state["epoch"], state["cursor"]
+                self._push_weights()
+                logger.info("resumed from %s (step %d)", ckpt, self.step)
+        last: dict[str, Any] = {}
+        bar = _progress(total, "training", initial=min(self.step, total))
+        try:
+            with self._serving():
+                while self.step < total:
+                    tasks = self._next_batch(train_dataset)
+                    last = self.train_step(agent, tasks)
+                    if val_dataset is not None and self.eval_every and self.step % self.eval_every == 0:
+                        last.update(self._validate(agent, val_dataset))
+                    self.metrics.log(self.step, last)
+                    if self.save_every and self.step % self.save_every == 0:
+                        self.save_checkpoint()
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(
+                            reward=f"{last.get('train/reward_mean', float('nan')):.3f}",
+                            loss=f"{last.get('train/loss', float('nan')):.4f}",
+                        )
+                if val_dataset is not None and not (self.eval_every and self.step % self.eval_every == 0):
+                    final_val = self._validate(agent, val_dataset)
+                    last.update(final_val)
+                    self.metrics.log(self.step, final_val)
+        finally:
+            if bar is not None:
+                bar.close()
+            self.plot()
+        return last
+
+    def _next_batch(self, dataset: Sequence[Any]) -> list[tuple[int, Any]]:
+        """The next ``batch_size`` (index, task) pairs of a seeded per-epoch shuffle."""
+        out = []
+        while len(out) < self.batch_size:
+            order = list(range(len(dataset)))
+            random.Random(self.seed * 100_003 + self._epoch).shuffle(order)
+            if self._cursor >= len(order):
+                self._epoch, self._cursor = self._epoch + 1, 0
+                continue
+            i = order[self._cursor]
+            self._cursor += 1
+            out.append((i, dataset[i]))
+        return out
+
+    def train_step(self, agent: Callable[..., Any], tasks: Sequence[tuple[int, Any]]) -> dict[str, Any]:
+        """One step on the given ``(index, task)`` pairs; returns its metrics."""
+        with self._serving():
+            t0 = time.perf_counter()
+            group_size = self.algorithm.group_size
+            specs = [
+                RolloutSpec(task, "train", {"step": self.step, "task_index": idx, "sample": k})
+                for idx, task in tasks
+                for k in range(group_size)
+            ]
+            results = self._run(agent, specs)
+            t_roll = time.perf_counter() - t0
+            samples, sample_stats = self._samples(results)
+            t1 = time.perf_counter()
+            update_stats = self._update(samples) if samples else {"train/skipped_update": 1.0}
+            t_update = time.perf_counter() - t1
+        self.step += 1
+        rewards = [r.reward for r in results if r.status == "succeeded" and r.reward is not None]
+        out: dict[str, Any] = {
+            "train/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+            "train/success_rate": self._success(results),
+            "train/rollouts": float(len(results)),
+            "train/failed_rollouts": float(sum(r.status == "failed" for r in results)),
+            "train/timeout_rollouts": float(sum(r.status == "timeout" for r in results)),
+            "time/rollouts_s": t_roll,
+            "time/update_s": t_update,
+            "engine/version": float(getattr(self.engine, "version", 0)),
+            **sample_stats,
+            **update_stats,
+        }
+        return out
+
+    def evaluate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
+        """Run ``agent`` once per task in ``mode="val"``: mean reward, success rate, failures.
+
+        >>> trainer.evaluate(agent, val_tasks)  # doctest: +SKIP
+        {'mean_reward': 0.31, 'success_rate': 0.31, 'n': 50, 'failed': 0}
+        """
+        with self._serving():
+            specs = [
+                RolloutSpec(task, "val", {"step": self.step, "task_index": i})
+                for i, task in enumerate(dataset)
+            ]
+            results = self._run(agent, specs, desc="evaluating")
+        rewards = [self._reward_of(r) for r in results]
+        scored = [x for x in rewards if x is not None]
+        return {
+            "mean_reward": statistics.fmean(scored) if scored else float("nan"),
+            "success_rate": self._success(results),
+            "n": len(results),
+            "failed": sum(r.status != "succeeded" for r in results),
+        }
+
+    def _validate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
+        res = self.evaluate(agent, dataset)
+        return {"val/reward_mean": res["mean_reward"], "val/success_rate": res["success_rate"]}
+
+    # -- rollouts -------------------------------------------------------------------------
+    def _serving(self) -> Any:
+        trainer = self
+
+        class _Ctx:
+            def __enter__(self) -> None:
+                self.owner = trainer._server is None
+                if self.owner:
+                    from ..serving import PolicyServer
+
+                    trainer._server = PolicyServer(
+                        trainer.engine, trainer.store, **trainer.server_options
+                    ).start()
+
+            def __exit__(self, *exc: object) -> None:
+                if self.owner and trainer._server is not None:
+                    trainer._server.stop()
+                    trainer._server = None
+
+        return _Ctx()
+
+    def _run(
+        self, agent: Callable[..., Any], specs: list[RolloutSpec], desc: str = ""
+    ) -> list[RolloutResult]:
+        bar = _progress(len(specs), desc) if desc else None
+        try:
+            return run_rollouts(
+                agent,
+                specs,
+                self.tracer,
+                lambda rid: self._server.llm(rid),
+                concurrency=self.concurrency,
+                timeout=self.rollout_timeout,
+                on_done=(lambda _r: bar.update(1)) if bar is not None else None,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _reward_of(self, r: RolloutResult) -> float | None:
+        if r.status == "succeeded":
+            return r.reward
+        return None if self.failed_reward == "drop" else float(self.failed_reward)
+
+    def _success(self, results: Sequence[RolloutResult]) -> float:
+        if not results:
+            return float("nan")
+        ok = sum(
+            1 for r in results if r.status == "succeeded" and (r.reward or 0.0) >= self.success_threshold
+        )
+        return ok / len(results)
+
+    # -- samples --------------------------------------------------------------------------
+    def _samples(self, results: Sequence[RolloutResult]) -> tuple[list[Sample], dict[str, float]]:
+        keep: list[RolloutResult] = []
+        for r in results:
+            if r.status == "succeeded" and r.reward is not None:
+                keep.append(r)
+            elif r.status != "succeeded" and self.failed_reward != "drop":
+                self.store.set_reward(r.rollout_id, float(self.failed_reward))
+                keep.append(r)
+        by_id = {r.rollout_id: r for r in keep}
+        ts = transitions(
+            self.store,
+            rollout_ids=list(by_id),
+            agents=self.agents,
+            credit=self.credit,
+            air=self.air,
+            require_tokens=True,
+        )
+        samples: list[Sample] = []
+        too_long = 0
+        for t in ts:
+            assert t.prompt_token_ids is not None and t.response_token_ids is not None
+            if not t.response_token_ids or t.reward is None:
+                continue
+            if len(t.prompt_token_ids) + len(t.response_token_ids) > self.max_seq_len:
+                too_long += 1
+                continue
+            r = by_id[t.rollout_id]
+            params = t.metadata.get("params") or {}
+            samples.append(
+                Sample(
+                    prompt_ids=t.prompt_token_ids,
+                    response_ids=t.response_token_ids,
+                    engine_logprobs=t.response_logprobs,
+                    reward=float(t.reward),
+                    group=r.spec.metadata.get("task_index"),
+                    temperature=float(params.get("temperature", 1.0) or 1.0),
+                    rollout_id=t.rollout_id,
+                    index=t.index,
+                    agent=t.agent,
+                )
+            )
+        stats = {
+            "train/samples": float(len(samples)),
+            "train/samples_too_long": float(too_long),
+            "train/calls_per_rollout": len(ts) / max(len(keep), 1),
+        }
+        return samples, stats
+
+    # -- the update -----------------------------------------------------------------------
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
+        algo = self.algorithm
+        stats: dict[str, float] = {}
+        if isinstance(algo, GRPO):
+            adv, gstats = group_advantages(
+                [s.reward for s in samples],
+                [s.group for s in samples],
+                scale=algo.scale_rewards,
+                eps=algo.eps,
+            )
+            for s, a in zip(samples, adv, strict=True):
+                s.advantage = a
+            stats.update({f"grpo/{k}": v for k, v in gstats.items()})
+            if all(a == 0.0 for a in adv):
+                stats["train/skipped_update"] = 1.0  # every group had zero spread: no gradient
+                return stats
+        result: dict[str, float] = {}
+
+        def step(model: Any) -> None:
+            result.update(self._optimise(model, samples))
+
+        if self._trains_in_place():
+            self.engine.update_weights(step)  # under the engine's lock: no generation mid-update
+        else:
+            step(self.policy)
+            self._push_weights()
+        stats.update(result)
+        return stats
+
+    def _trains_in_place(self) -> bool:
+        return getattr(self.engine, "model", None) is self.policy
+
+    def _push_weights(self) -> None:
+        """Hand the adapter to an engine that does not share the training model (vLLM)."""
+        if self._trains_in_place():
+            self.engine.version += 1
+            return
+        from peft import get_peft_model_state_dict
+
+        self.engine.update_weights(get_peft_model_state_dict(self.policy))
+
+    def _pad_id(self) -> int:
+        return int(getattr(self.engine, "pad_token_id", 0) or 0)
+
+    def _optimise(self, model: Any, samples: list[Sample]) -> dict[str, float]:
+        algo = self.algorithm
+        micro = algo.micro_batch_size
+        mini = algo.mini_batch_size or len(samples)
+        chunks = [samples[i : i + micro] for i in range(0, len(samples), micro)]
+        batches = [collate(c, self._pad_id()).to(self.device) for c in chunks]
+
+        # 1. reference quantities, no gradient: old logprobs, reference logprobs, old values
+        model.eval()
+        old, ref, old_v = [], [], []
+        mismatch_sum, mismatch_n, mismatch_max = 0.0, 0, 0.0
+        with torch.no_grad():
+            for c, b in zip(chunks, batches, strict=True):
+                lp, v = forward_logprobs(model, b, self.value_head, self.autocast)
+                eng = torch.zeros_like(lp)
+                have_engine = all(s.engine_logprobs is not None for s in c)
+                if have_engine:
+                    for i, s in enumerate(c):
+                        eng[i, : len(s.engine_logprobs)] = torch.tensor(s.engine_logprobs)  # type: ignore[arg-type]
+                    diff = (eng - lp).abs() * b.response_mask
+                    mismatch_sum += float(diff.sum())
+                    mismatch_n += int(b.response_mask.sum())
+                    mismatch_max = max(mismatch_max, float(diff.max()))
+                old.append((lp, eng if have_engine else None))
+                old_v.append(v)
+                if algo.kl_coef > 0:
+                    with model.disable_adapter():
+                        ref.append(forward_logprobs(model, b, None, self.autocast)[0])
+        mean_mismatch = mismatch_sum / mismatch_n if mismatch_n else float("nan")
+        use_engine = self.old_logprobs == "engine" or (
+            self.old_logprobs == "auto" and mismatch_n and mean_mismatch <= self.logprob_tolerance
+        )
+        old_lp = [e if (use_engine and e is not None) else lp for lp, e in old]
+
+        # 2. advantages per token
+        advs, rets = [], []
+        for c, b, v in zip(chunks, batches, old_v, strict=True):
+            if isinstance(algo, PPO):
+                rewards = torch.zeros_like(b.response_mask)
+                for i, s in enumerate(c):
+                    rewards[i, len(s.response_ids) - 1] = s.reward  # the call's credit at its last token
+                a, r = gae(rewards, v, b.response_mask, algo.gamma, algo.lam)  # type: ignore[arg-type]
+                advs.append(a)
+                rets.append(r)
+            else:
+                advs.append(
+                    torch.tensor([s.advantage for s in c], device=self.device)[:, None] * b.response_mask
+                )
+                rets.append(None)
+        if isinstance(algo, PPO) and algo.whiten_advantages:
+            mask_all = torch.cat([b.response_mask.flatten() for b in batches]).bool()
+            flat = torch.cat([a.flatten() for a in advs])[mask_all]
+            mu, sd = flat.mean(), flat.std().clamp(min=1e-6) if flat.numel() > 1 else torch.tensor(1.0)
+            advs = [((a - mu) / sd) * b.response_mask for a, b in zip(advs, batches, strict=True)]
+
+        # 3. optimise: epochs x mini-batches, gradient accumulation over micro-batches
+        model.train()
+        if self.value_head is not None:
+            self.value_head.train()
+        clip_high = algo.clip_high if algo.clip_high is not None else algo.clip
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        logs: dict[str, list[float]] = {}
+        per_mini = max(1, math.ceil(mini / micro))
+        order = list(range(len(chunks)))
+        for _epoch in range(algo.epochs):
+            for start in range(0, len(order), per_mini):
+                group = order[start : start + per_mini]
+                n_tokens = sum(float(batches[j].response_mask.sum()) for j in group)
+                n_seqs = sum(len(chunks[j]) for j in group)
+                self.optimizer.zero_grad(set_to_none=True)
+                for j in group:
+                    b = batches[j]
+                    lp, v = forward_logprobs(model, b, self.value_head, self.autocast)
+                    pg, pstats = policy_loss(lp, old_lp[j], advs[j], b.response_mask, algo.clip, clip_high)
+                    tok_loss = pg
+                    if algo.kl_coef > 0:
+                        kl = kl_penalty(lp, ref[j], algo.kl_estimator)
+                        tok_loss = tok_loss + algo.kl_coef * kl
+                        logs.setdefault("train/kl", []).append(
+                            float((kl.detach() * b.response_mask).sum() / b.response_mask.sum())
+                        )
+                    if isinstance(algo, PPO):
+                        vl = value_loss(v, old_v[j], rets[j], algo.vf_clip)  # type: ignore[arg-type]
+                        tok_loss = tok_loss + algo.vf_coef * vl
+                        logs.setdefault("ppo/value_loss", []).append(
+                            float((vl.detach() * b.response_mask).sum() / b.response_mask.sum())
+                        )
+                    # weight each micro batch by its share of the mini batch, as one big batch would
+                    if algo.loss_agg == "token-mean":
+                        weight = float(b.response_mask.sum()) / max(n_tokens, 1.0)
+                    else:
+                        weight = len(chunks[j]) / max(n_seqs, 1)
+                    loss = (
+                        aggregate(tok_loss, b.response_mask, algo.loss_agg, algo.max_response_tokens) * weight
+                    )
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"non-finite loss at step {self.step}: {float(loss)}")
+                    loss.backward()
+                    logs.setdefault("train/loss", []).append(float(loss.detach()) / max(weight, 1e-12))
+                    logs.setdefault("train/pg_loss", []).append(
+                        float(
+                            aggregate(pg.detach(), b.response_mask, algo.loss_agg, algo.max_response_tokens)
+                        )
+                    )
+                    logs.setdefault("train/clip_frac", []).append(float(pstats["clip_frac"]))
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
+                logs.setdefault("train/grad_norm", []).append(float(grad_norm))
+                self.optimizer.step()
+        model.eval()
+        out = {k: statistics.fmean(v) for k, v in logs.items()}
+        out["train/logprob_mismatch_mean"] = mean_mismatch
+        out["train/logprob_mismatch_max"] = mismatch_max
+        out["train/ratio_from_engine_logprobs"] = 1.0 if use_engine else 0.0
+        out["train/response_tokens"] = float(sum(len(s.response_ids) for s in samples))
+        return out
+
+    # -- saving ---------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write a resumable checkpoint to ``output_dir/checkpoints/step-N``."""
+        return save_checkpoint(
+            self.output_dir / "checkpoints",
+            self.step,
+            self.policy,
+            self.optimizer,
+            {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed},
+            self.value_head,
+            keep=self.keep_checkpoints,
+        )
+
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Save the trained adapter (peft format, safetensors) to ``path`` (default ``output_dir/adapter``).
+
+        Load it later with ``agl.engines.HFEngine(model, lora=path)`` or ``peft.PeftModel.from_pretrained``.
+        """
+        out = Path(path) if path is not None else self.output_dir / "adapter"
+        self.policy.save_pretrained(str(out), safe_serialization=True)
+        return out
+
+    def plot(self) -> Path | None:
+        """Draw ``output_dir/reward_curve.png`` from the logged metrics."""
+        return plot_reward_curve(
+            self.metrics.rows(), self.output_dir / "reward_curve.png", title=str(self.model_name)
+        )
+
+    def close(self) -> None:
+        """Stop the server, close the store, the loggers and the engine (if the trainer made it)."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        self.metrics.close()
+        close = getattr(self.engine, "close", None)
+        if self._owns_engine and callable(close):
+            close()
+        self.store.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _has_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,164 @@
+"""Trainer.fit on the embedded model: real rollouts over HTTP, real LoRA updates, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import agentlightning_lite as agl
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[object]:
+    from agentlightning_lite.serving.engines import HFEngine
+
+    eng = HFEngine("smollm2-135m", lora=agl.LoRA(r=4, alpha=8), seed=0, max_batch_size=16)
+    yield eng
+    eng.close()
+
+
+def lora_weights(trainer: agl.Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad}
+
+
+def chatty_agent(task: dict, llm: agl.LLM) -> float:
+    """Rewards longer, more varied replies: a reward with spread, so GRPO has a gradient."""
+    reply = llm.openai_client().chat.completions.create(
+        model=llm.model,
+        max_tokens=8,
+        temperature=1.0,
+        messages=[{"role": "user", "content": task["q"]}],
+    )
+    text = reply.choices[0].message.content or ""
+    return len(set(text)) / 16.0
+
+
+TASKS = [{"q": f"Say something about the number {i}.", "seed": i} for i in range(8)]
+
+
+def make(engine: object, tmp_path: Path, **kw: object) -> agl.Trainer:
+    defaults: dict = dict(algorithm=agl.GRPO(group_size=4, lr=5e-3), batch_size=2, concurrency=8, loggers=[])
+    defaults.update(kw)
+    return agl.Trainer(
+        engine=engine, store=agl.SQLiteStore(tmp_path / "runs.db"), output_dir=tmp_path, **defaults
+    )
+
+
+def test_two_real_grpo_steps_change_the_lora_weights(engine: object, tmp_path: Path) -> None:
+    trainer = make(engine, tmp_path)
+    before = lora_weights(trainer)
+    version = engine.version  # type: ignore[attr-defined]
+    trainer.fit(chatty_agent, TASKS, steps=2)
+    after = lora_weights(trainer)
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert len(changed) > len(before) // 2, "most LoRA matrices must move"
+    assert engine.version == version + 2  # type: ignore[attr-defined]  # the engine serves the new weights
+
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"])
+        assert r["train/rollouts"] == 8 and r["train/samples"] == 8
+        # the engine's logprobs agree with the training forward pass (same fp32 model)
+        assert r["train/logprob_mismatch_mean"] < 1e-3
+        assert r["train/ratio_from_engine_logprobs"] == 1.0
+
+    # the samples came from the store: 16 train rollouts, each one policy call with exact tokens
+    store = trainer.store
+    rollouts = store.rollouts(mode="train")
+    assert len(rollouts) == 16 and all(r.status == "succeeded" for r in rollouts)
+    ts = agl.transitions(store, mode="train", require_tokens=True)
+    assert len(ts) == 16
+    assert all(t.response_logprobs and len(t.response_logprobs) == len(t.response_token_ids) for t in ts)
+    assert {t.metadata["weights_version"] for t in ts} == {version, version + 1}
+    assert (tmp_path / "reward_curve.png").stat().st_size > 1000
+    trainer.close()
+
+
+def test_crashes_and_timeouts_do_not_stop_training(engine: object, tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def agent(task: dict, llm: agl.LLM) -> float:
+        if task["seed"] == 1:
+            release.wait(60)  # hangs until the test lets it go, long after its timeout
+            return 1.0
+        reward = chatty_agent(task, llm)
+        if task["seed"] == 0:
+            raise RuntimeError("the agent crashed after its LLM call")
+        return reward
+
+    trainer = make(engine, tmp_path, rollout_timeout=20, failed_reward=0.0)
+    trainer.batch_size = 3
+    before = lora_weights(trainer)
+    out = trainer.fit(agent, [TASKS[0], TASKS[1], TASKS[2]], steps=1)
+    statuses = sorted(r.status for r in trainer.store.rollouts())
+    assert (
+        statuses.count("failed") == 4 and statuses.count("timeout") == 4 and statuses.count("succeeded") == 4
+    )
+    failed = [r for r in trainer.store.rollouts() if r.status == "failed"]
+    assert all(
+        r.error == "RuntimeError: the agent crashed after its LLM call" and r.reward == 0.0 for r in failed
+    )
+    assert out["train/failed_rollouts"] == 4 and out["train/timeout_rollouts"] == 4
+    assert out["train/samples"] >= 8  # the failed ones' calls count with reward 0
+    assert any(not torch.equal(v, lora_weights(trainer)[k]) for k, v in before.items())
+    release.set()  # the timed-out agents finish late; their rollouts stay 'timeout'
+    time.sleep(0.5)
+    assert sorted(r.status for r in trainer.store.rollouts()).count("timeout") == 4
+    trainer.close()
+
+
+def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
+    first = make(engine, tmp_path, save_every=1)
+    first.fit(chatty_agent, TASKS, steps=1)
+    saved = lora_weights(first)
+    cursor = first._cursor
+    first.close()
+    assert (tmp_path / "checkpoints" / "step-000001" / "adapter" / "adapter_model.safetensors").is_file()
+
+    with torch.no_grad():  # wreck the live weights: resuming must bring the checkpoint back
+        for p in first.policy.parameters():
+            if p.requires_grad:
+                p.add_(1.0)
+    second = make(engine, tmp_path, save_every=1)
+    second.fit(chatty_agent, TASKS, steps=1, resume=True)  # already at step 1: loads, trains nothing
+    assert second.step == 1 and second._cursor == cursor
+    assert all(torch.equal(saved[n], w) for n, w in lora_weights(second).items())
+    assert len(second.optimizer.state) > 0  # AdamW moments restored
+    second.fit(chatty_agent, TASKS, steps=2)
+    assert second.step == 2
+    assert (tmp_path / "checkpoints" / "step-000002").is_dir()
+    second.close()
+
+
+def test_ppo_step_trains_value_head(engine: object, tmp_path: Path) -> None:
+    trainer = make(engine, tmp_path, algorithm=agl.PPO(group_size=2, lr=5e-3, epochs=2))
+    assert trainer.value_head is not None
+    before = trainer.value_head.v.weight.detach().clone()
+    out = trainer.fit(chatty_agent, TASKS, steps=1)
+    assert not torch.equal(before, trainer.value_head.v.weight)
+    assert math.isfinite(out["ppo/value_loss"]) and math.isfinite(out["train/loss"])
+    trainer.close()
+
+
+def test_evaluate_reports_mean_and_success(engine: object, tmp_path: Path) -> None:
+    trainer = make(engine, tmp_path)
+
+    def agent(task: int, llm: agl.LLM) -> float:
+        if task == 3:
+            raise ValueError("bad task")
+        return 1.0 if task % 2 == 0 else 0.25
+
+    res = trainer.evaluate(agent, [0, 1, 2, 3])
+    assert res == {"mean_reward": pytest.approx((1 + 0.25 + 1) / 3), "success_rate": 0.5, "n": 4, "failed": 1}
+    assert {r.mode for r in trainer.store.rollouts()} == {"val"}
+    trainer.close()
