@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 
+from . import join
 from .air import AIRRule, call_before
 from .credit import CreditRule, FinalReward, Step
 from .store.base import Store
@@ -16,8 +17,10 @@ __all__ = ["policy_calls", "rollout_transitions", "transitions"]
 def policy_calls(spans: Sequence[Span], models: Iterable[str] | None = None) -> list[Span]:
     """The LLM spans of a rollout that count as policy-model calls, in call order.
 
-    A span is left out when its model is not in ``models`` (if given), or when it carries the
-    attribute ``agl.duplicate_of`` (a framework's view of a call already recorded with tokens).
+    A span is left out when its model is not in ``models`` (if given), when it carries the
+    attribute ``agl.duplicate_of`` (a framework's view of a call already recorded with tokens),
+    or when an adapter recorded it (``agl.source``) and it has no token ids (a call to a model the
+    PolicyServer does not serve: :func:`transitions` warns about those).
     """
     allowed = None if models is None else set(models)
     return [
@@ -25,8 +28,29 @@ def policy_calls(spans: Sequence[Span], models: Iterable[str] | None = None) -> 
         for s in spans
         if s.kind == "llm"
         and (allowed is None or s.model in allowed)
-        and not s.attributes.get("agl.duplicate_of")
+        and not s.attributes.get(join.DUPLICATE_OF)
+        and not (s.attributes.get(join.SOURCE) and not s.has_tokens)
     ]
+
+
+def _warn_untokenized(skipped: dict[str, int], stacklevel: int) -> None:
+    if not skipped:
+        return
+    total = sum(skipped.values())
+    per = ", ".join(f"{n} from {src}" for src, n in sorted(skipped.items()))
+    warnings.warn(
+        f"{total} LLM call(s) recorded by framework adapters ({per}) have no token ids: no "
+        "PolicyServer span of the same call was found (the agent called a model that is not served "
+        "by agl.PolicyServer, or its calls were not routed to this rollout); they are not training data",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def _untokenized_sources(spans: Sequence[Span], skipped: dict[str, int]) -> None:
+    for s in join.untokenized(spans):
+        src = str(s.attributes.get(join.SOURCE))
+        skipped[src] = skipped.get(src, 0) + 1
 
 
 def _intermediate_rewards(spans: Sequence[Span], calls: Sequence[Span]) -> list[list[tuple[str, float]]]:
@@ -52,6 +76,23 @@ def rollout_transitions(
     models: Iterable[str] | None = None,
 ) -> list[Transition]:
     """Transitions of one rollout from its spans; see :func:`transitions`."""
+    skipped: dict[str, int] = {}
+    out = _rollout_transitions(rollout, spans, agents, credit, air, models, skipped)
+    _warn_untokenized(skipped, stacklevel=3)
+    return out
+
+
+def _rollout_transitions(
+    rollout: Rollout,
+    spans: Sequence[Span],
+    agents: Iterable[str] | None,
+    credit: CreditRule | None,
+    air: Sequence[AIRRule] | None,
+    models: Iterable[str] | None,
+    skipped: dict[str, int],
+) -> list[Transition]:
+    spans = join.resolve(spans)  # adapters' LLM spans paired with the server's token-level spans
+    _untokenized_sources(spans, skipped)
     calls = policy_calls(spans, models)
     if not calls:
         return []
@@ -120,6 +161,10 @@ def transitions(
         mode: with no ``rollout_ids``, take only rollouts of this mode (``train``/``val``/``trace``).
         require_tokens: drop calls without exact token ids (with a warning saying how many).
 
+    LLM calls recorded by a framework adapter (``agentlightning_lite.adapters``) are joined here
+    with the PolicyServer's token-level span of the same call, if the adapter has not joined them
+    already; those left without token ids are skipped, with a ``RuntimeWarning`` saying how many.
+
     >>> import agentlightning_lite as agl
     >>> tracer = agl.Tracer()
     >>> with tracer.rollout("2+2?") as ro:
@@ -142,8 +187,10 @@ def transitions(
     agents = None if agents is None else list(agents)
     models = None if models is None else list(models)
     out: list[Transition] = []
+    skipped: dict[str, int] = {}
     for ro in rollouts:
-        out.extend(rollout_transitions(ro, store.spans(ro.rollout_id), agents, credit, air, models))
+        out.extend(_rollout_transitions(ro, store.spans(ro.rollout_id), agents, credit, air, models, skipped))
+    _warn_untokenized(skipped, stacklevel=3)
     if require_tokens:
         kept = [t for t in out if t.prompt_token_ids is not None and t.response_token_ids is not None]
         if len(kept) < len(out):
