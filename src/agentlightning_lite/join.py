@@ -113,12 +113,14 @@ def _merge(f: Span, s: Span) -> tuple[Span, Span]:
     )
     framework = f.model_copy(
         update={
+            # a framework span recorded from an end-of-call log encloses its server span from now on
+            "start_time": min(f.start_time, s.start_time),
             "attributes": {
                 **f.attributes,
                 DUPLICATE_OF: s.span_id,
                 JOINED: s.span_id,
                 HAS_TOKENS: s.has_tokens,
-            }
+            },
         }
     )
     return framework, server

@@ -1,0 +1,484 @@
+"""AutoGen AgentChat (0.7) adapter: a model-client wrapper, an event-log handler, and agent turn spans.
+
+``LightningModelClient(client)`` records each model call with exact timing; ``LightningEventHandler``
+turns AutoGen's event logs (LLM calls, tool call requests and results) into spans; :func:`instrument`
+installs the handler and records each agent turn (direct runs and team turns) as an ``agent`` span.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Any
+
+from autogen_agentchat import EVENT_LOGGER_NAME as AGENTCHAT_LOGGER
+from autogen_agentchat.agents import BaseChatAgent
+from autogen_agentchat.messages import ToolCallExecutionEvent, ToolCallRequestEvent
+from autogen_agentchat.teams import BaseGroupChat
+from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
+from autogen_core import EVENT_LOGGER_NAME as CORE_LOGGER
+from autogen_core.logging import LLMCallEvent
+from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
+
+from ..store.base import Store
+from ..tracer import Tracer
+from ._common import Instrumentation, Recorder, message_dict
+
+__all__ = [
+    "LightningEventHandler",
+    "LightningModelClient",
+    "instrument",
+    "uninstrument",
+]
+
+#: the key of the adapter span (agent turn or team run) open in this context
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("agl_autogen_span", default=None)
+#: the key of the LightningModelClient call open in this context (the event handler adds its response id)
+_active_llm: contextvars.ContextVar[tuple[Recorder, Any] | None] = contextvars.ContextVar(
+    "agl_autogen_llm", default=None
+)
+
+
+def _agent_of(agent_id: Any) -> str | None:
+    """The participant name in an AgentChat team's agent id (``<name>_<team id>/<key>``)."""
+    if not isinstance(agent_id, str) or not agent_id:
+        return None
+    kind = agent_id.split("/", 1)[0]
+    return kind.rsplit("_", 1)[0] if "_" in kind else kind
+
+
+def _content(content: Any) -> Any:
+    if isinstance(content, str) or content is None:
+        return content
+    if isinstance(content, list):
+        return [c if isinstance(c, str) else {"type": type(c).__name__} for c in content]
+    return str(content)
+
+
+def _message(m: Any) -> dict[str, Any]:
+    """An AutoGen ``LLMMessage`` as an OpenAI chat message."""
+    kind = type(m).__name__
+    if kind == "SystemMessage":
+        return {"role": "system", "content": m.content}
+    if kind == "UserMessage":
+        return {"role": "user", "content": _content(m.content), "name": m.source}
+    if kind == "AssistantMessage":
+        if isinstance(m.content, list):
+            calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.content]
+            return message_dict("assistant", m.thought, calls)
+        return {"role": "assistant", "content": m.content}
+    if kind == "FunctionExecutionResultMessage":
+        return {
+            "role": "tool",
+            "content": [
+                {"tool_call_id": r.call_id, "content": r.content, "is_error": r.is_error} for r in m.content
+            ],
+        }
+    return {"role": "unknown", "content": str(m)}
+
+
+def _result(result: CreateResult) -> dict[str, Any]:
+    if isinstance(result.content, list):
+        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.content]
+        return message_dict("assistant", result.thought, calls)
+    return {"role": "assistant", "content": result.content}
+
+
+class LightningModelClient(ChatCompletionClient):
+    """Wrap any AutoGen ``ChatCompletionClient`` so each call is an ``llm`` span (exact start and end).
+
+    The agent name is ``agent`` if given, else the agent whose turn is being recorded
+    (:func:`instrument`), else the team participant making the call.
+
+    >>> from autogen_ext.models.openai import OpenAIChatCompletionClient  # doctest: +SKIP
+    >>> client = LightningModelClient(OpenAIChatCompletionClient(model=llm.model, base_url=llm.base_url,
+    ...                               api_key=llm.api_key, model_info=info))  # doctest: +SKIP
+    >>> agent = AssistantAgent("writer", model_client=client)  # doctest: +SKIP
+    """
+
+    component_type = "model"
+
+    def __init__(
+        self,
+        client: ChatCompletionClient,
+        agent: str | None = None,
+        tracer: Tracer | Store | None = None,
+        join: bool = True,
+    ) -> None:
+        self.inner = client
+        self.agent = agent
+        self.recorder = Recorder("autogen", tracer, join=join)
+
+    def _open(self, messages: Sequence[LLMMessage], tools: Sequence[Any]) -> object:
+        key = object()
+        parent = _current.get()
+        name = self.agent
+        if name is None and parent is None:
+            try:
+                from autogen_core import MessageHandlerContext
+
+                name = _agent_of(str(MessageHandlerContext.agent_id()))
+            except (RuntimeError, ImportError):
+                name = None
+        model = (getattr(self.inner, "_create_args", None) or {}).get("model")
+        attrs = {"tools": [getattr(t, "name", None) or t.get("name") for t in tools]} if tools else None
+        recorder = _handler_recorder(parent) or self.recorder
+        recorder.start(
+            key,
+            "llm",
+            "create",
+            parent_key=parent,
+            agent=name,
+            input=[_message(m) for m in messages],
+            attributes=attrs,
+            model=model,
+        )
+        return key
+
+    def _recorder_for(self, key: object) -> Recorder:
+        parent_rec = _handler_recorder(_current.get())
+        return parent_rec if parent_rec is not None and parent_rec.get(key) is not None else self.recorder
+
+    async def create(
+        self,
+        messages: Sequence[LLMMessage],
+        *,
+        tools: Sequence[Any] = [],
+        tool_choice: Any = "auto",
+        json_output: Any = None,
+        extra_create_args: Mapping[str, Any] = {},
+        cancellation_token: Any = None,
+    ) -> CreateResult:
+        """Call the wrapped client inside an ``llm`` span."""
+        key = self._open(messages, tools)
+        rec = self._recorder_for(key)
+        token = _active_llm.set((rec, key))
+        try:
+            result = await self.inner.create(
+                messages,
+                tools=tools,
+                tool_choice=tool_choice,
+                json_output=json_output,
+                extra_create_args=extra_create_args,
+                cancellation_token=cancellation_token,
+            )
+        except BaseException as exc:
+            rec.end(key, error=exc)
+            raise
+        finally:
+            _active_llm.reset(token)
+        rec.end(key, output=_result(result), attributes={"finish_reason": result.finish_reason})
+        return result
+
+    async def create_stream(  # type: ignore[override]
+        self,
+        messages: Sequence[LLMMessage],
+        *,
+        tools: Sequence[Any] = [],
+        tool_choice: Any = "auto",
+        json_output: Any = None,
+        extra_create_args: Mapping[str, Any] = {},
+        cancellation_token: Any = None,
+        **kwargs: Any,
+    ) -> AsyncGenerator[str | CreateResult, None]:
+        """Stream from the wrapped client inside an ``llm`` span (closed with the final result)."""
+        key = self._open(messages, tools)
+        rec = self._recorder_for(key)
+        result: CreateResult | None = None
+        try:
+            async for item in self.inner.create_stream(
+                messages,
+                tools=tools,
+                tool_choice=tool_choice,
+                json_output=json_output,
+                extra_create_args=extra_create_args,
+                cancellation_token=cancellation_token,
+                **kwargs,
+            ):
+                if isinstance(item, CreateResult):
+                    result = item
+                yield item
+        except BaseException as exc:
+            rec.end(key, error=exc)
+            raise
+        rec.end(key, output=None if result is None else _result(result))
+
+    async def close(self) -> None:
+        """Close the wrapped client."""
+        await self.inner.close()
+
+    def actual_usage(self) -> Any:
+        """The wrapped client's usage."""
+        return self.inner.actual_usage()
+
+    def total_usage(self) -> Any:
+        """The wrapped client's total usage."""
+        return self.inner.total_usage()
+
+    def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Any] = []) -> int:
+        """The wrapped client's token count."""
+        return self.inner.count_tokens(messages, tools=tools)
+
+    def remaining_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Any] = []) -> int:
+        """The wrapped client's remaining tokens."""
+        return self.inner.remaining_tokens(messages, tools=tools)
+
+    @property
+    def capabilities(self) -> Any:  # type: ignore[override]
+        """The wrapped client's capabilities."""
+        return self.inner.capabilities
+
+    @property
+    def model_info(self) -> Any:  # type: ignore[override]
+        """The wrapped client's model info."""
+        return self.inner.model_info
+
+
+_handlers_by_key: dict[int, Recorder] = {}  # id(span key) -> recorder of an instrument() span
+
+
+def _handler_recorder(key: Any) -> Recorder | None:
+    return None if key is None else _handlers_by_key.get(id(key))
+
+
+class LightningEventHandler(logging.Handler):
+    """A ``logging.Handler`` for AutoGen's event loggers: LLM calls and tool calls become spans.
+
+    Handles ``LLMCallEvent`` (``autogen_core.events``: an ``llm`` span with the response id, unless
+    a :class:`LightningModelClient` is recording that call) and AgentChat's ``ToolCallRequestEvent``
+    / ``ToolCallExecutionEvent`` (``autogen_agentchat.events``, DEBUG level: a ``tool`` span per
+    call, with arguments, result, ``is_error`` status, ``tool_call_id`` and the agent's name).
+
+    >>> import logging
+    >>> from autogen_core import EVENT_LOGGER_NAME
+    >>> handler = LightningEventHandler()
+    >>> logging.getLogger(EVENT_LOGGER_NAME).addHandler(handler)  # doctest: +SKIP
+    """
+
+    def __init__(self, tracer: Tracer | Store | None = None, join: bool = True) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.recorder = Recorder("autogen", tracer, join=join)
+
+    def _recorder(self) -> Recorder:
+        return _handler_recorder(_current.get()) or self.recorder
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Record the event carried by ``record`` (other records are ignored)."""
+        try:
+            self.handle_event(record.msg)
+        except Exception:  # tracing must never break the agent
+            self.handleError(record)
+
+    def handle_event(self, event: Any) -> None:
+        """Record one AutoGen event object."""
+        if isinstance(event, ToolCallRequestEvent):
+            rec = self._recorder()
+            parent = _current.get()
+            for call in event.content:
+                rec.start(
+                    ("tool", call.id),
+                    "tool",
+                    call.name,
+                    parent_key=parent,
+                    agent=event.source,
+                    input=_args(call.arguments),
+                    attributes={"tool_call_id": call.id},
+                )
+        elif isinstance(event, ToolCallExecutionEvent):
+            rec = self._recorder()
+            for res in event.content:
+                rec.end(
+                    ("tool", res.call_id), output=res.content, error=res.content if res.is_error else None
+                )
+        elif isinstance(event, LLMCallEvent):
+            self._llm_call(event.kwargs)
+
+    def _llm_call(self, kw: dict[str, Any]) -> None:
+        response = kw.get("response") or {}
+        rid = response.get("id") if isinstance(response, dict) else None
+        active = _active_llm.get()
+        if active is not None:  # a LightningModelClient records this call: just add the response id
+            rec, key = active
+            rec.set_response_id(key, rid)
+            return
+        choices = response.get("choices") if isinstance(response, dict) else None
+        msg = (choices[0] or {}).get("message") if choices else None
+        output = message_dict("assistant", msg.get("content"), msg.get("tool_calls")) if msg else None
+        parent = _current.get()
+        rec = self._recorder()
+        key = object()
+        rec.start(
+            key,
+            "llm",
+            "create",
+            parent_key=parent,
+            agent=None if parent is not None else _agent_of(kw.get("agent_id")),
+            input=kw.get("messages"),
+            model=response.get("model") if isinstance(response, dict) else None,
+            attributes={"agl.timing": "logged at the end of the call"},
+        )
+        rec.set_response_id(key, rid)
+        rec.end(key, output=output)
+
+
+def _args(arguments: Any) -> Any:
+    import json
+
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return arguments
+
+
+class _LevelTap(logging.Filter):
+    """On a logger whose level was lowered for us: let records through to handlers only at the old level.
+
+    Records below the old level reach this adapter's handler (called here) and nobody else.
+    """
+
+    def __init__(self, handler: LightningEventHandler, old_level: int) -> None:
+        super().__init__()
+        self.handler = handler
+        self.old_level = old_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.handler.emit(record)
+        return record.levelno >= self.old_level
+
+
+def _wrap_coroutine(
+    fn: Callable[..., Any], recorder: Recorder, kind: str, name_of: Callable[[Any], str]
+) -> Any:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = name_of(self)
+        key = object()
+        parent = _current.get()
+        h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
+        if h is None:
+            return await fn(self, *args, **kwargs)
+        _handlers_by_key[id(key)] = recorder
+        token = _current.set(key)
+        try:
+            result = await fn(self, *args, **kwargs)
+        except BaseException as exc:
+            recorder.end(key, error=exc)
+            raise
+        else:
+            recorder.end(key)
+            return result
+        finally:
+            _current.reset(token)
+            _handlers_by_key.pop(id(key), None)
+
+    return wrapper
+
+
+def _wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of: Callable[[Any], str]) -> Any:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = name_of(self)
+        key = object()
+        parent = _current.get()
+        h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
+        if h is None:
+            async for item in fn(self, *args, **kwargs):
+                yield item
+            return
+        _handlers_by_key[id(key)] = recorder
+        token = _current.set(key)
+        try:
+            async for item in fn(self, *args, **kwargs):
+                yield item
+        except BaseException as exc:
+            recorder.end(key, error=exc)
+            raise
+        else:
+            recorder.end(key)
+        finally:
+            try:
+                _current.reset(token)
+            except ValueError:  # the consumer iterated us from another context
+                pass
+            _handlers_by_key.pop(id(key), None)
+
+    return wrapper
+
+
+_installed: list[Instrumentation] = []
+
+
+def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instrumentation:
+    """Record every AutoGen AgentChat run in this process, with no change to the agents.
+
+    Installs a :class:`LightningEventHandler` on AutoGen's event loggers (lowering their level
+    for this handler only: other handlers see what they saw before) and records each agent turn
+    (``BaseChatAgent.run``/``run_stream``, a team's turn of a participant) as an ``agent`` span
+    and each team run (``BaseGroupChat.run_stream``) as a ``chain`` span. LLM calls come from
+    the ``LLMCallEvent`` log (joined by response id); wrap the client in
+    :class:`LightningModelClient` for exact call timing and non-logging clients.
+    ``handle.uninstrument()`` (or :func:`uninstrument`) restores everything.
+
+    >>> from agentlightning_lite.adapters import autogen as agl_autogen
+    >>> with agl_autogen.instrument() as handle:
+    ...     handle.active
+    True
+    """
+    handler = LightningEventHandler(tracer, join=join)
+    rec = handler.recorder
+    undo_steps: list[Callable[[], None]] = []
+    for name in (CORE_LOGGER, AGENTCHAT_LOGGER):
+        lg = logging.getLogger(name)
+        old_level = lg.level
+        tap = _LevelTap(handler, lg.getEffectiveLevel())
+        lg.addFilter(tap)
+        if lg.getEffectiveLevel() > logging.DEBUG:
+            lg.setLevel(logging.DEBUG)
+
+        def restore(lg: logging.Logger = lg, tap: _LevelTap = tap, old_level: int = old_level) -> None:
+            lg.removeFilter(tap)
+            lg.setLevel(old_level)
+
+        undo_steps.append(restore)
+
+    patches = [
+        (BaseChatAgent, "run", _wrap_coroutine, "agent", lambda a: a.name),
+        (BaseChatAgent, "run_stream", _wrap_stream, "agent", lambda a: a.name),
+        (ChatAgentContainer, "handle_request", _wrap_coroutine, "agent", lambda c: c._agent.name),
+        (
+            BaseGroupChat,
+            "run_stream",
+            _wrap_stream,
+            "chain",
+            lambda t: getattr(t, "name", None) or type(t).__name__,
+        ),
+    ]
+    for cls, attr, wrap, kind, name_of in patches:
+        original = cls.__dict__[attr]
+        setattr(cls, attr, wrap(original, rec, kind, name_of))
+
+        def unpatch(cls: type = cls, attr: str = attr, original: Any = original) -> None:
+            setattr(cls, attr, original)
+
+        undo_steps.append(unpatch)
+
+    def undo() -> None:
+        for step in reversed(undo_steps):
+            step()
+        if inst in _installed:
+            _installed.remove(inst)
+
+    inst = Instrumentation("autogen", handler, undo)
+    _installed.append(inst)
+    return inst
+
+
+def uninstrument() -> None:
+    """Remove every instrumentation :func:`instrument` installed.
+
+    >>> uninstrument()
+    """
+    for inst in list(_installed):
+        inst.uninstrument()
