@@ -86,6 +86,10 @@ class Recorder:
         o = self._open.get(self.resolve(key))
         return None if o is None else o.handle
 
+    def get_store(self, handle: SpanHandle) -> Store:
+        """The store an open span is written to."""
+        return handle._tracer.store
+
     def skip(self, key: Any, parent_key: Any) -> None:
         """Record nothing for run ``key``; its children attach to ``parent_key``'s span."""
         if parent_key is not None:
@@ -127,8 +131,14 @@ class Recorder:
         attributes: dict[str, Any] | None = None,
         model: str | None = None,
         start_time: float | None = None,
+        parent_id: str | None = None,
+        span_id: str | None = None,
     ) -> SpanHandle | None:
-        """Open the span of run ``key`` under ``parent_key``'s span (or the current rollout)."""
+        """Open the span of run ``key`` under ``parent_key``'s span (or the current rollout).
+
+        ``parent_id``/``span_id`` set the ids directly, for frameworks whose events can arrive out
+        of order (a child before its parent): ids are then reserved from the framework's event ids.
+        """
         parent = self._open.get(self.resolve(parent_key)) if parent_key is not None else None
         attrs = {SOURCE: self.source}
         if attributes:
@@ -145,6 +155,7 @@ class Recorder:
                 parent_id=ph.span_id,
                 rollout_id=ph.rollout_id,
                 start_time=start_time,
+                span_id=span_id,
             )
             self._open[key] = _Open(h, parent.tracer, parent.root)
             return h
@@ -161,8 +172,10 @@ class Recorder:
             model=model,
             rollout_id=rollout_id,
             start_time=start_time,
+            parent_id=parent_id,
+            span_id=span_id,
         )
-        self._open[key] = _Open(h, tracer, key)
+        self._open[key] = _Open(h, tracer, key if parent_id is None else None)
         return h
 
     def end(

@@ -1,0 +1,364 @@
+"""CrewAI (1.x) adapter: an event-bus listener that records crews, tasks, agents, LLM calls and tools.
+
+Create ``LightningListener()`` once (CrewAI listeners register on construction), or call
+:func:`instrument`; ``close()`` / ``uninstrument()`` removes the handlers from the bus.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from crewai.events import BaseEventListener, crewai_event_bus
+from crewai.events.types.agent_events import (
+    AgentExecutionCompletedEvent,
+    AgentExecutionErrorEvent,
+    AgentExecutionStartedEvent,
+)
+from crewai.events.types.crew_events import (
+    CrewKickoffCompletedEvent,
+    CrewKickoffFailedEvent,
+    CrewKickoffStartedEvent,
+)
+from crewai.events.types.llm_events import LLMCallCompletedEvent, LLMCallFailedEvent, LLMCallStartedEvent
+from crewai.events.types.task_events import TaskCompletedEvent, TaskFailedEvent, TaskStartedEvent
+from crewai.events.types.tool_usage_events import (
+    ToolUsageErrorEvent,
+    ToolUsageFinishedEvent,
+    ToolUsageStartedEvent,
+)
+
+from ..ids import new_span_id
+from ..join import SOURCE
+from ..store.base import Store
+from ..tracer import Tracer
+from ._common import Instrumentation, Recorder, message_dict
+
+__all__ = ["LightningListener", "instrument", "uninstrument"]
+
+
+def _ts(event: Any) -> float | None:
+    ts = getattr(event, "timestamp", None)
+    return ts.timestamp() if ts is not None else None
+
+
+def _role(event: Any) -> str | None:
+    role = getattr(event, "agent_role", None)
+    if role:
+        return str(role)
+    for attr in ("agent", "from_agent"):
+        agent = getattr(event, attr, None)
+        if agent is not None and getattr(agent, "role", None):
+            return str(agent.role)
+    task = getattr(event, "task", None) or getattr(event, "from_task", None)
+    agent = getattr(task, "agent", None)
+    return str(agent.role) if agent is not None and getattr(agent, "role", None) else None
+
+
+def _args(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _text(value: Any) -> Any:
+    raw = getattr(value, "raw", None)
+    if isinstance(raw, str):
+        return raw
+    return value if isinstance(value, (str, int, float, bool, dict, list)) or value is None else str(value)
+
+
+def _llm_output(response: Any) -> Any:
+    """CrewAI's LLM result (text, or a list of tool calls) as an OpenAI assistant message."""
+    if isinstance(response, str):
+        return {"role": "assistant", "content": response}
+    if isinstance(response, list):
+        calls = []
+        for c in response:
+            dump = getattr(c, "model_dump", None)
+            d = c if isinstance(c, dict) else (dump() if callable(dump) else {"name": str(c)})
+            fn = d.get("function") or {}
+            calls.append(
+                {"id": d.get("id"), "name": fn.get("name", d.get("name")), "arguments": fn.get("arguments")}
+            )
+        return message_dict("assistant", None, calls)
+    return _text(response)
+
+
+class LightningListener(BaseEventListener):
+    """A CrewAI event-bus listener that records each crew run into the rollout open where it was kicked off.
+
+    Spans: the crew (``chain``), each task (``chain``), each agent execution (``agent``, named by
+    the agent's ``role``), each LLM call (``llm``, with the response id for the join) and each tool
+    use (``tool``: arguments, output, error or reported failure). Every span carries the role of
+    the agent it belongs to. Handlers run in CrewAI's worker threads, possibly out of order, so
+    span ids are reserved from CrewAI's event ids and the join runs when the crew finishes.
+
+    >>> listener = LightningListener()  # doctest: +SKIP
+    >>> with tracer.rollout("write a haiku") as ro:  # doctest: +SKIP
+    ...     crew.kickoff()
+    >>> listener.close()  # doctest: +SKIP
+    """
+
+    def __init__(self, tracer: Tracer | Store | None = None, join: bool = True) -> None:
+        self.recorder = Recorder("crewai", tracer, join=join)
+        self._ids: dict[str, str] = {}  # CrewAI event id -> span id
+        self._early_ends: dict[str, tuple[Any, Any, dict[str, Any] | None]] = {}
+        self._lock = threading.Lock()
+        self._registered: list[tuple[type, Callable[..., Any]]] = []
+        self._warned = False
+        super().__init__()
+
+    # -- registration -----------------------------------------------------------------------
+    def setup_listeners(self, crewai_event_bus: Any) -> None:
+        """Register the handlers (CrewAI calls this from ``__init__``)."""
+        handlers: list[tuple[type, Callable[..., Any]]] = [
+            (CrewKickoffStartedEvent, self._crew_started),
+            (CrewKickoffCompletedEvent, self._crew_ended),
+            (CrewKickoffFailedEvent, self._crew_ended),
+            (TaskStartedEvent, self._task_started),
+            (TaskCompletedEvent, self._ended),
+            (TaskFailedEvent, self._ended),
+            (AgentExecutionStartedEvent, self._agent_started),
+            (AgentExecutionCompletedEvent, self._ended),
+            (AgentExecutionErrorEvent, self._ended),
+            (LLMCallStartedEvent, self._llm_started),
+            (LLMCallCompletedEvent, self._llm_ended),
+            (LLMCallFailedEvent, self._llm_ended),
+            (ToolUsageStartedEvent, self._tool_started),
+            (ToolUsageFinishedEvent, self._ended),
+            (ToolUsageErrorEvent, self._ended),
+        ]
+        for event_type, handler in handlers:
+            crewai_event_bus.on(event_type)(handler)
+        self._registered = handlers
+
+    def close(self) -> None:
+        """Unregister every handler from the event bus (idempotent)."""
+        for event_type, handler in self._registered:
+            crewai_event_bus.off(event_type, handler)
+        self._registered = []
+
+    @staticmethod
+    def flush(timeout: float = 30.0) -> bool:
+        """Wait until CrewAI's event handlers (ours included) have run."""
+        return crewai_event_bus.flush(timeout)
+
+    # -- ids --------------------------------------------------------------------------------
+    def _id(self, event_id: str | None) -> str | None:
+        if event_id is None:
+            return None
+        with self._lock:
+            sid = self._ids.get(event_id)
+            if sid is None:
+                sid = self._ids[event_id] = new_span_id()
+            return sid
+
+    def _start(
+        self,
+        event: Any,
+        kind: str,
+        name: str,
+        agent: str | None,
+        input: Any = None,
+        attributes: dict[str, Any] | None = None,
+        model: str | None = None,
+        key: Any = None,
+    ) -> None:
+        if self.recorder.tracer is None and Tracer.current_rollout() is None:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    "agentlightning_lite crewai adapter: kickoff() ran with no rollout open, so the crew "
+                    "is not recorded (kick it off inside `with tracer.rollout(...)`)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return
+        key = key if key is not None else event.event_id
+        parent_event = getattr(event, "parent_event_id", None)
+        parent_id = self._id(parent_event) if kind != "chain" or parent_event else None
+        self.recorder.start(
+            key,
+            kind,
+            name,
+            agent=agent,
+            input=input,
+            attributes={"crewai.event_id": event.event_id, **(attributes or {})},
+            model=model,
+            start_time=_ts(event),
+            parent_id=parent_id,
+            span_id=self._id(event.event_id),
+        )
+        with self._lock:
+            early = self._early_ends.pop(key, None)
+        if early is not None:  # the end event's handler ran first
+            self.recorder.end(key, output=early[0], error=early[1], attributes=early[2])
+
+    def _end(
+        self, key: Any, output: Any = None, error: Any = None, attributes: dict[str, Any] | None = None
+    ) -> None:
+        with self._lock:
+            if self.recorder.get(key) is None:
+                self._early_ends[key] = (output, error, attributes)
+                return
+        self.recorder.end(key, output=output, error=error, attributes=attributes)
+
+    # -- handlers ---------------------------------------------------------------------------
+    def _crew_started(self, source: Any, event: CrewKickoffStartedEvent) -> None:
+        self._start(event, "chain", event.crew_name or "crew", None, input=event.inputs)
+
+    def _crew_ended(self, source: Any, event: Any) -> None:
+        key = event.started_event_id
+        h = self.recorder.get(key)
+        if h is not None:
+            try:
+                self._adopt_orphans(h)
+            except Exception:  # tracing must never break the crew
+                pass
+        if isinstance(event, CrewKickoffFailedEvent):
+            self._end(key, error=event.error)
+        else:
+            self._end(key, output=_text(event.output), attributes={"total_tokens": event.total_tokens})
+
+    def _adopt_orphans(self, crew: Any) -> None:
+        """Re-parent spans whose CrewAI parent event is one this listener does not record (memory,
+        reasoning...): under the innermost recorded span of the same agent that encloses them.
+        Also give tool spans the ``tool_call_id`` of the model's call that asked for them."""
+        store = self.recorder.get_store(crew)
+        spans = [s for s in store.spans(crew.rollout_id) if s.attributes.get(SOURCE) == "crewai"]
+        known = {s.span_id for s in spans} | {crew.span_id}
+        inf = float("inf")
+        fixed: dict[str, Any] = {}
+        asked: dict[str | None, list[tuple[float, str, str, Any]]] = {}  # agent -> (end, id, name, args)
+        for s in spans:
+            if s.kind == "llm" and isinstance(s.output, dict):
+                for c in s.output.get("tool_calls") or ():
+                    fn = c.get("function") or {}
+                    entry = (
+                        s.end_time or s.start_time,
+                        c.get("id"),
+                        fn.get("name"),
+                        _args(fn.get("arguments")),
+                    )
+                    asked.setdefault(s.agent, []).append(entry)
+        for s in spans:
+            if s.kind == "tool" and "tool_call_id" not in s.attributes:
+                pending = asked.get(s.agent, [])
+                for i, (t_end, cid, name, args) in enumerate(pending):
+                    if (
+                        name == s.name
+                        and t_end <= s.start_time + 0.05
+                        and (args == s.input or i == len(pending) - 1)
+                    ):
+                        pending.pop(i)
+                        fixed[s.span_id] = s.model_copy(
+                            update={"attributes": {**s.attributes, "tool_call_id": cid}}
+                        )
+                        break
+        for s in spans:
+            if s.parent_id is None or s.parent_id in known:
+                continue
+            end = s.end_time if s.end_time is not None else s.start_time
+            holders = [
+                p
+                for p in spans
+                if p.kind in ("agent", "chain")
+                and p.span_id != s.span_id
+                and p.start_time <= s.start_time
+                and (p.end_time if p.end_time is not None else inf) >= end
+                and (p.agent == s.agent or s.agent is None)
+            ]
+            parent = max(holders, key=lambda p: p.start_time).span_id if holders else crew.span_id
+            fixed[s.span_id] = fixed.get(s.span_id, s).model_copy(update={"parent_id": parent})
+        if fixed:
+            store.add_spans(list(fixed.values()))
+
+    def _task_started(self, source: Any, event: TaskStartedEvent) -> None:
+        task = event.task
+        name = getattr(task, "name", None) or event.task_name or "task"
+        desc = getattr(task, "description", None)
+        self._start(event, "chain", str(name), _role(event), input=desc)
+
+    def _agent_started(self, source: Any, event: AgentExecutionStartedEvent) -> None:
+        role = str(event.agent.role)
+        tools = [getattr(t, "name", str(t)) for t in event.tools or ()]
+        self._start(event, "agent", role, role, input=event.task_prompt, attributes={"tools": tools})
+
+    def _llm_started(self, source: Any, event: LLMCallStartedEvent) -> None:
+        tools = [(t.get("function") or t).get("name") for t in event.tools or () if isinstance(t, dict)]
+        messages = event.messages
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        self._start(
+            event,
+            "llm",
+            "llm_call",
+            _role(event),
+            input=messages,
+            attributes={"tools": tools} if tools else None,
+            model=event.model,
+            key=("llm", event.call_id),
+        )
+
+    def _llm_ended(self, source: Any, event: Any) -> None:
+        key = ("llm", event.call_id)
+        if isinstance(event, LLMCallFailedEvent):
+            self._end(key, error=event.error)
+            return
+        attrs = {"agl.response_id": event.response_id} if event.response_id else None
+        self._end(key, output=_llm_output(event.response), attributes=attrs)
+
+    def _tool_started(self, source: Any, event: ToolUsageStartedEvent) -> None:
+        self._start(event, "tool", event.tool_name, _role(event), input=event.tool_args)
+
+    def _ended(self, source: Any, event: Any) -> None:
+        key = event.started_event_id
+        if key is None:
+            return
+        error = getattr(event, "error", None)
+        failure = getattr(event, "failure", None)
+        if failure is not None and error is None:
+            error = getattr(failure, "message", None) or str(failure)
+        output = getattr(event, "output", None)
+        self._end(key, output=_text(output), error=str(error) if error is not None else None)
+
+
+_installed: list[Instrumentation] = []
+
+
+def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instrumentation:
+    """Record every CrewAI crew run in this process: registers a :class:`LightningListener` on the bus.
+
+    ``handle.uninstrument()`` (or :func:`uninstrument`) unregisters it.
+
+    >>> from agentlightning_lite.adapters import crewai as agl_crewai
+    >>> with agl_crewai.instrument() as handle:
+    ...     handle.active
+    True
+    """
+    listener = LightningListener(tracer, join=join)
+
+    def undo() -> None:
+        listener.close()
+        if inst in _installed:
+            _installed.remove(inst)
+
+    inst = Instrumentation("crewai", listener, undo)
+    _installed.append(inst)
+    return inst
+
+
+def uninstrument() -> None:
+    """Remove every listener :func:`instrument` installed.
+
+    >>> uninstrument()
+    """
+    for inst in list(_installed):
+        inst.uninstrument()
