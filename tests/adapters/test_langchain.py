@@ -1,0 +1,271 @@
+"""LangChain / LangGraph adapter against the real frameworks and a real PolicyServer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypedDict
+
+import httpx
+import pytest
+
+pytest.importorskip("langchain_openai")
+pytest.importorskip("langgraph")
+
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.tools import ToolException, tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+
+import agentlightning_lite as agl
+from agentlightning_lite.adapters import langchain as agl_langchain
+from agentlightning_lite.adapters.langchain import LightningCallback
+
+from .conftest import assert_joined, assert_transitions_have_server_tokens, called_tools, system_text
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def divide(a: int, b: int) -> float:
+    """Divide a by b."""
+    if b == 0:
+        raise ToolException("division by zero")
+    return a / b
+
+
+divide.handle_tool_error = True  # the model gets the error back as a ToolMessage(status="error")
+
+
+def tool_script(messages: list[dict[str, Any]]) -> Any:
+    if "add" in called_tools(messages):
+        return "2+3 is 5."
+    return {
+        "tool_calls": [
+            {"name": "add", "arguments": {"a": 2, "b": 3}},
+            {"name": "divide", "arguments": {"a": 1, "b": 0}},
+        ]
+    }
+
+
+def chat(llm: agl.LLM, **kwargs: Any) -> ChatOpenAI:
+    return ChatOpenAI(base_url=llm.base_url, api_key=llm.api_key, model=llm.model, max_retries=0, **kwargs)
+
+
+def run_tool_agent(model: Any, config: dict[str, Any]) -> str:
+    bound = model.bind_tools([add, divide])
+    messages: list[Any] = [HumanMessage("What is 2+3? Also 1/0.")]
+    ai = bound.invoke(messages, config=config)
+    messages.append(ai)
+    for call in ai.tool_calls:
+        messages.append({"add": add, "divide": divide}[call["name"]].invoke(call, config=config))
+    return bound.invoke(messages, config=config).content
+
+
+def test_single_agent_with_tools_explicit_callback(store, serve):
+    tracer = agl.Tracer(store)
+    server = serve(tool_script, store)
+    cb = LightningCallback()
+    with tracer.rollout("2+3?") as ro:
+        answer = run_tool_agent(chat(server.llm(ro.id)), {"callbacks": [cb], "metadata": {"agent": "solver"}})
+        ro.reward(1.0)
+    assert answer == "2+3 is 5."
+    assert cb.recorder.open_count() == 0
+    spans = store.spans(ro.id)
+    # every span the adapter made names the agent
+    assert {s.agent for s in spans if s.attributes.get("agl.source") == "langchain"} == {"solver"}
+    pairs = assert_joined(store, ro.id, "langchain")
+    assert len(pairs) == 2
+    first_server = pairs[0][1]
+    asked = {c["function"]["name"]: c["id"] for c in first_server.output["tool_calls"]}
+    tools = {s.name: s for s in spans if s.kind == "tool"}
+    assert tools["add"].status == "ok" and tools["add"].output == "5"
+    assert tools["add"].input == {"a": 2, "b": 3}
+    assert tools["divide"].status == "error" and "division by zero" in tools["divide"].error
+    assert tools["add"].attributes["tool_call_id"] == asked["add"]
+    assert tools["divide"].attributes["tool_call_id"] == asked["divide"]
+    ts = assert_transitions_have_server_tokens(
+        store, ro.id, credit=agl.credit.Discounted(1.0), air=[agl.air.ToolStatus(success=0.1, error=-0.5)]
+    )
+    assert [t.agent for t in ts] == ["solver", "solver"]
+    # the first call asked for both tools: +0.1 - 0.5, plus the final reward carried back
+    assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:divide", -0.5)]
+
+
+def test_writer_checker_rewriter_selects_agents(store, serve):
+    def script(messages):
+        sys = system_text(messages)
+        if "the writer." in sys:
+            return "Roses are red."
+        if "checker" in sys:
+            return "needs rhyme"
+        return "Roses are red, violets are blue."
+
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    with tracer.rollout("write a poem") as ro:
+        model = chat(server.llm(ro.id))
+
+        def step(role: str) -> Any:
+            prompt = ChatPromptTemplate.from_messages(
+                [("system", f"You are the {role}."), ("user", "{text}")]
+            )
+            return prompt | model | StrOutputParser() | (lambda text: {"text": text})
+
+        # the three ways to name an agent: run_name, metadata, run_name
+        flow = (
+            step("writer").with_config(run_name="writer")
+            | step("checker").with_config(metadata={"agent": "checker"})
+            | step("rewriter").with_config(run_name="rewriter")
+        )
+        out = flow.invoke({"text": "a poem"}, config={"callbacks": [LightningCallback()]})
+        ro.reward(0.5)
+    assert out == {"text": "Roses are red, violets are blue."}
+    pairs = assert_joined(store, ro.id, "langchain")
+    assert [f.agent for f, _ in pairs] == ["writer", "checker", "rewriter"]
+    agent_spans = [s for s in store.spans(ro.id) if s.kind == "agent"]
+    assert [(s.name, s.agent) for s in agent_spans] == [
+        ("writer", "writer"),
+        ("RunnableSequence", "checker"),
+        ("rewriter", "rewriter"),
+    ]
+    ts = assert_transitions_have_server_tokens(store, ro.id, agents=["writer", "rewriter"])
+    assert [t.agent for t in ts] == ["writer", "rewriter"]
+    assert [t.response["content"] for t in ts] == ["Roses are red.", "Roses are red, violets are blue."]
+    assert [t.index for t in ts] == [0, 2]
+    assert all(t.reward == 0.5 for t in ts)
+
+
+class _State(TypedDict):
+    question: str
+    plan: str
+    answer: str
+
+
+def test_langgraph_zero_code_instrument_and_uninstrument(store, serve):
+    def script(messages):
+        sys = system_text(messages)
+        if "planner" in sys:
+            return "Use the add tool."
+        if "add" in called_tools(messages):
+            return "5"
+        return {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
+
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+
+    def build(llm: agl.LLM) -> Any:
+        model = chat(llm)
+
+        def planner(state: _State) -> dict[str, str]:
+            reply = model.invoke([SystemMessage("You are the planner."), HumanMessage(state["question"])])
+            return {"plan": reply.content}
+
+        def solver(state: _State) -> dict[str, str]:
+            bound = model.bind_tools([add])
+            msgs: list[Any] = [SystemMessage("You are the solver."), HumanMessage(state["plan"])]
+            ai = bound.invoke(msgs)
+            msgs.append(ai)
+            msgs += [add.invoke(c) for c in ai.tool_calls]
+            return {"answer": bound.invoke(msgs).content}
+
+        g = StateGraph(_State)
+        g.add_node("planner", planner)
+        g.add_node("solver", solver)
+        g.add_edge(START, "planner")
+        g.add_edge("planner", "solver")
+        g.add_edge("solver", END)
+        return g.compile()
+
+    with agl_langchain.instrument() as handle:
+        assert handle.active
+        with tracer.rollout("2+3?") as ro:
+            result = build(server.llm(ro.id)).invoke({"question": "2+3?", "plan": "", "answer": ""})
+    assert result["answer"] == "5"
+    assert not handle.active
+    spans = store.spans(ro.id)
+    by_id = {s.span_id: s for s in spans}
+    pairs = assert_joined(store, ro.id, "langchain")
+    assert [f.agent for f, _ in pairs] == ["planner", "solver", "solver"]
+    nodes = {s.name: s for s in spans if s.kind == "agent"}
+    assert set(nodes) == {"planner", "solver"}
+    graph = by_id[nodes["planner"].parent_id]
+    assert graph.name == "LangGraph" and graph.parent_id is None
+    for f, _ in pairs:  # each LLM call hangs under its node's agent span
+        assert f.parent_id == nodes[f.agent].span_id
+    (tool_span,) = [s for s in spans if s.kind == "tool"]
+    assert (
+        tool_span.agent == "solver"
+        and tool_span.output == "5"
+        and tool_span.parent_id == nodes["solver"].span_id
+    )
+    assert_transitions_have_server_tokens(store, ro.id)
+
+    # after uninstrument() nothing is recorded any more
+    with tracer.rollout("again") as ro2:
+        build(server.llm(ro2.id)).invoke({"question": "2+3?", "plan": "", "answer": ""})
+    assert [s.attributes.get("agl.source") for s in store.spans(ro2.id)] == [None] * 3
+
+
+def test_model_not_ours_is_recorded_without_tokens_and_skipped_with_warning(store):
+    """An agent on another OpenAI-compatible endpoint: spans recorded, marked, and not trained on."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        assert body["model"] == "gpt-other"
+        return httpx.Response(
+            200,
+            json={
+                "id": "chatcmpl-elsewhere",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "gpt-other",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            },
+        )
+
+    tracer = agl.Tracer(store)
+    model = ChatOpenAI(
+        base_url="http://elsewhere.invalid/v1",
+        api_key="k",
+        model="gpt-other",
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
+    )
+    with tracer.rollout("2+2?") as ro:
+        assert (
+            model.invoke("2+2?", config={"callbacks": [LightningCallback()], "run_name": "solo"}).content
+            == "4"
+        )
+    (span,) = store.spans(ro.id)
+    assert span.kind == "llm" and span.agent == "solo" and span.output["content"] == "4"
+    assert span.attributes["agl.has_tokens"] is False
+    assert span.attributes["agl.response_id"] == "chatcmpl-elsewhere"
+    with pytest.warns(
+        RuntimeWarning, match=r"1 LLM call\(s\) recorded by framework adapters \(1 from langchain\)"
+    ):
+        assert agl.transitions(store) == []
+
+
+@pytest.mark.slow
+def test_langchain_with_hf_engine(store, hf_engine):
+    from agentlightning_lite.serving import PolicyServer
+
+    tracer = agl.Tracer(store)
+    with PolicyServer(hf_engine, store) as server, tracer.rollout("hi") as ro:
+        model = chat(server.llm(ro.id), max_tokens=4, temperature=0)
+        reply = model.invoke(
+            "Say hi.", config={"callbacks": [LightningCallback()], "metadata": {"agent": "greeter"}}
+        )
+    (pair,) = assert_joined(store, ro.id, "langchain")
+    assert pair[0].output["content"] == reply.content
+    assert len(pair[1].response_token_ids) <= 4
+    (t,) = assert_transitions_have_server_tokens(store, ro.id)
+    assert t.agent == "greeter"
