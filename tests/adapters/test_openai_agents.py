@@ -1,0 +1,224 @@
+"""OpenAI Agents SDK adapter against the real SDK and a real PolicyServer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_default_openai_api,
+    set_default_openai_client,
+)
+from agents.tracing import get_trace_provider, set_trace_processors
+from openai import AsyncOpenAI
+
+import agentlightning_lite as agl
+from agentlightning_lite.adapters import openai_agents as agl_agents
+from agentlightning_lite.adapters.openai_agents import LightningProcessor
+
+from .conftest import assert_joined, assert_transitions_have_server_tokens, called_tools, system_text
+
+
+@pytest.fixture(autouse=True)
+def isolated_processors() -> Iterator[None]:
+    """No SDK exporter (it would try to reach OpenAI); the registry restored after each test."""
+    multi = get_trace_provider()._multi_processor
+    before = multi._processors
+    set_trace_processors([])
+    yield
+    agl_agents.uninstrument()
+    set_trace_processors(list(before))
+
+
+@function_tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@function_tool
+def explode(x: int) -> int:
+    """A tool that always fails."""
+    raise ValueError("kaboom")
+
+
+def math_script(messages: list[dict[str, Any]]) -> Any:
+    if "add" in called_tools(messages):
+        return "The sum is 5."
+    return {
+        "tool_calls": [
+            {"name": "add", "arguments": {"a": 2, "b": 3}},
+            {"name": "explode", "arguments": {"x": 1}},
+        ]
+    }
+
+
+def chat_model(llm: agl.LLM) -> OpenAIChatCompletionsModel:
+    return OpenAIChatCompletionsModel(
+        model=llm.model, openai_client=AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    )
+
+
+def test_single_agent_with_tools_explicit_processor(store, serve):
+    tracer = agl.Tracer(store)
+    server = serve(math_script, store)
+    processor = LightningProcessor()
+    set_trace_processors([processor])
+    with tracer.rollout("2+3?") as ro:
+        agent = Agent(
+            name="math",
+            instructions="You do math.",
+            tools=[add, explode],
+            model=chat_model(server.llm(ro.id)),
+        )
+        result = asyncio.run(Runner.run(agent, "2+3?"))
+        ro.reward(1.0)
+    assert result.final_output == "The sum is 5."
+    assert processor.recorder.open_count() == 0
+    spans = store.spans(ro.id)
+    ours = [s for s in spans if s.attributes.get("agl.source") == "openai_agents"]
+    root = ours[0]
+    assert root.kind == "chain" and root.parent_id is None
+    (agent_span,) = [s for s in ours if s.kind == "agent"]
+    assert agent_span.name == "math" and agent_span.parent_id == root.span_id
+    assert {s.agent for s in ours[1:]} == {"math"}
+    pairs = assert_joined(store, ro.id, "openai_agents")
+    assert len(pairs) == 2 and all(f.parent_id == agent_span.span_id for f, _ in pairs)
+    asked = {c["function"]["name"]: c["id"] for c in pairs[0][1].output["tool_calls"]}
+    tools = {s.name: s for s in ours if s.kind == "tool"}
+    assert tools["add"].status == "ok" and tools["add"].output == 5 and tools["add"].input == {"a": 2, "b": 3}
+    assert tools["explode"].status == "error" and "kaboom" in tools["explode"].error
+    assert {n: t.attributes["tool_call_id"] for n, t in tools.items()} == asked
+    ts = assert_transitions_have_server_tokens(
+        store, ro.id, credit=agl.credit.Discounted(1.0), air=[agl.air.ToolStatus(success=0.1, error=-0.5)]
+    )
+    assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:explode", -0.5)]
+
+
+def test_handoff_multi_agent_zero_code_with_chat_completions_switch(store, serve):
+    def script(messages):
+        if "triage" in system_text(messages):
+            return {"tool_calls": [{"name": "transfer_to_math", "arguments": {}}]}
+        return math_script(messages)
+
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    handle = agl_agents.instrument()
+    try:
+        with tracer.rollout("2+3?") as ro:
+            llm = server.llm(ro.id)
+            # the one-line switch for servers without the Responses API
+            set_default_openai_api("chat_completions")
+            set_default_openai_client(
+                AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key), use_for_tracing=False
+            )
+            math = Agent(name="math", instructions="You do math.", tools=[add, explode], model=llm.model)
+            triage = Agent(name="triage", instructions="You are triage.", handoffs=[math], model=llm.model)
+            result = asyncio.run(Runner.run(triage, "2+3?"))
+    finally:
+        set_default_openai_api("responses")
+        handle.uninstrument()
+    assert result.final_output == "The sum is 5."
+    pairs = assert_joined(store, ro.id, "openai_agents")
+    assert [f.agent for f, _ in pairs] == ["triage", "math", "math"]
+    ours = [s for s in store.spans(ro.id) if s.attributes.get("agl.source") == "openai_agents"]
+    agents = {s.name: s for s in ours if s.kind == "agent"}
+    assert set(agents) == {"triage", "math"}
+    (handoff,) = [s for s in ours if s.name == "handoff"]
+    assert handoff.agent == "triage" and handoff.output == {"from_agent": "triage", "to_agent": "math"}
+    assert handoff.parent_id == agents["triage"].span_id
+    ts = assert_transitions_have_server_tokens(store, ro.id, agents=["math"])
+    assert [t.agent for t in ts] == ["math", "math"]
+
+    # uninstrumented: a new run records nothing of the SDK's own
+    with tracer.rollout("again") as ro2:
+        asyncio.run(Runner.run(Agent(name="math", model=chat_model(server.llm(ro2.id))), "2+3?"))
+    assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
+
+
+def test_responses_api_on_a_foreign_endpoint_is_recorded_without_tokens(store):
+    """The Responses path (what the SDK uses by default) against a model that is not ours."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path.endswith("/responses")
+        assert json.loads(request.content)["model"] == "gpt-other"
+        return httpx.Response(
+            200,
+            json={
+                "id": "resp_123",
+                "object": "response",
+                "created_at": 0,
+                "model": "gpt-other",
+                "status": "completed",
+                "output": [
+                    {
+                        "type": "message",
+                        "id": "msg_1",
+                        "status": "completed",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": "4", "annotations": []}],
+                    }
+                ],
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
+                "usage": {
+                    "input_tokens": 5,
+                    "output_tokens": 1,
+                    "total_tokens": 6,
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                },
+            },
+        )
+
+    client = AsyncOpenAI(
+        base_url="http://elsewhere.invalid/v1",
+        api_key="k",
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+    )
+    tracer = agl.Tracer(store)
+    set_trace_processors([LightningProcessor()])
+    with tracer.rollout("2+2?") as ro:
+        agent = Agent(name="solo", model=OpenAIResponsesModel(model="gpt-other", openai_client=client))
+        assert asyncio.run(Runner.run(agent, "2+2?")).final_output == "4"
+    (llm_span,) = [s for s in store.spans(ro.id) if s.kind == "llm"]
+    assert llm_span.name == "response" and llm_span.agent == "solo"
+    assert llm_span.output == {"role": "assistant", "content": "4"}
+    assert llm_span.attributes["agl.response_id"] == "resp_123"
+    assert llm_span.attributes["agl.has_tokens"] is False
+    with pytest.warns(RuntimeWarning, match=r"1 from openai_agents"):
+        assert agl.transitions(store) == []
+
+
+@pytest.mark.slow
+def test_openai_agents_with_hf_engine(store, hf_engine):
+    from agentlightning_lite.serving import PolicyServer
+
+    tracer = agl.Tracer(store)
+    set_trace_processors([LightningProcessor()])
+    with PolicyServer(hf_engine, store) as server, tracer.rollout("hi") as ro:
+        agent = Agent(
+            name="greeter",
+            instructions="Greet.",
+            model=chat_model(server.llm(ro.id)),
+            model_settings=ModelSettings(max_tokens=4, temperature=0.0),
+        )
+        out = asyncio.run(Runner.run(agent, "Say hi.")).final_output
+    (pair,) = assert_joined(store, ro.id, "openai_agents")
+    assert pair[0].output["content"] == out
+    (t,) = assert_transitions_have_server_tokens(store, ro.id)
+    assert t.agent == "greeter" and len(t.response_token_ids) <= 4
