@@ -1,0 +1,194 @@
+"""AutoGen AgentChat adapter against the real AgentChat 0.7 and a real PolicyServer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("autogen_agentchat")
+pytest.importorskip("autogen_ext.models.openai")
+
+from autogen_agentchat import EVENT_LOGGER_NAME as AGENTCHAT_LOGGER
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_core import EVENT_LOGGER_NAME as CORE_LOGGER
+from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+import agentlightning_lite as agl
+from agentlightning_lite.adapters import autogen as agl_autogen
+from agentlightning_lite.adapters.autogen import LightningEventHandler, LightningModelClient
+
+from .conftest import assert_joined, assert_transitions_have_server_tokens, called_tools, system_text
+
+INFO = {
+    "vision": False,
+    "function_calling": True,
+    "json_output": False,
+    "family": "unknown",
+    "structured_output": False,
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated() -> Iterator[None]:
+    yield
+    agl_autogen.uninstrument()
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def explode(x: int) -> int:
+    """A tool that always fails."""
+    raise ValueError("kaboom")
+
+
+def script(messages: list[dict[str, Any]]) -> Any:
+    if "checker" in system_text(messages):
+        return "LGTM"
+    if "add" in called_tools(messages):
+        return "The sum is 5."
+    return {
+        "tool_calls": [
+            {"name": "add", "arguments": {"a": 2, "b": 3}},
+            {"name": "explode", "arguments": {"x": 1}},
+        ]
+    }
+
+
+def client(llm: agl.LLM, **kwargs: Any) -> OpenAIChatCompletionClient:
+    return OpenAIChatCompletionClient(
+        model=llm.model, base_url=llm.base_url, api_key=llm.api_key, model_info=INFO, max_retries=0, **kwargs
+    )
+
+
+def writer(model_client: Any) -> AssistantAgent:
+    return AssistantAgent(
+        "writer",
+        model_client=model_client,
+        tools=[add, explode],
+        system_message="You are the writer.",
+        reflect_on_tool_use=True,
+    )
+
+
+def check_tools(spans: list[agl.Span], first_server: agl.Span) -> None:
+    asked = {c["function"]["name"]: c["id"] for c in first_server.output["tool_calls"]}
+    tools = {s.name: s for s in spans if s.kind == "tool"}
+    assert (
+        tools["add"].status == "ok" and tools["add"].output == "5" and tools["add"].input == {"a": 2, "b": 3}
+    )
+    assert tools["explode"].status == "error" and "kaboom" in tools["explode"].error
+    assert {n: t.attributes["tool_call_id"] for n, t in tools.items()} == asked
+    assert {t.agent for t in tools.values()} == {"writer"}
+
+
+def test_single_agent_zero_code_instrument(store, serve):
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    core_level = logging.getLogger(CORE_LOGGER).level
+    with agl_autogen.instrument() as handle:
+        with tracer.rollout("2+3?") as ro:
+            result = asyncio.run(writer(client(server.llm(ro.id))).run(task="2+3?"))
+            ro.reward(1.0)
+    assert not handle.active and logging.getLogger(CORE_LOGGER).level == core_level
+    assert result.messages[-1].content == "The sum is 5."
+    spans = store.spans(ro.id)
+    ours = [s for s in spans if s.attributes.get("agl.source") == "autogen"]
+    (agent_span,) = [s for s in ours if s.kind == "agent"]
+    assert agent_span.name == "writer" and agent_span.agent == "writer"
+    assert all(s.parent_id == agent_span.span_id for s in ours if s is not agent_span)
+    pairs = assert_joined(store, ro.id, "autogen")
+    assert len(pairs) == 2 and {f.agent for f, _ in pairs} == {"writer"}
+    assert all(f.attributes["agl.response_id"] == s.attributes["request_id"] for f, s in pairs)
+    check_tools(spans, pairs[0][1])
+    ts = assert_transitions_have_server_tokens(
+        store, ro.id, credit=agl.credit.Discounted(1.0), air=[agl.air.ToolStatus(success=0.1, error=-0.5)]
+    )
+    assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:explode", -0.5)]
+
+    # uninstrumented: nothing of AutoGen's is recorded
+    with tracer.rollout("again") as ro2:
+        asyncio.run(writer(client(server.llm(ro2.id))).run(task="2+3?"))
+    assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
+
+
+def test_team_with_model_client_wrapper_and_instrument(store, serve):
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    with agl_autogen.instrument(), tracer.rollout("2+3?") as ro:
+        llm = server.llm(ro.id)
+        checker = AssistantAgent(
+            "checker", model_client=LightningModelClient(client(llm)), system_message="You are the checker."
+        )
+        team = RoundRobinGroupChat(
+            [writer(LightningModelClient(client(llm))), checker],
+            termination_condition=MaxMessageTermination(3),
+        )
+        result = asyncio.run(team.run(task="2+3?"))
+    assert [m.content for m in result.messages][-2:] == ["The sum is 5.", "LGTM"]
+    spans = store.spans(ro.id)
+    ours = [s for s in spans if s.attributes.get("agl.source") == "autogen"]
+    team_span = ours[0]
+    assert team_span.kind == "chain" and team_span.name == "RoundRobinGroupChat"
+    turns = [s for s in ours if s.kind == "agent"]
+    assert [(s.name, s.parent_id) for s in turns] == [
+        ("writer", team_span.span_id),
+        ("checker", team_span.span_id),
+    ]
+    pairs = assert_joined(store, ro.id, "autogen")
+    assert [f.agent for f, _ in pairs] == ["writer", "writer", "checker"]
+    # the wrapper timed each call: the server span lies inside it; the log added the response id
+    for f, s in pairs:
+        assert f.start_time <= s.start_time and s.end_time <= f.end_time
+        assert (
+            "agl.timing" not in f.attributes and f.attributes["agl.response_id"] == s.attributes["request_id"]
+        )
+    check_tools(spans, pairs[0][1])
+    ts = assert_transitions_have_server_tokens(store, ro.id, agents=["checker"])
+    assert [t.response["content"] for t in ts] == ["LGTM"]
+
+
+def test_explicit_event_handler_and_wrapper_without_instrument(store, serve):
+    """The explicit objects alone: the wrapper names the agent, the handler records tools."""
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    handler = LightningEventHandler()
+    lg = logging.getLogger(AGENTCHAT_LOGGER)
+    old = lg.level
+    lg.addHandler(handler)
+    lg.setLevel(logging.DEBUG)
+    try:
+        with tracer.rollout("2+3?") as ro:
+            agent = writer(LightningModelClient(client(server.llm(ro.id)), agent="writer"))
+            asyncio.run(agent.run(task="2+3?"))
+    finally:
+        lg.removeHandler(handler)
+        lg.setLevel(old)
+    pairs = assert_joined(store, ro.id, "autogen")
+    assert [f.agent for f, _ in pairs] == ["writer", "writer"]
+    check_tools(store.spans(ro.id), pairs[0][1])
+    assert_transitions_have_server_tokens(store, ro.id)
+
+
+@pytest.mark.slow
+def test_autogen_with_hf_engine(store, hf_engine):
+    from agentlightning_lite.serving import PolicyServer
+
+    tracer = agl.Tracer(store)
+    with PolicyServer(hf_engine, store) as server, agl_autogen.instrument(), tracer.rollout("hi") as ro:
+        agent = AssistantAgent(
+            "greeter", model_client=client(server.llm(ro.id), max_tokens=4, temperature=0.0)
+        )
+        out = asyncio.run(agent.run(task="Say hi.")).messages[-1].content
+    (pair,) = assert_joined(store, ro.id, "autogen")
+    assert pair[0].output["content"] == out
+    (t,) = assert_transitions_have_server_tokens(store, ro.id)
+    assert t.agent == "greeter" and len(t.response_token_ids) <= 4
