@@ -1,0 +1,137 @@
+"""CrewAI adapter against the real CrewAI 1.x and a real PolicyServer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("crewai")
+
+from crewai import LLM, Agent, Crew, Process, Task
+from crewai.tools import tool
+
+import agentlightning_lite as agl
+from agentlightning_lite.adapters import crewai as agl_crewai
+from agentlightning_lite.adapters.crewai import LightningListener
+
+from .conftest import assert_joined, assert_transitions_have_server_tokens, called_tools, system_text
+
+
+@pytest.fixture(autouse=True)
+def isolated() -> Iterator[None]:
+    yield
+    agl_crewai.uninstrument()
+
+
+@tool("add")
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool("explode")
+def explode(x: int) -> int:
+    """A tool that always fails."""
+    raise ValueError("kaboom")
+
+
+def script(messages: list[dict[str, Any]]) -> Any:
+    if "Checker" in system_text(messages):
+        return "Final Answer: LGTM"
+    if "add" in called_tools(messages):
+        return "The sum is 5."
+    return {
+        "tool_calls": [
+            {"name": "add", "arguments": {"a": 2, "b": 3}},
+            {"name": "explode", "arguments": {"x": 1}},
+        ]
+    }
+
+
+def crew(llm_ep: agl.LLM, **llm_kwargs: Any) -> Crew:
+    llm = LLM(model="openai/" + llm_ep.model, base_url=llm_ep.base_url, api_key=llm_ep.api_key, **llm_kwargs)
+    writer = Agent(
+        role="Writer", goal="add numbers", backstory="A careful writer.", tools=[add, explode], llm=llm
+    )
+    checker = Agent(role="Checker", goal="check answers", backstory="A strict checker.", llm=llm)
+    t1 = Task(description="What is 2+3?", expected_output="a number", agent=writer)
+    t2 = Task(description="Check the answer.", expected_output="a verdict", agent=checker)
+    return Crew(agents=[writer, checker], tasks=[t1, t2], process=Process.sequential)
+
+
+def test_crew_two_agents_with_tools(store, serve):
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    listener = LightningListener()
+    try:
+        with tracer.rollout("2+3?") as ro:
+            out = crew(server.llm(ro.id)).kickoff()
+            listener.flush()
+            ro.reward(1.0)
+    finally:
+        listener.close()
+    assert out.raw == "LGTM"
+    assert listener.recorder.open_count() == 0
+    spans = store.spans(ro.id)
+    ours = [s for s in spans if s.attributes.get("agl.source") == "crewai"]
+    by_id = {s.span_id: s for s in spans}
+    (root,) = [s for s in ours if s.parent_id is None]
+    assert root.kind == "chain" and root.output == "LGTM"
+    assert all(s.parent_id in by_id for s in ours if s is not root)  # a tree: no dangling parents
+    agents = {s.name: s for s in ours if s.kind == "agent"}
+    assert set(agents) == {"Writer", "Checker"}
+    assert all(s.agent for s in ours if s is not root)
+    pairs = assert_joined(store, ro.id, "crewai")
+    assert [f.agent for f, _ in pairs] == ["Writer", "Writer", "Checker"]
+    for f, _ in pairs:  # each LLM call hangs under its agent's span
+        assert f.parent_id == agents[f.agent].span_id
+    asked = {c["function"]["name"]: c["id"] for c in pairs[0][1].output["tool_calls"]}
+    tools = {s.name: s for s in ours if s.kind == "tool"}
+    assert tools["add"].status == "ok" and tools["add"].agent == "Writer" and "5" in str(tools["add"].output)
+    assert tools["explode"].status == "error" and "kaboom" in tools["explode"].error
+    assert {n: t.attributes["tool_call_id"] for n, t in tools.items()} == asked
+    ts = assert_transitions_have_server_tokens(
+        store, ro.id, credit=agl.credit.Discounted(1.0), air=[agl.air.ToolStatus(success=0.1, error=-0.5)]
+    )
+    assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:explode", -0.5)]
+    assert [t.agent for t in agl.transitions(store, rollout_ids=[ro.id], agents=["Checker"])] == ["Checker"]
+
+
+def test_zero_code_instrument_and_uninstrument(store, serve):
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    with agl_crewai.instrument() as handle, tracer.rollout("2+3?") as ro:
+        crew(server.llm(ro.id)).kickoff()
+        handle.handler.flush()
+    assert len(assert_joined(store, ro.id, "crewai")) == 3
+    with tracer.rollout("again") as ro2:
+        crew(server.llm(ro2.id)).kickoff()
+        LightningListener.flush()
+    assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
+
+
+@pytest.mark.slow
+def test_crewai_with_hf_engine(store, hf_engine):
+    from agentlightning_lite.serving import PolicyServer
+
+    tracer = agl.Tracer(store)
+    with PolicyServer(hf_engine, store) as server, agl_crewai.instrument() as h, tracer.rollout("hi") as ro:
+        llm_ep = server.llm(ro.id)
+        llm = LLM(
+            model="openai/" + llm_ep.model,
+            base_url=llm_ep.base_url,
+            api_key=llm_ep.api_key,
+            max_tokens=4,
+            temperature=0.0,
+        )
+        greeter = Agent(role="Greeter", goal="greet", backstory="Friendly.", llm=llm, max_iter=1)
+        Crew(
+            agents=[greeter], tasks=[Task(description="Say hi.", expected_output="a greeting", agent=greeter)]
+        ).kickoff()
+        h.handler.flush()
+    pairs = assert_joined(store, ro.id, "crewai")
+    assert {f.agent for f, _ in pairs} == {"Greeter"}
+    ts = assert_transitions_have_server_tokens(store, ro.id)
+    assert all(t.agent == "Greeter" and len(t.response_token_ids) <= 4 for t in ts)
