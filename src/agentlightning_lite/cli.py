@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--lora", default=None, help="a peft adapter directory to serve on top of the model")
     serve.add_argument("--device", default="auto", help="hf engine: auto, cpu, cuda... (default: auto)")
     serve.add_argument("--max-batch-size", type=int, default=16, help="most requests generated together")
+    serve.add_argument(
+        "--threads", type=int, default=None, help="hf engine: torch CPU threads (default: torch's)"
+    )
     serve.add_argument("--served-name", default=None, help="the model name clients use (default: --model)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
@@ -66,6 +69,7 @@ def _engine(args: argparse.Namespace) -> Any:
         device=args.device,
         max_batch_size=args.max_batch_size,
         model_name=args.served_name,
+        num_threads=args.threads,
     )
 
 

@@ -32,6 +32,8 @@ class HFEngine(BatchingEngine):
         dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), a ``torch.dtype`` or its name.
         max_batch_size: most requests decoded together.
         batch_window_s: how long the batching loop waits for more requests after the first.
+        regroup_wait_s: how long it waits for as many requests as the last batch held (the same
+            agents coming back for their next turn); see :class:`BatchingEngine`.
         logprobs_mode: which log-probabilities are reported for the sampled tokens.
             ``"scaled"`` (default): ``log_softmax(logits / temperature)``, the policy at the
             sampling temperature before top-p truncation (what a trainer recomputes with a
@@ -39,6 +41,9 @@ class HFEngine(BatchingEngine):
             ``log_softmax(logits)``. ``"processed"``: after temperature and top-p (the exact
             distribution sampled from). Greedy requests (temperature 0) report ``"raw"``.
         model_name: the name served and recorded in spans (default: the name given).
+        seed: seeds the sampler of requests that bring no ``seed`` of their own.
+        num_threads: calls ``torch.set_num_threads`` (process-wide) when given; on a CPU shared
+            with other busy processes, fewer threads than cores avoid oversubscription.
 
     ``engine.model`` is the module (peft-wrapped with ``lora``), ``engine.tokenizer`` its
     tokenizer, ``engine.lock`` is held during each batch (hold it while changing weights) and
@@ -59,18 +64,22 @@ class HFEngine(BatchingEngine):
         dtype: Any = "auto",
         max_batch_size: int = 16,
         batch_window_s: float = 0.01,
+        regroup_wait_s: float = 0.1,
         logprobs_mode: LogprobsMode = "scaled",
         model_name: str | None = None,
         tokenizer: Any = None,
         seed: int | None = None,
         trust_remote_code: bool = False,
+        num_threads: int | None = None,
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_window_s=batch_window_s)
+        super().__init__(max_batch_size, batch_window_s, regroup_wait_s)
         import torch
 
         if logprobs_mode not in ("scaled", "raw", "processed"):
             raise ValueError(f"logprobs_mode must be 'scaled', 'raw' or 'processed', got {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
+        if num_threads is not None:  # process-wide; on a busy CPU fewer threads avoid oversubscription
+            torch.set_num_threads(int(num_threads))
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
