@@ -147,7 +147,7 @@ def select_tools(
 def tools_system_prompt(tools: Sequence[dict[str, Any]], instruction: str | None = None) -> str:
     """The system-prompt text that describes ``tools`` to a model without native tool support.
 
-    >>> print(tools_system_prompt([{"type": "function", "function": {"name": "calc"}}]).splitlines()[5])
+    >>> print(tools_system_prompt([{"type": "function", "function": {"name": "calc"}}]).splitlines()[6])
     {"type": "function", "function": {"name": "calc"}}
     """
     text = TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))

@@ -743,7 +743,7 @@ class PolicyServer:
         """Split ``text`` into streamable deltas aligned with tokens: (delta, first token, end token)."""
         pieces, emitted, first = [], "", 0
         for k in range(len(res.token_ids)):
-            cur = self.decode_prefix(res, k + 1)
+            cur = self._decode_prefix(res, k + 1)
             if cur.endswith("\ufffd") or not cur.startswith(emitted):
                 continue  # an incomplete UTF-8 character: wait for the next token
             cur = cur[: len(text)]
@@ -758,7 +758,7 @@ class PolicyServer:
             pieces[-1] = (delta, s, len(res.token_ids))  # trailing tokens (EOS) ride on the last piece
         return pieces
 
-    def decode_prefix(self, res: GenResult, k: int) -> str:
+    def _decode_prefix(self, res: GenResult, k: int) -> str:
         """The text of the first ``k`` generated tokens."""
         return self.engine.decode(res.token_ids[:k])
 
@@ -818,6 +818,8 @@ class PolicyServer:
             (text, ids if ids is not None else self.engine.encode(text or "", add_special_tokens=True))
             for text, ids in prompts
         ]
+        if any(not ids for _, ids in encoded):
+            raise _bad("'prompt' must not be empty", "prompt")
         budgets = [self._budget(len(ids), p, "prompt") for _, ids in encoded]
         request_id = "cmpl-" + secrets.token_hex(12)
         attrs: dict[str, Any] = {

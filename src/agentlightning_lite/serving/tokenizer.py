@@ -20,7 +20,7 @@ class ByteTokenizer:
     >>> ids = tok.encode("hé<|im_end|>")
     >>> ids
     [104, 195, 169, 257]
-    >>> tok.decode(ids), tok.decode(ids, skip_special_tokens=False)
+    >>> tok.decode(ids, skip_special_tokens=True), tok.decode(ids)
     ('hé', 'hé<|im_end|>')
     """
 
