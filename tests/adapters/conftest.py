@@ -15,7 +15,6 @@ from agentlightning_lite.serving import PolicyServer, engines
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_DISABLE_TRACKING", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
-os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "0")
 
 
