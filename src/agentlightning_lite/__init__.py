@@ -10,8 +10,9 @@
 [1.0]
 """
 
+from typing import TYPE_CHECKING, Any
+
 from . import air, credit, otel
-from .rl import GRPO, PPO, LitAgent, LoRA, Trainer
 from .sft import export_sft
 from .store import MemoryStore, SQLiteStore, Store
 from .tracer import Tracer, emit_reward, emit_signal
@@ -20,25 +21,60 @@ from .types import Rollout, Span, Transition
 
 __version__ = "0.1.0"
 
+# Serving (starlette, transformers) and training (torch, peft) load on first use, so tracing
+# and the stores need nothing but pydantic.
+_LAZY = {
+    "GRPO": ".rl",
+    "PPO": ".rl",
+    "LoRA": ".rl",
+    "LitAgent": ".rl",
+    "Trainer": ".rl",
+    "PolicyServer": ".serving",
+    "LLM": ".serving",
+    "engines": ".serving",
+    "models": ".models",
+}
+
+if TYPE_CHECKING:
+    from . import models
+    from .rl import GRPO, PPO, LitAgent, LoRA, Trainer
+    from .serving import LLM, PolicyServer, engines
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'agentlightning_lite' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(_LAZY[name], __name__)
+    value = module if name == "models" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "GRPO",
+    "LLM",
     "PPO",
     "LitAgent",
     "LoRA",
-    "Trainer",
     "MemoryStore",
+    "PolicyServer",
     "Rollout",
     "SQLiteStore",
     "Span",
     "Store",
     "Tracer",
+    "Trainer",
     "Transition",
     "__version__",
     "air",
     "credit",
     "emit_reward",
     "emit_signal",
+    "engines",
     "export_sft",
+    "models",
     "otel",
     "transitions",
 ]

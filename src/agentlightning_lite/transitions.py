@@ -17,7 +17,8 @@ __all__ = ["policy_calls", "rollout_transitions", "transitions"]
 def policy_calls(spans: Sequence[Span], models: Iterable[str] | None = None) -> list[Span]:
     """The LLM spans of a rollout that count as policy-model calls, in call order.
 
-    A span is left out when its model is not in ``models`` (if given), when it carries the
+    A span is left out when it failed (``status="error"``), when its model is not in ``models``
+    (if given), when it carries the
     attribute ``agl.duplicate_of`` (a framework's view of a call already recorded with tokens),
     or when an adapter recorded it (``agl.source``) and it has no token ids (a call to a model the
     PolicyServer does not serve: :func:`transitions` warns about those).
@@ -27,6 +28,7 @@ def policy_calls(spans: Sequence[Span], models: Iterable[str] | None = None) -> 
         s
         for s in spans
         if s.kind == "llm"
+        and s.status == "ok"  # a failed call has no response to learn from
         and (allowed is None or s.model in allowed)
         and not s.attributes.get(join.DUPLICATE_OF)
         and not (s.attributes.get(join.SOURCE) and not s.has_tokens)
