@@ -75,7 +75,7 @@ def calc_agent(task: dict[str, Any], llm: agl.LLM, max_turns: int = 2, temperatu
     reply = None
     for _ in range(max_turns):
         reply = client.chat.completions.create(
-            model=llm.model, messages=messages, tools=[CALCULATOR], max_tokens=40, temperature=temperature
+            model=llm.model, messages=messages, tools=[CALCULATOR], max_tokens=32, temperature=temperature
         ).choices[0].message
         if not reply.tool_calls:
             break
