@@ -355,8 +355,10 @@ def test_engine_failure_gives_500_and_an_error_span(serve: Any, store: Any, smol
     assert failed.status == "error" and "GPU on fire" in failed.error and failed.input == USER
     assert failed.response_token_ids is None and failed.attributes["policy"] is True
     assert ok.status == "ok"
-    with pytest.warns(RuntimeWarning):  # the failed call has no response tokens: not training data
-        assert len(agl.transitions(store, rollout_ids=[ro.rollout_id], require_tokens=True)) == 1
+    # the failed call has no response: never training data, with or without require_tokens
+    for require in (True, False):
+        (t,) = agl.transitions(store, rollout_ids=[ro.rollout_id], require_tokens=require)
+        assert t.metadata["span_id"] == ok.span_id
 
 
 def test_api_key(serve: Any, store: Any, engine: ScriptedEngine):
