@@ -186,7 +186,9 @@ class Trainer:
         if engine == "auto":
             engine = "vllm" if torch.cuda.is_available() and _has_vllm() else "hf"
         if engine == "hf":
-            return eng.HFEngine(model, lora=self.lora, seed=self.seed)
+            return eng.HFEngine(
+                model, lora=self.lora, seed=self.seed, max_batch_size=max(16, self.concurrency)
+            )
         if engine == "vllm":
             return eng.VLLMEngine(model, lora=self.lora)
         raise ValueError(f"engine must be 'auto', 'hf', 'vllm' or an engine instance, got {engine!r}")

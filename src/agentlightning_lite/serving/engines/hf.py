@@ -236,6 +236,18 @@ class HFEngine(BatchingEngine):
             top = [(int(i), float(v)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
         return token, float(report[token]), top
 
+    def _sample_rows(self, logits: Any, temps: Any, greedy: Any) -> tuple[list[int], list[float]]:
+        """Sample every row at once (same semantics as :meth:`_sample` without top-p or seeds)."""
+        import torch
+
+        raw = torch.log_softmax(logits, dim=-1)
+        scaled = torch.log_softmax(logits / temps, dim=-1)
+        sampled = torch.multinomial(scaled.exp(), 1, generator=self._rng).squeeze(-1)
+        tokens = torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
+        report = torch.where(greedy[:, None], raw, raw if self.logprobs_mode == "raw" else scaled)
+        lps = report.gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens.tolist(), lps.tolist()
+
     def _decode(self, requests: Sequence[GenRequest], version: int) -> list[GenResult]:
         import torch
 
@@ -274,13 +286,24 @@ class HFEngine(BatchingEngine):
         stop_reason: list[str | int | None] = [None] * n
         texts: list[str | None] = [None] * n
         max_new = max(r.max_tokens for r in requests)
+        # rows that sample the same way (no seed, no top-p, no top logprobs) are sampled in one call
+        fast = [
+            r.seed is None and r.top_p >= 1.0 and not r.top_logprobs and self.logprobs_mode != "processed"
+            for r in requests
+        ]
+        temps = torch.tensor([max(r.temperature, 1e-5) for r in requests], device=device)[:, None]
+        greedy = torch.tensor([r.temperature <= 1e-5 for r in requests], device=device)
         for _step in range(max_new):
             step_tokens = []
+            batch_tok, batch_lp = self._sample_rows(logits, temps, greedy) if any(fast) else (None, None)
             for i, r in enumerate(requests):
                 if done[i]:
                     step_tokens.append(self.pad_token_id)
                     continue
-                tok, lp, top = self._sample(logits[i], r, gens[i])
+                if fast[i]:
+                    tok, lp, top = batch_tok[i], batch_lp[i], None  # type: ignore[index]
+                else:
+                    tok, lp, top = self._sample(logits[i], r, gens[i])
                 tokens[i].append(tok)
                 lps[i].append(lp)
                 if top is not None:
