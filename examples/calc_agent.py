@@ -7,7 +7,6 @@ to training except that it returns its reward. Used by ``examples/quickstart.py`
 from __future__ import annotations
 
 import ast
-import json
 import operator
 import random
 import re
@@ -15,21 +14,23 @@ from typing import Any
 
 import agentlightning_lite as agl
 
-SYSTEM = "You are a math assistant. Use the calculator tool for arithmetic, then reply with only the final number."
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression such as '23 + 58'.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "the expression"}},
-            "required": ["expression"],
-        },
-    },
+SYSTEM = "You are a math assistant. To compute, write <calc>expression</calc>; you get the result back."
+#: one worked example, as chat turns: how the calculator is used
+EXAMPLE = [
+    {"role": "user", "content": "What is 12 + 30?"},
+    {"role": "assistant", "content": "<calc>12 + 30</calc>"},
+    {"role": "user", "content": "Result: 42"},
+    {"role": "assistant", "content": "42"},
+]
+CALC = re.compile(r"<calc>(.*?)(?:</calc>|$)", re.S)
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
 }
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
 def calculate(expression: str) -> float:
@@ -66,31 +67,40 @@ def final_number(text: str | None) -> float | None:
 
 
 def calc_agent(task: dict[str, Any], llm: agl.LLM, max_turns: int = 2, temperature: float = 1.0) -> float:
-    """Ask, run any calculator calls, ask again; reward 1.0 when the final number is right."""
-    client = llm.openai_client(max_retries=0, timeout=120)
+    """Ask; if the reply calls the calculator, run it and ask again; reward 1.0 for the right number.
+
+    The calculator protocol is plain text (``<calc>23 + 58</calc>``), as in many ReAct-style agents,
+    which keeps prompts short. Each calculator run is a ``tool`` span, so ``agl.air.ToolStatus``
+    can reward the call that asked for it.
+    """
+    client = llm.openai_client(max_retries=0, timeout=600)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
+        *EXAMPLE,
         {"role": "user", "content": task["question"]},
     ]
-    reply = None
-    for _ in range(max_turns):
+    text = ""
+    for turn in range(max_turns):
         reply = client.chat.completions.create(
-            model=llm.model, messages=messages, tools=[CALCULATOR], max_tokens=32, temperature=temperature
-        ).choices[0].message
-        if not reply.tool_calls:
+            model=llm.model, messages=messages, max_tokens=24, temperature=temperature, stop=["</calc>"]
+        )
+        text = reply.choices[0].message.content or ""
+        match = CALC.search(text)
+        if match is None or turn == max_turns - 1:
             break
-        messages.append(reply.model_dump(exclude_none=True))
-        for call in reply.tool_calls:
-            tracer = agl.Tracer.current_rollout().tracer if agl.Tracer.current_rollout() else agl.Tracer()
-            with tracer.span("tool", "calculator", input=call.function.arguments,
-                             attributes={"tool_call_id": call.id}) as span:
-                try:
-                    expr = json.loads(call.function.arguments or "{}").get("expression", "")
-                    result = str(calculate(str(expr)))
-                except (ValueError, SyntaxError, ZeroDivisionError, AttributeError, TypeError) as exc:
-                    span.set_error(exc)
-                    result = f"error: {exc}"
-                span.set_output(result)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    answer = final_number(reply.content if reply is not None else None)
+        current = agl.Tracer.current_rollout()
+        tracer = current.tracer if current is not None else agl.Tracer()
+        with tracer.span("tool", "calculator", input=match.group(1)) as span:
+            try:
+                value = calculate(match.group(1))
+                result = str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+            except (ValueError, SyntaxError, ZeroDivisionError, TypeError) as exc:
+                span.set_error(exc)
+                result = f"error: {exc}"
+            span.set_output(result)
+        messages += [
+            {"role": "assistant", "content": text[: match.end(1)] + "</calc>"},
+            {"role": "user", "content": f"Result: {result}"},
+        ]
+    answer = final_number(text)
     return 1.0 if answer is not None and abs(answer - task["answer"]) < 1e-6 else 0.0

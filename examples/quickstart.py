@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import agentlightning_lite as agl  # noqa: E402
-from calc_agent import calc_agent, make_tasks  # noqa: E402
+from calc_agent import calc_agent, make_tasks
+
+import agentlightning_lite as agl
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"before training: success rate {before['success_rate']:.1%} on {before['n']} held-out tasks")
     trainer.fit(calc_agent, train, steps=args.steps)
     after = trainer.evaluate(greedy, held_out)
-    print(f"after {args.steps} steps:  success rate {after['success_rate']:.1%} on {after['n']} held-out tasks")
+    n = after["n"]
+    print(f"after {args.steps} steps:  success rate {after['success_rate']:.1%} on {n} held-out tasks")
     out = {
         "seed": args.seed,
         "steps": args.steps,

@@ -101,3 +101,19 @@ def test_qlora_on_cpu_is_a_clear_error() -> None:
 
     with pytest.raises(RuntimeError, match="QLoRA, which needs a CUDA GPU"):
         check_4bit_available()
+
+
+def test_micro_batches_bound_samples_and_padded_tokens() -> None:
+    from agentlightning_lite.rl.trainer import _micro_batches
+
+    def s(p: int, r: int) -> Sample:
+        return Sample([1] * p, [2] * r, None, 0.0, "g")
+
+    samples = [s(10, 5), s(10, 5), s(30, 10), s(5, 5), s(5, 5), s(5, 5)]
+    chunks = _micro_batches(samples, most=3, max_tokens=60)
+    # [15, 15] fits (2 x 15 = 30); adding the 40-token one would pad 3 x 40 = 120 > 60
+    assert [len(c) for c in chunks] == [2, 1, 3]
+    assert [x for c in chunks for x in c] == samples
+    for c in chunks:
+        width = max(len(x.prompt_ids) for x in c) + max(len(x.response_ids) for x in c)
+        assert len(c) <= 3 and (len(c) == 1 or len(c) * width <= 60)

@@ -34,7 +34,9 @@ class GRPO:
         weight_decay: AdamW weight decay.
         epochs: optimisation passes over each step's samples (1 = on-policy).
         mini_batch_size: samples per optimiser step within an epoch (``None``: all at once).
-        micro_batch_size: samples per forward/backward (gradient accumulation up to a mini batch).
+        micro_batch_size: most samples per forward/backward (gradients accumulate up to a mini batch).
+        micro_batch_tokens: most padded tokens per forward/backward: bounds activation memory
+            (roughly 1.4 MB a token for a 135M model in fp32; 2048 tokens is about 3 GB).
         max_grad_norm: gradient clipping by global norm.
         scale_rewards: divide by the group's std (``True``, GRPO) or only subtract its mean
             (``False``, Dr.GRPO, Liu et al. 2025: the std division biases toward easy/hard tasks).
@@ -61,6 +63,7 @@ class GRPO:
     epochs: int = 1
     mini_batch_size: int | None = None
     micro_batch_size: int = 8
+    micro_batch_tokens: int = 2048
     max_grad_norm: float = 1.0
     scale_rewards: bool = True
     loss_agg: LossAggregation = "token-mean"

@@ -47,6 +47,7 @@ class PPO:
     epochs: int = 2
     mini_batch_size: int | None = None
     micro_batch_size: int = 8
+    micro_batch_tokens: int = 2048
     max_grad_norm: float = 1.0
     gamma: float = 1.0
     lam: float = 0.95

@@ -73,9 +73,9 @@ class Trainer:
         max_seq_len: samples with a longer prompt + response are skipped (counted in the metrics).
         old_logprobs: importance-ratio denominator: ``"engine"`` (the logprobs the engine
             sampled with), ``"recompute"`` (a no-grad forward pass of the training model), or
-            ``"auto"``: the engine's when it agrees with the recomputation within
-            ``logprob_tolerance`` (mean absolute difference per token), else recomputed.
-            The mismatch is logged either way.
+            ``"auto"``: the engine's when they agree with a recomputation of the first micro-batch
+            within ``logprob_tolerance`` (mean absolute difference per token; the other micro-batches
+            are then not recomputed), else every micro-batch is recomputed. The mismatch is logged.
         seed: seeds data order, sampling seeds and torch.
         loggers: ``"auto"``, or a list of ``"tensorboard"``, ``"wandb"``, ``"mlflow"``.
 
@@ -485,35 +485,45 @@ class Trainer:
         algo = self.algorithm
         micro = algo.micro_batch_size
         mini = algo.mini_batch_size or len(samples)
-        chunks = [samples[i : i + micro] for i in range(0, len(samples), micro)]
+        chunks = _micro_batches(samples, micro, algo.micro_batch_tokens)
         batches = [collate(c, self._pad_id()).to(self.device) for c in chunks]
 
-        # 1. reference quantities, no gradient: old logprobs, reference logprobs, old values
+        # 1. reference quantities, no gradient: old logprobs, reference logprobs, old values.
+        # The engine's logprobs are the behaviour policy's; a no-grad forward pass checks them. In
+        # "auto" mode, once the first micro-batch agrees within tolerance the rest are not recomputed
+        # (same weights, same numerics), which saves a forward pass per sample.
         model.eval()
-        old, ref, old_v = [], [], []
+        old_lp: list[torch.Tensor] = []
+        ref, old_v = [], []
         mismatch_sum, mismatch_n, mismatch_max = 0.0, 0, 0.0
+        agree: bool | None = None  # unknown until a micro-batch has been checked
         with torch.no_grad():
             for c, b in zip(chunks, batches, strict=True):
-                lp, v = forward_logprobs(model, b, self.value_head, self.autocast)
-                eng = torch.zeros_like(lp)
-                have_engine = all(s.engine_logprobs is not None for s in c)
-                if have_engine:
+                eng = None
+                if all(s.engine_logprobs is not None for s in c):
+                    eng = torch.zeros(b.response_mask.shape, device=self.device)
                     for i, s in enumerate(c):
                         eng[i, : len(s.engine_logprobs)] = torch.tensor(s.engine_logprobs)  # type: ignore[arg-type]
+                trust = eng is not None and (self.old_logprobs == "engine" or agree is True)
+                needs_values = isinstance(algo, PPO)
+                lp = v = None
+                if not trust or needs_values:
+                    lp, v = forward_logprobs(model, b, self.value_head, self.autocast)
+                if eng is not None and lp is not None:
                     diff = (eng - lp).abs() * b.response_mask
                     mismatch_sum += float(diff.sum())
                     mismatch_n += int(b.response_mask.sum())
                     mismatch_max = max(mismatch_max, float(diff.max()))
-                old.append((lp, eng if have_engine else None))
+                    if self.old_logprobs == "auto" and agree is None:
+                        agree = mismatch_sum / max(mismatch_n, 1) <= self.logprob_tolerance
+                use_eng = eng is not None and (self.old_logprobs == "engine" or agree is True)
+                old_lp.append(eng if use_eng else lp)  # type: ignore[arg-type]
                 old_v.append(v)
                 if algo.kl_coef > 0:
                     with model.disable_adapter():
                         ref.append(forward_logprobs(model, b, None, self.autocast)[0])
         mean_mismatch = mismatch_sum / mismatch_n if mismatch_n else float("nan")
-        use_engine = self.old_logprobs == "engine" or (
-            self.old_logprobs == "auto" and mismatch_n and mean_mismatch <= self.logprob_tolerance
-        )
-        old_lp = [e if (use_engine and e is not None) else lp for lp, e in old]
+        use_engine = self.old_logprobs == "engine" or agree is True
 
         # 2. advantages per token
         advs, rets = [], []
@@ -641,6 +651,23 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _micro_batches(samples: list[Sample], most: int, max_tokens: int) -> list[list[Sample]]:
+    """Split samples (in order) so each chunk has at most ``most`` samples and, padded, ``max_tokens``."""
+    chunks: list[list[Sample]] = []
+    cur: list[Sample] = []
+    p_max = r_max = 0
+    for s in samples:
+        p, r = max(p_max, len(s.prompt_ids)), max(r_max, len(s.response_ids))
+        if cur and (len(cur) >= most or (len(cur) + 1) * (p + r) > max_tokens):
+            chunks.append(cur)
+            cur, p, r = [], len(s.prompt_ids), len(s.response_ids)
+        cur.append(s)
+        p_max, r_max = p, r
+    if cur:
+        chunks.append(cur)
+    return chunks
 
 
 def _has_vllm() -> bool:
