@@ -35,8 +35,8 @@ class GRPO:
         epochs: optimisation passes over each step's samples (1 = on-policy).
         mini_batch_size: samples per optimiser step within an epoch (``None``: all at once).
         micro_batch_size: most samples per forward/backward (gradients accumulate up to a mini batch).
-        micro_batch_tokens: most padded tokens per forward/backward: bounds activation memory
-            (roughly 1.4 MB a token for a 135M model in fp32; 2048 tokens is about 3 GB).
+        micro_batch_tokens: most padded tokens per forward/backward: bounds the activation memory
+            of the update (which grows with the tokens of a micro batch).
         max_grad_norm: gradient clipping by global norm.
         scale_rewards: divide by the group's std (``True``, GRPO) or only subtract its mean
             (``False``, Dr.GRPO, Liu et al. 2025: the std division biases toward easy/hard tasks).
