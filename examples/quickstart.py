@@ -1,6 +1,6 @@
 """Train a tool-using arithmetic agent on the embedded SmolLM2-135M, on CPU, and compare before/after.
 
-    python examples/quickstart.py                 # the README's main command (about 10 minutes on 2 cores)
+    python examples/quickstart.py                 # the README's main command (see benchmarks/learning)
     python examples/quickstart.py --steps 2 --eval-size 8     # a quick look
 
 The agent (``examples/calc_agent.py``) is ordinary ``openai``-client code with a calculator tool.
@@ -26,10 +26,10 @@ import agentlightning_lite as agl
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=4, help="tasks per step")
     ap.add_argument("--group-size", type=int, default=8, help="rollouts per task (GRPO group)")
-    ap.add_argument("--eval-size", type=int, default=48, help="held-out tasks for before/after")
+    ap.add_argument("--eval-size", type=int, default=32, help="held-out tasks for before/after")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/quickstart")

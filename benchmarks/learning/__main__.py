@@ -1,4 +1,4 @@
-"""Does training help? The calc agent on the embedded SmolLM2-135M, held-out success before vs after, per seed.
+"""Does training help? The calc agent on SmolLM2-135M: held-out success before vs after, per seed.
 
     python -m benchmarks.learning --seeds 0 1 2           # ~10 minutes a seed on a 2-core CPU
 
@@ -43,8 +43,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--eval-size", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--eval-size", type=int, default=32)
     ap.add_argument("--work-dir", default="runs/learning")
     ap.add_argument("--out", type=Path, default=HERE / "results.md")
     args = ap.parse_args()
@@ -53,10 +53,18 @@ def main() -> None:
     for seed in args.seeds:
         out_dir = Path(args.work_dir) / f"seed{seed}"
         shutil.rmtree(out_dir, ignore_errors=True)
-        res = quickstart.main([
-            "--seed", str(seed), "--steps", str(args.steps), "--eval-size", str(args.eval_size),
-            "--output-dir", str(out_dir),
-        ])
+        res = quickstart.main(
+            [
+                "--seed",
+                str(seed),
+                "--steps",
+                str(args.steps),
+                "--eval-size",
+                str(args.eval_size),
+                "--output-dir",
+                str(out_dir),
+            ]
+        )
         curve = HERE / f"reward_curve_seed{seed}.png"
         shutil.copy(res["reward_curve"], curve)
         rows.append({**res, "curve": curve.name})
@@ -64,7 +72,11 @@ def main() -> None:
     n = args.eval_size
     deltas = [r["after"]["success_rate"] - r["before"]["success_rate"] for r in rows]
     mean_d = statistics.fmean(deltas)
-    half = T95.get(len(deltas) - 1, 1.96) * statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else float("nan")
+    half = (
+        T95.get(len(deltas) - 1, 1.96) * statistics.stdev(deltas) / math.sqrt(len(deltas))
+        if len(deltas) > 1
+        else float("nan")
+    )
     k_before = sum(round(r["before"]["success_rate"] * n) for r in rows)
     k_after = sum(round(r["after"]["success_rate"] * n) for r in rows)
     total = n * len(rows)
@@ -72,23 +84,26 @@ def main() -> None:
     lines = [
         "# Learning on CPU: calc agent, SmolLM2-135M, GRPO + LoRA",
         "",
-        f"Command: `python -m benchmarks.learning --seeds {' '.join(map(str, args.seeds))} --steps {args.steps} "
-        f"--eval-size {n}`  ",
+        f"Command: `python -m benchmarks.learning --seeds {' '.join(map(str, args.seeds))} "
+        f"--steps {args.steps} --eval-size {n}`  ",
         f"Date: {dt.date.today()}; machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; "
         f"Python {platform.python_version()}.  ",
-        "Task: two-digit additions; the agent (`examples/calc_agent.py`) offers a calculator tool and is rewarded "
-        "1.0 when its final number is right. Held-out tasks are drawn with a different seed than training tasks. "
-        "Success is measured greedily (temperature 0) before and after training; training samples at temperature 1.",
+        "Task: two-digit additions; the agent (`examples/calc_agent.py`) offers a calculator tool and "
+        "is rewarded 1.0 when its final number is right. Held-out tasks are drawn with a different seed "
+        "than training tasks. Success is measured greedily (temperature 0) before and after training; "
+        "training samples at temperature 1.",
         "",
         "| seed | held-out success before | after | change | train reward, first step -> last | wall time |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for r, d in zip(rows, deltas, strict=True):
-        metrics = [json.loads(x) for x in (Path(r["store"]).parent / "metrics.jsonl").read_text().splitlines()]
+        metrics = [
+            json.loads(x) for x in (Path(r["store"]).parent / "metrics.jsonl").read_text().splitlines()
+        ]
         rw = [m["train/reward_mean"] for m in metrics if "train/reward_mean" in m]
         lines.append(
-            f"| {r['seed']} | {r['before']['success_rate']:.1%} | {r['after']['success_rate']:.1%} | {d:+.1%} | "
-            f"{rw[0]:.2f} -> {rw[-1]:.2f} | {r['wall_s'] / 60:.1f} min |"
+            f"| {r['seed']} | {r['before']['success_rate']:.1%} | {r['after']['success_rate']:.1%} | "
+            f"{d:+.1%} | {rw[0]:.2f} -> {rw[-1]:.2f} | {r['wall_s'] / 60:.1f} min |"
         )
     lines += [
         "",
