@@ -1,0 +1,319 @@
+"""What the paper benchmarks share: the command line, base-vs-trained evaluation, results files.
+
+A benchmark package (``benchmarks/spider``, ``benchmarks/musique``, ``benchmarks/calc_x``) provides
+its data loader and its agent; :func:`run` does the rest:
+
+1. evaluates the untrained policy on the held-out split (greedy, one rollout per task),
+2. trains it with ``agl.Trainer.fit`` on the train split,
+3. evaluates again, and writes ``results.json`` and ``reward_curve.png`` into the run's output
+   directory, copies both next to the benchmark (``benchmarks/<name>/results/``) and appends one
+   row to ``benchmarks/RESULTS.md`` with the exact command, model, seed, hardware and wall time.
+
+An agent may report per-task metrics beyond its reward (exact match, F1, ...) with
+:func:`report`; their means appear before and after training in the results.
+
+>>> import argparse
+>>> ap = argparse.ArgumentParser()
+>>> add_arguments(ap, train_size=8, test_size=8, steps=2)
+>>> ns = ap.parse_args(["--steps", "1"])
+>>> (ns.model, ns.steps, ns.train_size)
+('smollm2-135m', 1, 8)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import datetime as dt
+import functools
+import inspect
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+RESULTS_MD = ROOT / "RESULTS.md"
+#: where tests and this repository's developers keep the offline copies of the data
+SHARED_DATA = ROOT.parents[1] / "shared" / "data"
+
+_METRICS: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
+    "agl_bench_metrics", default=None
+)
+
+
+def report(**metrics: float) -> None:
+    """Record per-task metrics (``report(em=1.0, f1=0.67)``) from inside a benchmark agent.
+
+    Outside :func:`run`'s evaluation this is a no-op, so agents can call it unconditionally.
+    """
+    current = _METRICS.get()
+    if current is not None:
+        current.update({k: float(v) for k, v in metrics.items()})
+
+
+def add_arguments(
+    ap: argparse.ArgumentParser,
+    *,
+    train_size: int,
+    test_size: int,
+    steps: int,
+    batch_size: int = 4,
+    group_size: int = 4,
+    lr: float = 2e-4,
+    lora_r: int = 16,
+    max_tokens: int = 256,
+) -> None:
+    """The options every benchmark takes, with that benchmark's CPU defaults."""
+    ap.add_argument("--model", default="smollm2-135m", help="agl.models name, HF id or local path")
+    ap.add_argument("--data-dir", type=Path, default=None, help="the dataset files (default: download)")
+    ap.add_argument("--train-size", type=int, default=train_size, help="training tasks")
+    ap.add_argument("--test-size", type=int, default=test_size, help="held-out tasks (before/after)")
+    ap.add_argument("--steps", type=int, default=steps, help="training steps")
+    ap.add_argument("--batch-size", type=int, default=batch_size, help="tasks per step")
+    ap.add_argument("--group-size", type=int, default=group_size, help="rollouts per task (GRPO)")
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--lora-r", type=int, default=lora_r)
+    ap.add_argument("--max-tokens", type=int, default=max_tokens, help="per model call")
+    ap.add_argument("--engine", default="auto", help="auto | hf | vllm")
+    ap.add_argument("--load-in-4bit", action="store_true", help="QLoRA (GPU only)")
+    ap.add_argument("--concurrency", type=int, default=None, help="rollouts at once (default: one step's)")
+    ap.add_argument("--rollout-timeout", type=float, default=1800.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output-dir", type=Path, default=None, help="default: runs/<benchmark>")
+    ap.add_argument("--no-record", action="store_true", help="do not touch benchmarks/RESULTS.md")
+
+
+def hardware() -> str:
+    """One line: CPU model and cores, or the GPU."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name(0)
+            mem = torch.cuda.get_device_properties(0).total_memory / 2**30
+            return f"{name} ({mem:.0f} GiB)"
+    except ImportError:  # pragma: no cover - torch is a dependency of training
+        pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, no GPU"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _with_metrics(agent: Callable[..., Any], sink: list[dict[str, float]], lock: threading.Lock) -> Any:
+    """Wrap ``agent`` so that what it :func:`report`\\ s lands in ``sink`` (one dict per task)."""
+
+    def collect(metrics: dict[str, float], reward: Any) -> None:
+        if isinstance(reward, (int, float)):
+            metrics.setdefault("reward", float(reward))
+        with lock:
+            sink.append(metrics)
+
+    if inspect.iscoroutinefunction(agent):
+
+        @functools.wraps(agent)
+        async def arun(task: Any, llm: Any) -> Any:
+            metrics: dict[str, float] = {}
+            token = _METRICS.set(metrics)
+            try:
+                reward = await agent(task, llm)
+            finally:
+                _METRICS.reset(token)
+            collect(metrics, reward)
+            return reward
+
+        return arun
+
+    @functools.wraps(agent)
+    def run_(task: Any, llm: Any) -> Any:
+        metrics: dict[str, float] = {}
+        token = _METRICS.set(metrics)
+        try:
+            reward = agent(task, llm)
+        finally:
+            _METRICS.reset(token)
+        collect(metrics, reward)
+        return reward
+
+    return run_
+
+
+def evaluate(trainer: Any, agent: Callable[..., Any], tasks: Sequence[Any]) -> dict[str, Any]:
+    """``trainer.evaluate`` plus the means of what the agent :func:`report`\\ ed."""
+    sink: list[dict[str, float]] = []
+    res = dict(trainer.evaluate(_with_metrics(agent, sink, threading.Lock()), tasks))
+    keys = sorted({k for m in sink for k in m} - {"reward"})
+    for k in keys:
+        vals = [m[k] for m in sink if k in m]
+        res[k] = statistics.fmean(vals) if vals else float("nan")
+    return res
+
+
+def run(
+    name: str,
+    args: argparse.Namespace,
+    *,
+    train_agent: Callable[..., Any],
+    eval_agent: Callable[..., Any],
+    train: Sequence[Any],
+    test: Sequence[Any],
+    trainer_options: dict[str, Any] | None = None,
+    argv: Sequence[str] | None = None,
+    notes: str = "",
+) -> dict[str, Any]:
+    """Evaluate, train, evaluate; write and record the results (see the module docstring).
+
+    ``trainer_options`` go to ``agl.Trainer`` (``agents``, ``credit``, ``air``, ``success_threshold``,
+    ...) over the defaults built from ``args``. Returns the results dict that ``results.json`` holds.
+    """
+    import agentlightning_lite as agl
+
+    t0 = time.time()
+    out_dir = Path(args.output_dir or Path("runs") / name)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a fresh store, metrics and curve for each run
+    out_dir.mkdir(parents=True, exist_ok=True)
+    concurrency = args.concurrency or max(args.batch_size * args.group_size, 1)
+    options: dict[str, Any] = {
+        "model": args.model,
+        "algorithm": agl.GRPO(group_size=args.group_size, lr=args.lr),
+        "lora": agl.LoRA(r=args.lora_r, alpha=2 * args.lora_r, load_in_4bit=args.load_in_4bit),
+        "engine": args.engine,
+        "batch_size": args.batch_size,
+        "concurrency": concurrency,
+        "rollout_timeout": args.rollout_timeout,
+        "output_dir": out_dir,
+        "seed": args.seed,
+    }
+    options.update(trainer_options or {})
+    print(
+        f"[{name}] model {args.model}; {len(train)} train / {len(test)} held-out tasks; "
+        f"{args.steps} steps of {args.batch_size} tasks x {args.group_size} rollouts",
+        flush=True,
+    )
+    trainer = agl.Trainer(**options)
+    try:
+        before = evaluate(trainer, eval_agent, test)
+        print(f"[{name}] before training: {_fmt(before)}", flush=True)
+        t_fit = time.time()
+        trainer.fit(train_agent, train, steps=args.steps)
+        fit_s = time.time() - t_fit
+        after = evaluate(trainer, eval_agent, test)
+        print(f"[{name}] after {args.steps} steps: {_fmt(after)}", flush=True)
+        curve = trainer.plot()
+        adapter = trainer.save()
+    finally:
+        trainer.close()
+    wall_s = time.time() - t0
+    given = list(argv if argv is not None else sys.argv[1:])
+    command = f"python -m benchmarks.{name} {shlex.join(given)}"
+    results: dict[str, Any] = {
+        "benchmark": name,
+        "command": command.strip(),
+        "model": args.model,
+        "seed": args.seed,
+        "train_size": len(train),
+        "test_size": len(test),
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "group_size": args.group_size,
+        "lr": args.lr,
+        "lora_r": args.lora_r,
+        "before": before,
+        "after": after,
+        "train_s": round(fit_s, 1),
+        "wall_s": round(wall_s, 1),
+        "hardware": hardware(),
+        "python": platform.python_version(),
+        "commit": _commit(),
+        "date": dt.date.today().isoformat(),
+        "output_dir": str(out_dir),
+        "adapter": str(adapter),
+        "notes": notes,
+    }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    if not args.no_record:
+        keep = ROOT / name / "results"
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        if curve is not None and Path(curve).exists():
+            shutil.copy(curve, keep / "reward_curve.png")
+        record(results)
+    print(json.dumps({k: results[k] for k in ("before", "after", "wall_s")}, indent=2, default=str))
+    return results
+
+
+def _fmt(res: dict[str, Any]) -> str:
+    skip = {"n", "failed"}
+    parts = [f"{k} {v:.3f}" for k, v in res.items() if k not in skip and isinstance(v, float)]
+    return ", ".join(parts) + f" (n={res.get('n')}, failed={res.get('failed')})"
+
+
+HEADER = (
+    "| date | benchmark | model | train / test | steps x tasks x group | before | after | wall | "
+    "hardware | seed | command |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+)
+
+
+def record(results: dict[str, Any], path: Path = RESULTS_MD) -> None:
+    """Append one Markdown row to ``benchmarks/RESULTS.md`` (creating the table if needed)."""
+
+    def score(res: dict[str, Any]) -> str:
+        known = ("n", "failed", "mean_reward", "success_rate")
+        extra = [f"{k} {v:.3f}" for k, v in res.items() if k not in known and isinstance(v, float)]
+        return f"reward {res['mean_reward']:.3f}, success {res['success_rate']:.1%}" + "".join(
+            f", {e}" for e in extra
+        )
+
+    if not path.exists() or "| date | benchmark" not in path.read_text():
+        text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+        path.write_text(text.rstrip() + "\n\n" + HEADER)
+    r = results
+    row = (
+        f"| {r['date']} | {r['benchmark']} | {r['model']} | {r['train_size']} / {r['test_size']} | "
+        f"{r['steps']} x {r['batch_size']} x {r['group_size']} | {score(r['before'])} | "
+        f"{score(r['after'])} | {r['wall_s'] / 60:.1f} min | {r['hardware']} | {r['seed']} | "
+        f"`{r['command']}` |\n"
+    )
+    with path.open("a") as f:
+        f.write(row)
+
+
+def data_dir(arg: Path | None, name: str, download: Callable[[Path], None]) -> Path:
+    """``--data-dir`` if given; else a cache under ``~/.cache/agentlightning-lite/<name>`` filled by
+    ``download(path)`` on first use (which raises a clear error when offline)."""
+    if arg is not None:
+        if not Path(arg).exists():
+            raise SystemExit(f"--data-dir {arg}: no such directory")
+        return Path(arg)
+    cache = Path(os.environ.get("AGL_DATA_CACHE", Path.home() / ".cache" / "agentlightning-lite")) / name
+    marker = cache / ".complete"
+    if not marker.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        download(cache)
+        marker.write_text(dt.datetime.now().isoformat())
+    return cache
