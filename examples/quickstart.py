@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> dict:
         air=[agl.air.ToolStatus(success=0.1, error=-0.1)],
         credit=agl.credit.Discounted(1.0),
         batch_size=args.batch_size,
-        concurrency=32,
         rollout_timeout=1800,  # a slow or shared CPU must not turn rollouts into timeouts
         output_dir=args.output_dir,
         seed=args.seed,

@@ -713,7 +713,8 @@ training"); the benchmark clears `model.hf_quantizer` / `is_quantized` before ha
 
 **Ours** `agl.Trainer(model="{MODEL}", algorithm=agl.GRPO(group_size={cfg.group_size}, ...), \
 lora=agl.LoRA(...), batch_size={len(TASKS)}, store=agl.MemoryStore(), loggers=[])`, otherwise defaults \
-(HFEngine on CPU with max batch 16, 16 concurrent rollouts, `old_logprobs="auto"`); the agent makes one \
+(HFEngine on CPU, a step's {n_step} rollouts run concurrently and announced to the engine with \
+`engine.expect({n_step})`, `old_logprobs="auto"`); the agent makes one \
 chat call per rollout with the `openai` client over real HTTP to the PolicyServer on 127.0.0.1.
 
 **Method.** Each contender runs in its own fresh Python process ({args.repeats} per contender, \

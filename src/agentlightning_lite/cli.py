@@ -494,7 +494,9 @@ def _add_train(sub: Any) -> None:
     )
     train.add_argument("--tool-success", type=float, default=None, help="AIR: reward for a tool that worked")
     train.add_argument("--tool-error", type=float, default=None, help="AIR: reward for a tool that failed")
-    train.add_argument("--concurrency", type=int, default=16, help="rollouts at once (default 16)")
+    train.add_argument(
+        "--concurrency", type=int, default=None, help="rollouts at once (default: a step's, batch x group)"
+    )
     train.add_argument("--rollout-timeout", type=float, default=300.0, help="seconds per rollout")
     train.add_argument("--eval-every", type=int, default=0, help="validate every N steps (0 = at the end)")
     train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0 = never)")

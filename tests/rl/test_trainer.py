@@ -46,7 +46,7 @@ TASKS = [{"q": f"Say something about the number {i}.", "seed": i} for i in range
 
 
 def make(engine: object, tmp_path: Path, **kw: object) -> agl.Trainer:
-    defaults: dict = dict(algorithm=agl.GRPO(group_size=4, lr=5e-3), batch_size=2, concurrency=8, loggers=[])
+    defaults: dict = dict(algorithm=agl.GRPO(group_size=4, lr=5e-3), batch_size=2, loggers=[])
     defaults.update(kw)
     return agl.Trainer(
         engine=engine, store=agl.SQLiteStore(tmp_path / "runs.db"), output_dir=tmp_path, **defaults
@@ -57,7 +57,11 @@ def test_two_real_grpo_steps_change_the_lora_weights(engine: object, tmp_path: P
     trainer = make(engine, tmp_path)
     before = lora_weights(trainer)
     version = engine.version  # type: ignore[attr-defined]
+    engine.reset_stats()  # type: ignore[attr-defined]
     trainer.fit(chatty_agent, TASKS, steps=2)
+    # a step's 8 rollouts run at once (default concurrency) and the engine decodes them as one batch
+    assert trainer.concurrency == 8
+    assert engine.stats["requests"] == 16 and engine.stats["batches"] == 2  # type: ignore[attr-defined]
     after = lora_weights(trainer)
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) > len(before) // 2, "most LoRA matrices must move"

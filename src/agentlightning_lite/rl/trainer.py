@@ -64,7 +64,9 @@ class Trainer:
         air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``).
         output_dir: metrics, reward curve, checkpoints, the final adapter.
         batch_size: tasks per step (each run ``algorithm.group_size`` times).
-        concurrency: rollouts run at once (threads).
+        concurrency: rollouts run at once (threads); default: a whole step's rollouts
+            (``batch_size * group_size``), so that the engine decodes a step's first turns as
+            one batch (the trainer announces them with ``engine.expect(n)``).
         rollout_timeout: seconds a rollout may take before it is marked ``timeout``.
         failed_reward: what a failed or timed-out rollout counts for: ``"drop"`` (left out of the
             update) or a number (its calls are trained with that reward).
@@ -102,7 +104,7 @@ class Trainer:
         air: Sequence[Any] | None = None,
         output_dir: str | os.PathLike[str] = "runs/agl",
         batch_size: int = 8,
-        concurrency: int = 16,
+        concurrency: int | None = None,
         rollout_timeout: float | None = 300.0,
         failed_reward: str | float = "drop",
         success_threshold: float = 1.0,
@@ -135,7 +137,9 @@ class Trainer:
         self.credit = credit
         self.air = list(air) if air is not None else None
         self.batch_size = batch_size
-        self.concurrency = concurrency
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.concurrency = concurrency or batch_size * self.algorithm.group_size
         self.rollout_timeout = rollout_timeout
         self.failed_reward = failed_reward
         self.success_threshold = success_threshold
@@ -360,6 +364,10 @@ class Trainer:
         self, agent: Callable[..., Any], specs: list[RolloutSpec], desc: str = ""
     ) -> list[RolloutResult]:
         bar = _progress(len(specs), desc) if desc else None
+        # the agents start together: let a batching engine wait for their first requests
+        expect = getattr(self.engine, "expect", None)
+        if expect is not None:
+            expect(min(len(specs), self.concurrency))
         try:
             return run_rollouts(
                 agent,

@@ -157,6 +157,10 @@ class Engine(abc.ABC):
         return self._executor.submit(lambda: self.generate([request])[0])
 
     # -- weights --------------------------------------------------------------------------
+    def expect(self, n: int, wait_s: float = 2.0) -> None:
+        """A hint that ``n`` requests are about to arrive together; batching engines wait for them."""
+        return None
+
     def update_weights(self, source: Any) -> int:
         """Load new policy weights; returns the new ``version``. Engines that train override it."""
         raise NotImplementedError(f"{type(self).__name__} has no weights to update")
@@ -218,7 +222,9 @@ class BatchingEngine(Engine):
     Requests that arrive while a batch runs form the next one. Clients served together tend to
     come back together (agents answering their next turn): while fewer requests than the last
     batch held have arrived, the loop waits up to ``regroup_wait_s`` for them, so concurrent
-    agents keep sharing batches instead of drifting into smaller ones.
+    agents keep sharing batches instead of drifting into smaller ones. A caller that knows how many
+    clients are about to send requests (the trainer, at the start of a step) says so with
+    :meth:`expect`, so the first batch holds them all rather than the first few to arrive.
     """
 
     def __init__(
@@ -231,6 +237,7 @@ class BatchingEngine(Engine):
         self.batch_window_s = batch_window_s
         self.regroup_wait_s = regroup_wait_s
         self._last_batch = 1
+        self._expect_wait_s = 0.0
         self._queue: queue.Queue[Any] = queue.Queue()
         self._loop_thread: threading.Thread | None = None
         self._loop_lock = threading.Lock()
@@ -238,6 +245,33 @@ class BatchingEngine(Engine):
     @abc.abstractmethod
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         """Generate for one batch (called from the batching loop only)."""
+
+    def expect(self, n: int, wait_s: float = 2.0) -> None:
+        """Announce that ``n`` requests are about to arrive together (``n`` agents starting).
+
+        The next batch waits up to ``wait_s`` seconds after its first request for the others
+        (up to ``max_batch_size``), instead of starting with the first few to arrive.
+
+        >>> class Echo(BatchingEngine):
+        ...     def _generate_batch(self, requests):
+        ...         return [GenResult(prompt_token_ids=r.prompt_token_ids, token_ids=[len(requests)],
+        ...                           logprobs=[0.0], text="", finish_reason="stop") for r in requests]
+        >>> import threading
+        >>> engine = Echo(max_batch_size=8)
+        >>> engine.expect(3)
+        >>> out = []
+        >>> threads = [threading.Thread(target=lambda: out.append(engine.submit(
+        ...     GenRequest(prompt_token_ids=[1])).result().token_ids)) for _ in range(3)]
+        >>> for t in threads: t.start()
+        >>> for t in threads: t.join()
+        >>> out  # one batch of all three
+        [[3], [3], [3]]
+        >>> engine.close()
+        """
+        if n < 1:
+            raise ValueError("expect(n) needs n >= 1")
+        self._last_batch = n
+        self._expect_wait_s = max(0.0, wait_s)
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         futures = [self.submit(r) for r in requests]
@@ -268,7 +302,8 @@ class BatchingEngine(Engine):
         batch = [first]
         start = time.monotonic()
         window = start + self.batch_window_s
-        regroup = start + max(self.batch_window_s, self.regroup_wait_s)
+        regroup = start + max(self.batch_window_s, self.regroup_wait_s, self._expect_wait_s)
+        self._expect_wait_s = 0.0
         target = min(self._last_batch, self.max_batch_size)
         while len(batch) < self.max_batch_size:
             timeout = (regroup if len(batch) < target else window) - time.monotonic()
