@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from .store.base import Store
 from .types import Span
@@ -44,6 +44,9 @@ FRAMEWORK_SPAN = "agl.framework_span_id"
 #: seconds of slack when checking that the server span lies inside the framework span
 TOLERANCE_S = 0.05
 
+#: ``json.dumps(args, sort_keys=True, default=str)``, with the encoder built once
+_encode_args = json.JSONEncoder(sort_keys=True, default=str).encode
+
 
 def is_framework_llm(span: Span) -> bool:
     """True for an ``llm`` span recorded by an adapter (it has ``agl.source``)."""
@@ -64,7 +67,10 @@ def _norm_args(args: Any) -> Any:
     return args
 
 
-def _reply(output: Any) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+_Reply: TypeAlias = "tuple[str, tuple[tuple[str, str], ...]] | None"
+
+
+def _reply(output: Any) -> _Reply:
     """(text, tool calls) of an assistant message in OpenAI shape, or ``None`` when unknown."""
     if isinstance(output, list) and len(output) == 1:
         output = output[0]
@@ -84,12 +90,15 @@ def _reply(output: Any) -> tuple[str, tuple[tuple[str, str], ...]] | None:
         name = fn.get("name")
         if isinstance(name, str):
             args = _norm_args(fn.get("arguments"))
-            calls.append((name, json.dumps(args, sort_keys=True, default=str)))
+            calls.append((name, _encode_args(args)))
     return text, tuple(calls)
 
 
 def _same_reply(framework: Any, server: Any) -> bool:
-    a, b = _reply(framework), _reply(server)
+    return _same(_reply(framework), _reply(server))
+
+
+def _same(a: _Reply, b: _Reply) -> bool:
     if a is None or b is None:
         return False
     if a[1] or b[1]:
@@ -158,6 +167,14 @@ def join_spans(spans: Sequence[Span], mark_unjoined: bool = False) -> list[Span]
         if isinstance(rid, str) and s.attributes.get("choice_index", 0) == 0:
             by_request.setdefault(rid, s)
     pending = []
+    replies: dict[str, Any] = {}  # span id -> _reply(output), computed once per span
+
+    def reply(span: Span) -> _Reply:
+        r = replies.get(span.span_id, replies)
+        if r is replies:
+            r = replies[span.span_id] = _reply(span.output)
+        return r
+
     for f in sorted(frameworks, key=lambda x: x.start_time):
         rid = f.attributes.get(RESPONSE_ID)
         s = by_request.get(rid) if isinstance(rid, str) else None
@@ -168,8 +185,12 @@ def join_spans(spans: Sequence[Span], mark_unjoined: bool = False) -> list[Span]
             pending.append(f)
     for f in pending:
         inside = [s for s in servers if s.span_id not in claimed and _inside(f, s)]
-        match = next((s for s in inside if _same_reply(f.output, s.output)), None)
-        if match is None and len(inside) == 1 and _reply(f.output) is None:
+        if not inside:
+            match = None
+        else:
+            fr = reply(f)
+            match = next((s for s in inside if _same(fr, reply(s))), None)
+        if match is None and len(inside) == 1 and reply(f) is None:
             match = inside[0]
         if match is not None:
             claimed.add(match.span_id)

@@ -184,8 +184,13 @@ class Recorder:
         output: Any = None,
         error: BaseException | str | None = None,
         attributes: dict[str, Any] | None = None,
+        join: bool = True,
     ) -> SpanHandle | None:
-        """Close the span of run ``key``; when it is the root of its run, join that rollout's LLM spans."""
+        """Close the span of run ``key``; when it is the root of its run, join that rollout's LLM spans.
+
+        ``join=False`` leaves the join to the caller (an adapter that reads the rollout's spans at the
+        root's end anyway, and joins them in the same pass).
+        """
         o = self._open.pop(key, None)
         if o is None:
             return None
@@ -193,7 +198,7 @@ class Recorder:
         if attributes:
             h.attributes.update(attributes)
         h.end(output=output, error=error)
-        if o.root == key and self.join:
+        if join and o.root == key and self.join:
             self.join_now(o.tracer.store, h.rollout_id)
         return h
 

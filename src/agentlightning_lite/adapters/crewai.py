@@ -7,6 +7,7 @@ Create ``LightningListener()`` once (CrewAI listeners register on construction),
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import warnings
 from collections.abc import Callable
@@ -32,12 +33,15 @@ from crewai.events.types.tool_usage_events import (
 )
 
 from ..ids import new_span_id
-from ..join import SOURCE
+from ..join import SOURCE, join_spans
 from ..store.base import Store
-from ..tracer import Tracer
+from ..tracer import SpanHandle, Tracer
+from ..types import Span
 from ._common import Instrumentation, Recorder, message_dict
 
 __all__ = ["LightningListener", "instrument", "uninstrument"]
+
+logger = logging.getLogger("agentlightning_lite.adapters")
 
 
 def _ts(event: Any) -> float | None:
@@ -56,6 +60,12 @@ def _role(event: Any) -> str | None:
     task = getattr(event, "task", None) or getattr(event, "from_task", None)
     agent = getattr(task, "agent", None)
     return str(agent.role) if agent is not None and getattr(agent, "role", None) else None
+
+
+def _tool_name(tool: Any) -> Any:
+    """``getattr(tool, "name", str(tool))`` without rendering ``str(tool)`` when the tool has a name."""
+    name = getattr(tool, "name", _tool_name)
+    return str(tool) if name is _tool_name else name
 
 
 def _args(value: Any) -> Any:
@@ -202,13 +212,18 @@ class LightningListener(BaseEventListener):
             self.recorder.end(key, output=early[0], error=early[1], attributes=early[2])
 
     def _end(
-        self, key: Any, output: Any = None, error: Any = None, attributes: dict[str, Any] | None = None
-    ) -> None:
+        self,
+        key: Any,
+        output: Any = None,
+        error: Any = None,
+        attributes: dict[str, Any] | None = None,
+        join: bool = True,
+    ) -> SpanHandle | None:
         with self._lock:
             if self.recorder.get(key) is None:
                 self._early_ends[key] = (output, error, attributes)
-                return
-        self.recorder.end(key, output=output, error=error, attributes=attributes)
+                return None
+        return self.recorder.end(key, output=output, error=error, attributes=attributes, join=join)
 
     # -- handlers ---------------------------------------------------------------------------
     def _crew_started(self, source: Any, event: CrewKickoffStartedEvent) -> None:
@@ -216,23 +231,52 @@ class LightningListener(BaseEventListener):
 
     def _crew_ended(self, source: Any, event: Any) -> None:
         key = event.started_event_id
-        h = self.recorder.get(key)
-        if h is not None:
-            try:
-                self._adopt_orphans(h)
-            except Exception:  # tracing must never break the crew
-                pass
         if isinstance(event, CrewKickoffFailedEvent):
-            self._end(key, error=event.error)
+            crew = self._end(key, error=event.error, join=False)
         else:
-            self._end(key, output=_text(event.output), attributes={"total_tokens": event.total_tokens})
+            attrs = {"total_tokens": event.total_tokens}
+            crew = self._end(key, output=_text(event.output), attributes=attrs, join=False)
+        if crew is not None:
+            self._finish_run(crew)
 
-    def _adopt_orphans(self, crew: Any) -> None:
+    def _finish_run(self, crew: SpanHandle) -> None:
+        """After the crew's span ends: one read of the rollout's spans, the fixes of
+        :meth:`_adopt_orphans` and the join (when on) applied to it, one write of what changed."""
+        store = self.recorder.get_store(crew)
+        try:
+            spans = store.spans(crew.rollout_id)
+        except Exception:  # tracing must never break the crew
+            logger.exception("agentlightning_lite: reading the spans of rollout %s failed", crew.rollout_id)
+            return
+        fixed: dict[str, Span] = {}
+        try:
+            fixed = self._adopt_orphans(crew, spans)
+        except Exception:  # tracing must never break the crew
+            fixed = {}
+        if self.recorder.join:
+            try:
+                view = [fixed.get(s.span_id, s) for s in spans] if fixed else spans
+                fixed.update((s.span_id, s) for s in join_spans(view, mark_unjoined=True))
+            except Exception:
+                logger.exception(
+                    "agentlightning_lite: joining LLM spans of rollout %s failed", crew.rollout_id
+                )
+        if fixed:
+            try:
+                store.add_spans(list(fixed.values()))
+            except Exception:
+                logger.exception(
+                    "agentlightning_lite: writing the spans of rollout %s failed", crew.rollout_id
+                )
+
+    def _adopt_orphans(self, crew: SpanHandle, rollout_spans: list[Span]) -> dict[str, Span]:
         """Re-parent spans whose CrewAI parent event is one this listener does not record (memory,
         reasoning...): under the innermost recorded span of the same agent that encloses them.
-        Also give tool spans the ``tool_call_id`` of the model's call that asked for them."""
-        store = self.recorder.get_store(crew)
-        spans = [s for s in store.spans(crew.rollout_id) if s.attributes.get(SOURCE) == "crewai"]
+        Also give tool spans the ``tool_call_id`` of the model's call that asked for them.
+        Returns the changed copies by span id (``rollout_spans``: the rollout's spans as stored)."""
+        spans = [
+            s for s in rollout_spans if s.attributes.get(SOURCE) == "crewai" and s.span_id != crew.span_id
+        ]
         known = {s.span_id for s in spans} | {crew.span_id}
         inf = float("inf")
         fixed: dict[str, Any] = {}
@@ -277,8 +321,7 @@ class LightningListener(BaseEventListener):
             ]
             parent = max(holders, key=lambda p: p.start_time).span_id if holders else crew.span_id
             fixed[s.span_id] = fixed.get(s.span_id, s).model_copy(update={"parent_id": parent})
-        if fixed:
-            store.add_spans(list(fixed.values()))
+        return fixed
 
     def _task_started(self, source: Any, event: TaskStartedEvent) -> None:
         task = event.task
@@ -288,7 +331,7 @@ class LightningListener(BaseEventListener):
 
     def _agent_started(self, source: Any, event: AgentExecutionStartedEvent) -> None:
         role = str(event.agent.role)
-        tools = [getattr(t, "name", str(t)) for t in event.tools or ()]
+        tools = [_tool_name(t) for t in event.tools or ()]
         self._start(event, "agent", role, role, input=event.task_prompt, attributes={"tools": tools})
 
     def _llm_started(self, source: Any, event: LLMCallStartedEvent) -> None:
