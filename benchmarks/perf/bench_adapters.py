@@ -3,7 +3,8 @@
 Each framework runs a single agent with one tool (two LLM calls and one tool call) against a
 ScriptedEngine behind a real PolicyServer on 127.0.0.1. Every run opens a rollout (the server needs one
 to route the calls); instrumented runs also record the framework's spans and join them with the server's
-token-level spans. Instrumented and plain runs are interleaved (A B A B ...), after a warm-up of each.
+token-level spans. Instrumented and plain runs are paired, each pair in a random (seeded) order with a
+garbage collection before every run, after a warm-up of each.
 
     python -m benchmarks.perf.bench_adapters                 # 100 runs each, writes adapters_results.md
     python -m benchmarks.perf.bench_adapters --runs 20 --frameworks langchain --no-write
@@ -14,8 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -181,9 +184,13 @@ def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
         for _ in range(warmup):
             once(False)
             once(True)
-        for i in range(2 * runs):
-            instrumented = i % 2 == 1
-            times[instrumented].append(once(instrumented))
+        rng = random.Random(0)
+        for _ in range(runs):  # pairs in a random order, garbage collected before each run, so that
+            pair = [False, True]  # leftover work of one kind does not always land on the other
+            rng.shuffle(pair)
+            for instrumented in pair:
+                gc.collect()
+                times[instrumented].append(once(instrumented))
         spans = sum(len(store.spans(r.rollout_id)) for r in store.rollouts())
         joined = [t for t in agl.transitions(store) if t.response_token_ids is not None]
     store.close()
@@ -264,7 +271,8 @@ def main(argv: list[str] | None = None) -> None:
         "Workload per run: one agent with one tool (2 LLM calls + 1 tool call) against ScriptedEngine "
         f"behind a PolicyServer on 127.0.0.1, {args.store} store; a rollout per run on both sides; "
         "instrumented runs "
-        "use the framework's zero-code `instrument()` (spans + join). Runs interleaved plain/instrumented "
+        "use the framework's zero-code `instrument()` (spans + join). Runs in plain/instrumented pairs, each "
+        f"pair in a seeded random order, `gc.collect()` before each run, "
         f"after {args.warmup} warm-up runs each; times are the agent run's wall clock.  \n"
         f"Load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}; after: "
         f"{' '.join(f'{x:.2f}' for x in load_after)} "
