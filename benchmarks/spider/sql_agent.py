@@ -105,17 +105,12 @@ def verdict_correct(feedback: str) -> bool:
     return bool(found) and found[-1].upper() == "CORRECT"
 
 
-def describe(
-    rows: list[tuple[object, ...]] | None, error: str | None, max_rows: int = 5, width: int = 300
-) -> str:
-    """What a query returned, for the checker and the rewriter: an error, or the first rows and the count.
+def describe(rows: list[tuple[object, ...]], max_rows: int = 5, width: int = 300) -> str:
+    """What a query returned, for the checker and the rewriter: the first rows and the count.
 
-    >>> describe([(1, "a"), (2, "b")], None)
+    >>> describe([(1, "a"), (2, "b")])
     "(1, 'a')\\n(2, 'b')\\n(2 rows)"
     """
-    if error is not None:
-        return f"Error: {error}"[:width]
-    assert rows is not None
     shown = "\n".join(repr(tuple(r)) for r in rows[:max_rows])[:width]
     more = f"... {len(rows)} rows" if len(rows) > max_rows else f"({len(rows)} rows)"
     return f"{shown}\n{more}" if shown else "(0 rows)"
@@ -148,6 +143,10 @@ class SpiderAgent:
     temperature: float = 1.0
     sql_timeout_s: float = 2.0
 
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+
     def _model(self, llm: agl.LLM, temperature: float, stop: list[str] | None = None) -> ChatOpenAI:
         return ChatOpenAI(
             base_url=llm.base_url,
@@ -167,7 +166,7 @@ class SpiderAgent:
 
         def execute(sql: str) -> str:
             """Run a SQLite query read-only and return its first rows."""
-            return describe(run_query(db_path, sql, timeout_s=self.sql_timeout_s), None)
+            return describe(run_query(db_path, sql, timeout_s=self.sql_timeout_s))
 
         run_sql = StructuredTool.from_function(execute, name="run_sql")
 
@@ -192,7 +191,7 @@ class SpiderAgent:
             try:
                 result = run_sql.invoke(state["query"], config={**config, "metadata": {"agent": "checker"}})
             except SQLError as exc:  # recorded as a failed tool span; the checker sees the error
-                result = describe(None, str(exc))
+                result = f"Error: {exc}"[:300]
             feedback = call(
                 judge,
                 "checker",
@@ -223,7 +222,7 @@ class SpiderAgent:
             return {"query": extract_sql(text) or state["query"], "turns": state["turns"] + 1}
 
         def after_check(state: AgentState) -> Literal["rewriter", "__end__"]:
-            return END if state["correct"] or state["turns"] >= self.max_turns else "rewriter"
+            return END if state["correct"] else "rewriter"
 
         def after_write(state: AgentState) -> Literal["checker", "__end__"]:
             return END if state["turns"] >= self.max_turns else "checker"
@@ -233,25 +232,22 @@ class SpiderAgent:
         builder.add_node("checker", checker)
         builder.add_node("rewriter", rewriter)
         builder.add_edge(START, "writer")
-        builder.add_conditional_edges("writer", after_write)  # with max_turns=1 nothing follows a check
+        builder.add_conditional_edges("writer", after_write)  # the last query written is final: unchecked
         builder.add_conditional_edges("checker", after_check)
         builder.add_conditional_edges("rewriter", after_write)
         return builder.compile(name="spider_sql_agent")
 
     def __call__(self, task: dict[str, Any], llm: agl.LLM) -> float:
         """Run the graph on one Spider question, then score its final query against the gold query."""
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
         state: AgentState = self.graph(llm, task["db_path"]).invoke(
             {"question": task["question"], "schema": task["schema"]},
             config={"callbacks": [LightningCallback()], "recursion_limit": 4 * self.max_turns + 4},
         )
-        correct = self._scores(task, state["query"])
-        first_correct = (
-            correct if state["first_query"] == state["query"] else self._scores(task, state["first_query"])
-        )
+        correct = self._matches_gold(task, state["query"])
+        first = state["first_query"]
+        first_correct = correct if first == state["query"] else self._matches_gold(task, first)
         _harness.report(writer_acc=float(first_correct), turns=float(state["turns"]))
         return 1.0 if correct else 0.0
 
-    def _scores(self, task: dict[str, Any], sql: str) -> bool:
+    def _matches_gold(self, task: dict[str, Any], sql: str) -> bool:
         return execution_match(task["db_path"], sql, task["query"], timeout_s=self.sql_timeout_s)

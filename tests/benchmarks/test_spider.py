@@ -297,6 +297,8 @@ def test_one_turn_is_the_writer_alone() -> None:
     script, calls = scripted(writer="SELECT count(*) FROM singer", rewriter="unused", verdicts=[])
     _, _, reward = run_episode(script, max_turns=1)
     assert calls == ["writer"] and reward == 1.0
+    with pytest.raises(ValueError, match="max_turns"):
+        spider.SpiderAgent(max_turns=0)
 
 
 @needs_data
