@@ -1,6 +1,6 @@
 """Train and evaluate the Calc-X calculator agent: held-out accuracy before and after GRPO on LoRA.
 
-    python -m benchmarks.calc_x --data-dir /work/shared/data        # CPU defaults, ~15 min on 2 shared cores
+    python -m benchmarks.calc_x --data-dir /work/shared/data        # CPU defaults, ~17 min on 2 shared cores
 
 At the paper's scale on one GPU (see README.md):
 

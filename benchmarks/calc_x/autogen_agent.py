@@ -44,7 +44,17 @@ from .._harness import report
 from .calculator import calculator
 from .reward import has_marker, score
 
-__all__ = ["AGENT_NAME", "AIR", "CREDIT", "SYSTEM_PROMPT", "Settings", "agent", "make_agent"]
+__all__ = [
+    "AGENT_NAME",
+    "AIR",
+    "CREDIT",
+    "EXAMPLE",
+    "SYSTEM_PROMPT",
+    "Settings",
+    "agent",
+    "make_agent",
+    "solve",
+]
 
 AGENT_NAME = "calc"
 SYSTEM_PROMPT = (
