@@ -8,7 +8,6 @@ import re
 import sys
 import threading
 import time
-import types
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -146,57 +145,6 @@ def test_vllm_engine_without_vllm_raises_a_clear_import_error(monkeypatch: pytes
         monkeypatch.delitem(sys.modules, mod)
     with pytest.raises(ImportError, match=r"pip install 'agentlightning-lite\[vllm\]'"):
         agl.serving.engines.VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct")
-
-
-class _Logprob:
-    def __init__(self, logprob: float) -> None:
-        self.logprob = logprob
-
-
-@pytest.fixture
-def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
-    calls: list[dict[str, Any]] = []
-
-    class SamplingParams:
-        def __init__(self, **kw: Any) -> None:
-            self.kw = kw
-
-    class LoRARequest:
-        def __init__(self, lora_name: str, lora_int_id: int, lora_path: str) -> None:
-            self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
-
-    class LLM:
-        def __init__(self, model: str, **kw: Any) -> None:
-            self.model, self.kw = model, kw
-            self.llm_engine = types.SimpleNamespace(
-                model_config=types.SimpleNamespace(max_model_len=4096),
-                remove_lora=lambda i: calls.append({"rm": i}),
-            )
-
-        def get_tokenizer(self) -> Any:
-            return ByteTokenizer()
-
-        def generate(self, prompts: Any, params: Any, use_tqdm: bool = True, lora_request: Any = None) -> Any:
-            calls.append({"prompts": prompts, "params": params, "lora": lora_request})
-            outs = []
-            for p in params:
-                ids = [104, 105, 257][: p.kw["max_tokens"]]
-                lps = [{t: _Logprob(-0.25 * (k + 1)), 1: _Logprob(-9.0)} for k, t in enumerate(ids)]
-                comp = types.SimpleNamespace(
-                    text="hi", token_ids=ids, logprobs=lps, finish_reason="stop", stop_reason=None
-                )
-                outs.append(types.SimpleNamespace(outputs=[comp]))
-            return outs
-
-    vllm = types.ModuleType("vllm")
-    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams  # type: ignore[attr-defined]
-    lora_mod = types.ModuleType("vllm.lora")
-    req_mod = types.ModuleType("vllm.lora.request")
-    req_mod.LoRARequest = LoRARequest  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.lora", lora_mod)
-    monkeypatch.setitem(sys.modules, "vllm.lora.request", req_mod)
-    return types.SimpleNamespace(calls=calls)
 
 
 def _adapter(path: Path) -> str:

@@ -58,6 +58,10 @@ class Trainer:
         lora: ``agl.LoRA(...)`` adapter settings (``load_in_4bit=True`` for QLoRA on a GPU).
         engine: ``"auto"`` (vLLM on a GPU when installed, else transformers), ``"hf"``,
             ``"vllm"``, or an engine instance (``agl.engines.HFEngine(...)``).
+        engine_options: keyword arguments for the engine built from a name, e.g.
+            ``{"num_threads": 1}`` for ``"hf"`` on a busy CPU, or ``{"gpu_memory_utilization": 0.4,
+            "max_model_len": 4096}`` for ``"vllm"`` (default there: 0.45 of the GPU, leaving the
+            rest to the training copy of the model).
         store: where rollouts and spans go (default: ``SQLiteStore(output_dir/"runs.db")``).
         agents: train only these agents' LLM calls; the others' stay frozen (not trained).
         credit: credit rule over an episode's calls (default ``credit.FinalReward()``).
@@ -98,6 +102,7 @@ class Trainer:
         algorithm: GRPO | PPO | None = None,
         lora: LoRA | None = None,
         engine: Any = "auto",
+        engine_options: dict[str, Any] | None = None,
         store: Store | None = None,
         agents: Sequence[str] | None = None,
         credit: CreditRule | None = None,
@@ -157,6 +162,8 @@ class Trainer:
         random.seed(seed)
         torch.manual_seed(seed)
         self._owns_engine = isinstance(engine, str)
+        self.engine_options = dict(engine_options or {})
+        self._hf_copy: Any = None  # the training copy of the model when the engine cannot train in place
         self.engine = self._make_engine(engine, model)
         self.policy = self._training_model()
         self.device = next(self.policy.parameters()).device
@@ -190,11 +197,21 @@ class Trainer:
         if engine == "auto":
             engine = "vllm" if torch.cuda.is_available() and _has_vllm() else "hf"
         if engine == "hf":
-            return eng.HFEngine(
-                model, lora=self.lora, seed=self.seed, max_batch_size=max(16, self.concurrency)
-            )
+            options = {"seed": self.seed, "max_batch_size": max(16, self.concurrency), **self.engine_options}
+            return eng.HFEngine(model, lora=self.lora, **options)
         if engine == "vllm":
-            return eng.VLLMEngine(model, lora=self.lora)
+            # vLLM serves; a transformers copy trains and hands its adapter over after each step.
+            # vLLM starts from that copy's fresh adapter, so both begin from the same weights.
+            self._hf_copy = eng.HFEngine(model, lora=self.lora, seed=self.seed)
+            init = self.output_dir / "adapter-init"
+            self._hf_copy.model.save_pretrained(str(init))
+            options = {
+                "max_lora_rank": max(16, self.lora.r),
+                "gpu_memory_utilization": 0.45,
+                "adapter_dir": str(self.output_dir / "adapters"),
+                **self.engine_options,
+            }
+            return eng.VLLMEngine(model, lora=str(init), **options)
         raise ValueError(f"engine must be 'auto', 'hf', 'vllm' or an engine instance, got {engine!r}")
 
     def _training_model(self) -> Any:
@@ -205,8 +222,10 @@ class Trainer:
         from ..serving import engines as eng
 
         # an engine that cannot train in place (vLLM): a transformers copy whose adapter is pushed to it
-        trainer_engine = eng.HFEngine(self.model_name, lora=self.lora, seed=self.seed)
-        return trainer_engine.model
+        copy = self._hf_copy
+        if copy is None:
+            copy = eng.HFEngine(self.model_name, lora=self.lora, seed=self.seed)
+        return copy.model
 
     # -- the loop -------------------------------------------------------------------------
     def fit(
@@ -254,9 +273,10 @@ class Trainer:
                         self.save_checkpoint()
                     if bar is not None:
                         bar.update(1)
+                        loss = last.get("train/loss")
                         bar.set_postfix(
                             reward=f"{last.get('train/reward_mean', float('nan')):.3f}",
-                            loss=f"{last.get('train/loss', float('nan')):.4f}",
+                            loss="skipped (no reward spread)" if loss is None else f"{loss:.4f}",
                         )
                 if val_dataset is not None and not (self.eval_every and self.step % self.eval_every == 0):
                     final_val = self._validate(agent, val_dataset)
