@@ -40,11 +40,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--top-k", type=int, default=2, help="paragraphs per search")
     ap.add_argument("--words", type=int, default=80, help="words kept per paragraph (0: all)")
     ap.add_argument("--max-turns", type=int, default=3, help="model calls per question")
-    ap.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (1 on a CPU shared with other jobs)"
-    )
     args = ap.parse_args(argv)
-    if args.threads is not None:  # process-wide: oversubscribed cores slow a CPU run down several times
+    if args.threads is not None:  # before the index is built (its encoder runs on torch too)
         import torch
 
         torch.set_num_threads(args.threads)

@@ -45,18 +45,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=420,
         help="keep questions whose CREATE TABLE schema is at most this long (0: all; short prompts on CPU)",
     )
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's); on a CPU shared with other busy processes, 1 avoids "
-        "oversubscription and can be ten times faster",
-    )
     args = ap.parse_args(argv)
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
 
     limit = args.max_schema_chars or None
     train = load_dataset("train", args.data_dir, max_schema_chars=limit, seed=args.seed)
