@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -30,13 +31,38 @@ class LLM(BaseModel):
     agent: str | None = None
 
     def openai_client(self, **kwargs: Any) -> Any:
-        """An ``openai.OpenAI`` client for this endpoint (needs the ``openai`` package)."""
-        from openai import OpenAI
+        """An ``openai.OpenAI`` client for this endpoint (needs the ``openai`` package).
 
+        Clients made here share one TLS context, so making one per rollout costs well under a
+        millisecond (instead of the ~20 ms of loading the CA certificates each time).
+        """
+        from openai import DefaultHttpxClient, OpenAI
+
+        if "http_client" not in kwargs:
+            kwargs["http_client"] = DefaultHttpxClient(verify=_tls_context())
         return OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
     def async_openai_client(self, **kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` client for this endpoint."""
-        from openai import AsyncOpenAI
+        """An ``openai.AsyncOpenAI`` client for this endpoint (sharing one TLS context, as above)."""
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
+        if "http_client" not in kwargs:
+            kwargs["http_client"] = DefaultAsyncHttpxClient(verify=_tls_context())
         return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+@functools.lru_cache(maxsize=1)
+def _tls_context() -> Any:
+    """The default, verifying TLS context (CA certificates loaded once per process)."""
+    import os
+    import ssl
+
+    cafile = os.environ.get("SSL_CERT_FILE")
+    if cafile is None:
+        try:
+            import certifi
+
+            cafile = certifi.where()
+        except ImportError:  # pragma: no cover - certifi comes with httpx
+            pass
+    return ssl.create_default_context(cafile=cafile, capath=os.environ.get("SSL_CERT_DIR"))
