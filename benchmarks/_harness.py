@@ -106,6 +106,25 @@ def add_arguments(
     ap.add_argument("--no-record", action="store_true", help="do not touch benchmarks/RESULTS.md")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, for the record of how busy the machine was."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
 def hardware() -> str:
     """One line: CPU model and cores, or the GPU."""
     try:
@@ -117,15 +136,7 @@ def hardware() -> str:
             return f"{name} ({mem:.0f} GiB)"
     except ImportError:  # pragma: no cover - torch is a dependency of training
         pass
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, no GPU"
+    return f"{cpu_model()}, {os.cpu_count()} cores, no GPU"
 
 
 def _commit() -> str:

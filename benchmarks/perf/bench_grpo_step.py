@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import cpu_model, load_average
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 MODEL = "smollm2-135m"
@@ -510,23 +512,6 @@ def _git_state() -> str:
     return head + (f" (+ {n} uncommitted file(s) under src/ in the working tree)" if n else "")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 ROWS: list[tuple[str, str, str, bool]] = [  # label, key, format, ratio column
     ("load: model + tokenizer + LoRA + trainer (s)", "load_s", "{:.1f}", True),
     ("**GRPO step, warm (s)**", "step_s", "**{:.1f}**", True),
@@ -619,7 +604,7 @@ def main() -> None:
         return
 
     cfg = Config(trl_gradient_checkpointing=args.trl_gradient_checkpointing, threads=args.threads)
-    load_before, t_all = _loadavg(), time.perf_counter()
+    load_before, t_all = load_average(), time.perf_counter()
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
     for i in range(args.repeats):
         for who in ("ours", "trl") if i % 2 == 0 else ("trl", "ours"):
@@ -636,7 +621,7 @@ def main() -> None:
     if args.raw_json:
         args.raw_json.write_text(json.dumps(runs, indent=1))
     total_min = (time.perf_counter() - t_all) / 60
-    load_after = _loadavg()
+    load_after = load_average()
     ours, trl = summarise(runs["ours"]), summarise(runs["trl"])
     tab, brk = table(ours, trl), breakdown(ours, trl)
 
@@ -679,7 +664,7 @@ def main() -> None:
 
 Command (from the repository root): `{cmd}`
 
-Date {dt.date.today()}; machine: {_cpu_model()}, {os.cpu_count()} CPU cores, no GPU; Python \
+Date {dt.date.today()}; machine: {cpu_model()}, {os.cpu_count()} CPU cores, no GPU; Python \
 {platform.python_version()}, torch {v["torch"]} ({threads} threads), transformers \
 {v["transformers"]}, peft {v["peft"]}, trl {v["trl"]}, accelerate {v["accelerate"]}, datasets \
 {v["datasets"]}; agentlightning-lite at {_git_state()}.

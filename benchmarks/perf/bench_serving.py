@@ -22,26 +22,10 @@ from typing import Any
 import agentlightning_lite as agl
 from agentlightning_lite.serving import PolicyServer
 from agentlightning_lite.serving.engines import HFEngine
+from benchmarks._harness import cpu_model, load_average
 
 HERE = Path(__file__).resolve().parent
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def run_level(server: PolicyServer, clients: int, per_client: int, max_tokens: int) -> dict[str, Any]:
@@ -111,7 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
-    load_before = load()
+    load_before = load_average()
     t_load = time.perf_counter()
     engine = HFEngine(
         "smollm2-135m", max_batch_size=args.max_batch_size, device="cpu", num_threads=args.threads
@@ -131,7 +115,7 @@ def main() -> None:
             )
         spans = sum(len(server.store.spans(r.rollout_id)) for r in server.store.rollouts())
     engine.close()
-    load_after = load()
+    load_after = load_average()
 
     lines = [
         "| concurrent clients | requests | wall s | requests/s | generated tokens/s | p50 latency s | "

@@ -252,6 +252,7 @@ class LightningListener(BaseEventListener):
         try:
             fixed = self._adopt_orphans(crew, spans)
         except Exception:  # tracing must never break the crew
+            logger.exception("agentlightning_lite: re-parenting spans of rollout %s failed", crew.rollout_id)
             fixed = {}
         if self.recorder.join:
             try:
