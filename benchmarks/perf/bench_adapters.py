@@ -3,10 +3,12 @@
 Each framework runs a single agent with one tool (two LLM calls and one tool call) against a
 ScriptedEngine behind a real PolicyServer on 127.0.0.1. Every run opens a rollout (the server needs one
 to route the calls); instrumented runs also record the framework's spans and join them with the server's
-token-level spans. Instrumented and plain runs are paired, each pair in a random (seeded) order with a
-garbage collection before every run, after a warm-up of each.
+token-level spans. Each round runs the agent three times in a random (seeded) order, with a garbage
+collection before every run: plain, instrumented, and plain again as a control whose "overhead" over
+plain shows how much two identical configurations differ on this machine (the noise floor). The
+overhead is the ratio of the medians, with a 95% bootstrap interval over rounds.
 
-    python -m benchmarks.perf.bench_adapters                 # 100 runs each, writes adapters_results.md
+    python -m benchmarks.perf.bench_adapters                 # 200 rounds each, writes adapters_results.md
     python -m benchmarks.perf.bench_adapters --runs 20 --frameworks langchain --no-write
 """
 
@@ -157,21 +159,26 @@ CASES: dict[str, Callable[[], tuple[Callable[[agl.LLM], Any], Callable[[], Any]]
 }
 
 
+ARMS = ("plain", "control", "instrumented")
+
+
 def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
-    """Time ``runs`` plain and ``runs`` instrumented runs of one framework, interleaved."""
+    """Time ``runs`` rounds of one framework: a plain run, a second plain run (the control, which
+    shows the noise floor: plain against plain) and an instrumented run, in a random order each round."""
     run, instrument = CASES[name]()
     store: agl.Store = (
         agl.MemoryStore() if store_kind == "memory" else agl.SQLiteStore(f"/tmp/agl_bench_{name}.db")
     )
     tracer = agl.Tracer(store)
-    times: dict[bool, list[float]] = {False: [], True: []}
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     with PolicyServer(engines.ScriptedEngine(script, tokenizer="bytes"), store) as server:
 
-        def once(instrumented: bool) -> float:
-            handle = instrument() if instrumented else None
+        def once(arm: str) -> float:
+            handle = instrument() if arm == "instrumented" else None
             try:
                 with tracer.rollout("2+3?") as ro:
                     llm = server.llm(ro.id)
+                    gc.collect()
                     t0 = time.perf_counter()
                     out = run(llm)
                     elapsed = time.perf_counter() - t0
@@ -182,34 +189,47 @@ def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
             return elapsed
 
         for _ in range(warmup):
-            once(False)
-            once(True)
+            for arm in ARMS:
+                once(arm)
         rng = random.Random(0)
-        for _ in range(runs):  # pairs in a random order, garbage collected before each run, so that
-            pair = [False, True]  # leftover work of one kind does not always land on the other
-            rng.shuffle(pair)
-            for instrumented in pair:
-                gc.collect()
-                times[instrumented].append(once(instrumented))
+        order = list(ARMS)
+        for _ in range(runs):  # rounds in a random (seeded) order, garbage collected before each run,
+            rng.shuffle(order)  # so that leftover work of one arm does not always land on another
+            for arm in order:
+                times[arm].append(once(arm))
         spans = sum(len(store.spans(r.rollout_id)) for r in store.rollouts())
         joined = [t for t in agl.transitions(store) if t.response_token_ids is not None]
     store.close()
-    plain, instr = times[False], times[True]
-    med_p, med_i = statistics.median(plain), statistics.median(instr)
-    mean_p, mean_i = statistics.fmean(plain), statistics.fmean(instr)
+    plain, control, instr = times["plain"], times["control"], times["instrumented"]
+    lo, hi = bootstrap_ci(plain, instr, random.Random(1))
     return {
         "framework": name,
         "version": _version(name),
         "runs": runs,
-        "plain_median_ms": med_p * 1e3,
-        "instr_median_ms": med_i * 1e3,
-        "added_median": med_i / med_p - 1,
-        "plain_mean_ms": mean_p * 1e3,
-        "instr_mean_ms": mean_i * 1e3,
-        "added_mean": mean_i / mean_p - 1,
+        "plain_median_ms": statistics.median(plain) * 1e3,
+        "instr_median_ms": statistics.median(instr) * 1e3,
+        "added_median": statistics.median(instr) / statistics.median(plain) - 1,
+        "added_ci": (lo, hi),
+        "control_median": statistics.median(control) / statistics.median(plain) - 1,
+        "plain_mean_ms": statistics.fmean(plain) * 1e3,
+        "instr_mean_ms": statistics.fmean(instr) * 1e3,
+        "added_mean": statistics.fmean(instr) / statistics.fmean(plain) - 1,
         "spans": spans,
         "transitions": len(joined),
     }
+
+
+def bootstrap_ci(
+    plain: list[float], instr: list[float], rng: random.Random, n: int = 2000
+) -> tuple[float, float]:
+    """95% bootstrap interval of ``median(instr) / median(plain) - 1``, resampling whole rounds."""
+    k = len(plain)
+    ratios = []
+    for _ in range(n):
+        idx = [rng.randrange(k) for _ in range(k)]
+        ratios.append(statistics.median(instr[i] for i in idx) / statistics.median(plain[i] for i in idx) - 1)
+    ratios.sort()
+    return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
 
 
 def _version(name: str) -> str:
@@ -227,16 +247,17 @@ def _version(name: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| framework | version | runs each | plain median ms | instrumented median ms | added (median) "
-        "| plain mean ms | instrumented mean ms | added (mean) | target < 5% |",
+        "| framework | version | runs each | plain median ms | instrumented median ms | **added (median)** "
+        "| 95% interval | control: plain vs plain | added (mean) | target < 5% |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         ok = "met" if r["added_median"] < TARGET else "NOT met"
+        lo, hi = r["added_ci"]
         lines.append(
             f"| {r['framework']} | {r['version']} | {r['runs']} | {r['plain_median_ms']:.1f} | "
-            f"{r['instr_median_ms']:.1f} | {r['added_median']:+.1%} | {r['plain_mean_ms']:.1f} | "
-            f"{r['instr_mean_ms']:.1f} | {r['added_mean']:+.1%} | {ok} |"
+            f"{r['instr_median_ms']:.1f} | **{r['added_median']:+.1%}** | {lo:+.1%} to {hi:+.1%} | "
+            f"{r['control_median']:+.1%} | {r['added_mean']:+.1%} | {ok} |"
         )
     return "\n".join(lines)
 
@@ -244,7 +265,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark, print the table, write ``adapters_results.md``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=100, help="timed runs per side (plain and instrumented)")
+    p.add_argument("--runs", type=int, default=200, help="timed rounds (plain, control, instrumented)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs per side first")
     p.add_argument("--frameworks", nargs="*", default=list(CASES), choices=list(CASES))
     p.add_argument("--store", choices=("memory", "sqlite"), default="memory")
@@ -261,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_write:
         return
     cmd = "python -m benchmarks.perf.bench_adapters" + (
-        "" if argv is None and args.runs == 100 else f" --runs {args.runs}"
+        "" if argv is None and args.runs == 200 else f" --runs {args.runs}"
     )
     text = (
         "# Adapter overhead (instrumented vs plain runs of the same agent)\n\n"
@@ -271,9 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         "Workload per run: one agent with one tool (2 LLM calls + 1 tool call) against ScriptedEngine "
         f"behind a PolicyServer on 127.0.0.1, {args.store} store; a rollout per run on both sides; "
         "instrumented runs "
-        "use the framework's zero-code `instrument()` (spans + join). Runs in plain/instrumented pairs, each "
-        f"pair in a seeded random order, `gc.collect()` before each run, "
-        f"after {args.warmup} warm-up runs each; times are the agent run's wall clock.  \n"
+        "use the framework's zero-code `instrument()`, installed before the run and removed after it "
+        "(spans + join). Each round runs plain, instrumented and plain again (the control: plain vs "
+        "plain shows the noise floor) in a seeded random order, `gc.collect()` before each run, "
+        f"after {args.warmup} warm-up rounds; times are the agent run's wall clock. Overhead = median "
+        "instrumented / median plain - 1, with a 95% bootstrap interval (2,000 resamples of rounds).  \n"
         f"Load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}; after: "
         f"{' '.join(f'{x:.2f}' for x in load_after)} "
         "(other processes on this machine affect the numbers).\n\n"

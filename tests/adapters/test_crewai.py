@@ -112,6 +112,28 @@ def test_zero_code_instrument_and_uninstrument(store, serve):
     assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
 
 
+def test_a_long_lived_listener_forgets_finished_crews(store, serve):
+    """Nothing a crew leaves in the listener outlives it, recorded or not: memory stays flat."""
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    listener = LightningListener()
+    try:
+        for i in range(3):
+            with tracer.rollout(f"q{i}") as ro:
+                crew(server.llm(ro.id)).kickoff()
+                listener.flush()
+            assert len(assert_joined(store, ro.id, "crewai")) == 3
+            assert listener._ids == {} and listener._early_ends == {}
+        unrecorded = store.start_rollout("no rollout open").rollout_id
+        with pytest.warns(RuntimeWarning, match="no rollout open"):
+            crew(server.llm(unrecorded)).kickoff()
+            listener.flush()
+        assert all(s.attributes.get("server") == "agl" for s in store.spans(unrecorded))
+        assert listener._ids == {} and listener._early_ends == {} and listener._skipped == set()
+    finally:
+        listener.close()
+
+
 @pytest.mark.slow
 def test_crewai_with_hf_engine(store, hf_engine):
     from agentlightning_lite.serving import PolicyServer

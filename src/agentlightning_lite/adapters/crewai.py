@@ -43,6 +43,10 @@ __all__ = ["LightningListener", "instrument", "uninstrument"]
 
 logger = logging.getLogger("agentlightning_lite.adapters")
 
+#: At most this many CrewAI event ids are remembered (a crew's own are dropped when it ends; the
+#: rest, reserved for parents this listener does not record, go oldest first past the limit).
+_MAX_IDS = 50_000
+
 
 def _ts(event: Any) -> float | None:
     ts = getattr(event, "timestamp", None)
@@ -120,6 +124,7 @@ class LightningListener(BaseEventListener):
         self.recorder = Recorder("crewai", tracer, join=join)
         self._ids: dict[str, str] = {}  # CrewAI event id -> span id
         self._early_ends: dict[str, tuple[Any, Any, dict[str, Any] | None]] = {}
+        self._skipped: set[Any] = set()  # started with no rollout open: their ends record nothing
         self._lock = threading.Lock()
         self._registered: list[tuple[type, Callable[..., Any]]] = []
         self._warned = False
@@ -167,6 +172,9 @@ class LightningListener(BaseEventListener):
         with self._lock:
             sid = self._ids.get(event_id)
             if sid is None:
+                if len(self._ids) >= _MAX_IDS:
+                    for old in list(self._ids)[: _MAX_IDS // 2]:
+                        del self._ids[old]
                 sid = self._ids[event_id] = new_span_id()
             return sid
 
@@ -181,7 +189,11 @@ class LightningListener(BaseEventListener):
         model: str | None = None,
         key: Any = None,
     ) -> None:
+        key = key if key is not None else event.event_id
         if self.recorder.tracer is None and Tracer.current_rollout() is None:
+            with self._lock:
+                if self._early_ends.pop(key, None) is None:  # the end, when it comes, records nothing
+                    self._skipped.add(key)
             if not self._warned:
                 self._warned = True
                 warnings.warn(
@@ -191,7 +203,6 @@ class LightningListener(BaseEventListener):
                     stacklevel=2,
                 )
             return
-        key = key if key is not None else event.event_id
         parent_event = getattr(event, "parent_event_id", None)
         parent_id = self._id(parent_event) if kind != "chain" or parent_event else None
         self.recorder.start(
@@ -221,7 +232,10 @@ class LightningListener(BaseEventListener):
     ) -> SpanHandle | None:
         with self._lock:
             if self.recorder.get(key) is None:
-                self._early_ends[key] = (output, error, attributes)
+                if key in self._skipped:
+                    self._skipped.discard(key)
+                else:
+                    self._early_ends[key] = (output, error, attributes)
                 return None
         return self.recorder.end(key, output=output, error=error, attributes=attributes, join=join)
 
@@ -254,9 +268,13 @@ class LightningListener(BaseEventListener):
         except Exception:  # tracing must never break the crew
             logger.exception("agentlightning_lite: re-parenting spans of rollout %s failed", crew.rollout_id)
             fixed = {}
+        view = [fixed.get(s.span_id, s) for s in spans] if fixed else spans
+        try:
+            self._forget_ids(crew, spans, view)
+        except Exception:  # tracing must never break the crew
+            logger.exception("agentlightning_lite: forgetting the event ids of a crew failed")
         if self.recorder.join:
             try:
-                view = [fixed.get(s.span_id, s) for s in spans] if fixed else spans
                 fixed.update((s.span_id, s) for s in join_spans(view, mark_unjoined=True))
             except Exception:
                 logger.exception(
@@ -269,6 +287,35 @@ class LightningListener(BaseEventListener):
                 logger.exception(
                     "agentlightning_lite: writing the spans of rollout %s failed", crew.rollout_id
                 )
+
+    def _forget_ids(self, crew: SpanHandle, spans: list[Span], view: list[Span]) -> None:
+        """Drop the event ids of a finished crew: its spans' and those reserved for their parents.
+
+        ``spans``: the rollout's spans as read; ``view``: the same with orphans re-parented, so the
+        crew's descendants are found by following parent ids down from the crew's span.
+        """
+        children: dict[str | None, list[Span]] = {}
+        for s in view:
+            children.setdefault(s.parent_id, []).append(s)
+        events: set[Any] = {crew.attributes.get("crewai.event_id")}
+        mine: set[str] = set()
+        todo = [crew.span_id]
+        while todo:
+            for s in children.pop(todo.pop(), ()):
+                events.add(s.attributes.get("crewai.event_id"))
+                mine.add(s.span_id)
+                todo.append(s.span_id)
+        recorded = {s.span_id for s in spans}
+        # ids reserved for parent events this listener does not record (memory, reasoning...)
+        reserved = {
+            s.parent_id for s in spans if s.span_id in mine and s.parent_id and s.parent_id not in recorded
+        }
+        with self._lock:
+            for event_id in events:
+                self._ids.pop(event_id, None)
+            if reserved:
+                for event_id in [e for e, sid in self._ids.items() if sid in reserved]:
+                    del self._ids[event_id]
 
     def _adopt_orphans(self, crew: SpanHandle, rollout_spans: list[Span]) -> dict[str, Span]:
         """Re-parent spans whose CrewAI parent event is one this listener does not record (memory,
