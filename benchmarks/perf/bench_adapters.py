@@ -272,11 +272,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(argv)
     load_before = os.getloadavg()
+    started = time.perf_counter()
     rows = []
     for name in args.frameworks:
         rows.append(bench(name, args.runs, args.warmup, args.store))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     load_after = os.getloadavg()
+    minutes = (time.perf_counter() - started) / 60
     out = table(rows)
     print(out)
     if args.no_write:
@@ -299,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
         "instrumented / median plain - 1, with a 95% bootstrap interval (2,000 resamples of rounds).  \n"
         f"Load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}; after: "
         f"{' '.join(f'{x:.2f}' for x in load_after)} "
-        "(other processes on this machine affect the numbers).\n\n"
+        f"(other processes on this machine affect the numbers). Benchmark wall time {minutes:.1f} min "
+        "(most of it the garbage collections between runs).\n\n"
         f"{out}\n\n"
         "Spans and transitions recorded per framework (both sides together; the server records "
         "every call):\n\n"
