@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import datetime as dt
 import gc
+import importlib
 import os
 import platform
 import random
@@ -159,22 +160,66 @@ CASES: dict[str, Callable[[], tuple[Callable[[agl.LLM], Any], Callable[[], Any]]
 }
 
 
-ARMS = ("plain", "control", "instrumented")
+ARMS = ("plain", "control", "instrumented", "openinference")
+
+#: What a user would otherwise install to trace these frameworks: the OpenInference instrumentors
+#: (OpenTelemetry spans; no token ids, no join), exporting through a SimpleSpanProcessor to an
+#: in-memory exporter, the cheapest OpenTelemetry set-up there is.
+OPENINFERENCE = {
+    "langchain": ("openinference.instrumentation.langchain", "LangChainInstrumentor"),
+    "openai_agents": ("openinference.instrumentation.openai_agents", "OpenAIAgentsInstrumentor"),
+    "autogen": ("openinference.instrumentation.autogen_agentchat", "AutogenAgentChatInstrumentor"),
+    "crewai": ("openinference.instrumentation.crewai", "CrewAIInstrumentor"),
+}
+
+
+def openinference(name: str) -> tuple[Callable[[], Any], Any] | None:
+    """``(install, exporter)`` for the framework's OpenInference instrumentor, or None when not installed;
+    ``install()`` returns a handle whose ``uninstrument()`` removes it."""
+    module_name, cls_name = OPENINFERENCE[name]
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        instrumentor = getattr(importlib.import_module(module_name), cls_name)()
+    except ImportError:
+        return None
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    class Handle:
+        def uninstrument(self) -> None:
+            instrumentor.uninstrument()
+
+    def install() -> Handle:
+        instrumentor.instrument(tracer_provider=provider)
+        return Handle()
+
+    return install, exporter
 
 
 def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
     """Time ``runs`` rounds of one framework: a plain run, a second plain run (the control, which
-    shows the noise floor: plain against plain) and an instrumented run, in a random order each round."""
+    shows the noise floor: plain against plain), a run with our adapter and one with OpenInference's
+    instrumentor (when installed), in a random order each round."""
     run, instrument = CASES[name]()
+    oi = openinference(name)
+    arms = [a for a in ARMS if a != "openinference" or oi is not None]
+    installers: dict[str, Callable[[], Any]] = {"instrumented": instrument}
+    if oi is not None:
+        installers["openinference"] = oi[0]
     store: agl.Store = (
         agl.MemoryStore() if store_kind == "memory" else agl.SQLiteStore(f"/tmp/agl_bench_{name}.db")
     )
     tracer = agl.Tracer(store)
-    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    ours: list[str] = []  # the timed instrumented runs' rollouts
     with PolicyServer(engines.ScriptedEngine(script, tokenizer="bytes"), store) as server:
 
         def once(arm: str) -> float:
-            handle = instrument() if arm == "instrumented" else None
+            handle = installers[arm]() if arm in installers else None
             try:
                 with tracer.rollout("2+3?") as ro:
                     llm = server.llm(ro.id)
@@ -186,23 +231,31 @@ def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
                 if handle is not None:
                     handle.uninstrument()
             assert "5" in str(out), out
+            if arm == "instrumented":
+                ours.append(ro.id)
             return elapsed
 
         for _ in range(warmup):
-            for arm in ARMS:
+            for arm in arms:
                 once(arm)
+        # what the frameworks and the warm-up left is never garbage again: later collections skip it
+        gc.collect()
+        gc.freeze()
+        ours.clear()
+        if oi is not None:
+            oi[1].clear()
         rng = random.Random(0)
-        order = list(ARMS)
         for _ in range(runs):  # rounds in a random (seeded) order, garbage collected before each run,
-            rng.shuffle(order)  # so that leftover work of one arm does not always land on another
-            for arm in order:
+            rng.shuffle(arms)  # so that leftover work of one arm does not always land on another
+            for arm in arms:
                 times[arm].append(once(arm))
-        spans = sum(len(store.spans(r.rollout_id)) for r in store.rollouts())
-        joined = [t for t in agl.transitions(store) if t.response_token_ids is not None]
+        gc.unfreeze()
+        spans = sum(len(store.spans(rid)) for rid in ours)
+        joined = [t for t in agl.transitions(store, rollout_ids=ours) if t.response_token_ids is not None]
     store.close()
     plain, control, instr = times["plain"], times["control"], times["instrumented"]
     lo, hi = bootstrap_ci(plain, instr, random.Random(1))
-    return {
+    row: dict[str, Any] = {
         "framework": name,
         "version": _version(name),
         "runs": runs,
@@ -214,9 +267,20 @@ def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
         "plain_mean_ms": statistics.fmean(plain) * 1e3,
         "instr_mean_ms": statistics.fmean(instr) * 1e3,
         "added_mean": statistics.fmean(instr) / statistics.fmean(plain) - 1,
-        "spans": spans,
-        "transitions": len(joined),
+        "spans_per_run": spans / runs,
+        "transitions_per_run": len(joined) / runs,
+        "oi": None,
     }
+    if oi is not None:
+        o = times["openinference"]
+        row["oi"] = {
+            "version": _dist_version(OPENINFERENCE[name][0].replace(".", "-").replace("_", "-")),
+            "median_ms": statistics.median(o) * 1e3,
+            "added_median": statistics.median(o) / statistics.median(plain) - 1,
+            "added_ci": bootstrap_ci(plain, o, random.Random(2)),
+            "spans_per_run": len(oi[1].get_finished_spans()) / runs,
+        }
+    return row
 
 
 def bootstrap_ci(
@@ -230,6 +294,13 @@ def bootstrap_ci(
         ratios.append(statistics.median(instr[i] for i in idx) / statistics.median(plain[i] for i in idx) - 1)
     ratios.sort()
     return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def _version(name: str) -> str:
@@ -262,6 +333,28 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def oi_table(rows: list[dict[str, Any]]) -> str:
+    """Our adapter against the OpenInference instrumentor of the same framework."""
+    lines = [
+        "| framework | ours: added (median) | ours: spans / run | ours: transitions with token ids / run "
+        "| OpenInference instrumentor | OpenInference: added (median) | 95% interval "
+        "| OpenInference: spans / run |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        oi = r["oi"]
+        if oi is None:
+            continue
+        lo, hi = oi["added_ci"]
+        module = OPENINFERENCE[r["framework"]][0].replace(".", "-").replace("_", "-")
+        lines.append(
+            f"| {r['framework']} | {r['added_median']:+.1%} | {r['spans_per_run']:.0f} | "
+            f"{r['transitions_per_run']:.0f} | {module} {oi['version']} | {oi['added_median']:+.1%} | "
+            f"{lo:+.1%} to {hi:+.1%} | {oi['spans_per_run']:.0f} |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark, print the table, write ``adapters_results.md``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -280,7 +373,9 @@ def main(argv: list[str] | None = None) -> None:
     load_after = os.getloadavg()
     minutes = (time.perf_counter() - started) / 60
     out = table(rows)
+    versus = oi_table(rows)
     print(out)
+    print(versus or "(OpenInference instrumentors not installed: pip install -e '.[benchmarks]')")
     if args.no_write:
         return
     cmd = "python -m benchmarks.perf.bench_adapters" + (
@@ -290,27 +385,31 @@ def main(argv: list[str] | None = None) -> None:
         "# Adapter overhead (instrumented vs plain runs of the same agent)\n\n"
         f"Command: `{cmd}{'' if args.store == 'memory' else ' --store sqlite'}`  \n"
         f"Date: {dt.date.today().isoformat()}; machine: {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"no GPU; Python {platform.python_version()}, openai {metadata.version('openai')}.  \n"
+        f"no GPU; Python {platform.python_version()}, openai {metadata.version('openai')}, "
+        f"opentelemetry-sdk {_dist_version('opentelemetry-sdk')}.  \n"
         "Workload per run: one agent with one tool (2 LLM calls + 1 tool call) against ScriptedEngine "
-        f"behind a PolicyServer on 127.0.0.1, {args.store} store; a rollout per run on both sides; "
-        "instrumented runs "
-        "use the framework's zero-code `instrument()`, installed before the run and removed after it "
-        "(spans + join). Each round runs plain, instrumented and plain again (the control: plain vs "
-        "plain shows the noise floor) in a seeded random order, `gc.collect()` before each run, "
-        f"after {args.warmup} warm-up rounds; times are the agent run's wall clock. Overhead = median "
-        "instrumented / median plain - 1, with a 95% bootstrap interval (2,000 resamples of rounds).  \n"
+        f"behind a PolicyServer on 127.0.0.1, {args.store} store; a rollout per run in every arm. "
+        "Arms: plain; instrumented with the framework's zero-code `instrument()` (spans + join with the "
+        "server's token-level spans); plain again as a control (plain vs plain shows the noise floor); "
+        "and, for comparison, the framework's OpenInference instrumentor exporting OpenTelemetry spans "
+        "through a `SimpleSpanProcessor` to an `InMemorySpanExporter`. Instrumentations are installed "
+        "before a run and removed after it. Each round runs every arm once in a seeded random order, "
+        f"`gc.collect()` before each run (objects alive after the {args.warmup} warm-up rounds are "
+        "frozen out of collection); times are the agent run's wall clock. Overhead = median of the arm "
+        "/ median plain - 1, with a 95% bootstrap interval (2,000 resamples of rounds).  \n"
         f"Load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}; after: "
         f"{' '.join(f'{x:.2f}' for x in load_after)} "
-        f"(other processes on this machine affect the numbers). Benchmark wall time {minutes:.1f} min "
-        "(most of it the garbage collections between runs).\n\n"
+        f"(other processes on this machine affect the numbers). Benchmark wall time {minutes:.1f} min.\n\n"
         f"{out}\n\n"
-        "Spans and transitions recorded per framework (both sides together; the server records "
-        "every call):\n\n"
-        + "\n".join(
-            f"- {r['framework']}: {r['spans']} spans, {r['transitions']} transitions with token ids"
-            for r in rows
+        + (
+            "## Against OpenInference\n\n"
+            "The same runs, our adapter next to the OpenInference instrumentor of the framework. Ours "
+            "also records the server's token ids for every LLM call (the spans per run include the "
+            "server's two LLM spans); OpenInference records the framework's view only.\n\n"
+            f"{versus}\n"
+            if versus
+            else ""
         )
-        + "\n"
     )
     (HERE / "adapters_results.md").write_text(text)
 
