@@ -17,8 +17,9 @@ from typing import Any
 from .. import _harness
 from .data import download, load_split
 from .rag import AgentConfig, make_agent, rag_agent
+from .retriever import get_retriever
 
-__all__ = ["AgentConfig", "agent", "load_dataset", "make_agent", "rag_agent"]
+__all__ = ["AgentConfig", "agent", "load_dataset", "make_agent", "prepare", "rag_agent"]
 
 #: the training agent with the CPU defaults (sampling at temperature 1)
 agent = make_agent()
@@ -28,3 +29,10 @@ def load_dataset(split: str, data_dir: str | Path | None = None) -> list[dict[st
     """The tasks of ``split`` (``train`` or ``dev``/``test``), from ``data_dir`` or downloaded once."""
     root = _harness.data_dir(Path(data_dir) if data_dir is not None else None, "musique", download)
     return load_split(split, root)
+
+
+def prepare(tasks: list[dict[str, Any]], retriever: str = AgentConfig().retriever) -> None:
+    """Build (or load from its cache) the search index of every corpus the tasks use, before any
+    rollout starts: ``agl-lite train musique`` calls this, so no rollout spends its time limit on it."""
+    for corpus in dict.fromkeys(t["corpus"] for t in tasks):
+        get_retriever(corpus, retriever)

@@ -465,8 +465,9 @@ def _add_train(sub: Any) -> None:
             "Train an agent with agl.Trainer(...).fit(agent, dataset). AGENT is 'module:function' "
             "(imported with the current directory on sys.path), 'path/to/file.py:function', or the name "
             "of a benchmark package under benchmarks/ that provides `agent` and `load_dataset(split, "
-            "data_dir=None)`. The agent is a function (task, llm) -> reward or an agl.LitAgent. The dataset "
-            "is a JSONL file (one task per line) or a JSON list."
+            "data_dir=None)`. A `prepare(tasks)` function next to the agent, when there is one, runs "
+            "once before training (to build an index, say). The agent is a function (task, llm) -> "
+            "reward or an agl.LitAgent. The dataset is a JSONL file (one task per line) or a JSON list."
         ),
         epilog=_EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -628,6 +629,24 @@ def _air(args: argparse.Namespace) -> list[Any] | None:
     return [ToolStatus(success=args.tool_success or 0.0, error=args.tool_error or 0.0)]
 
 
+def prepare_tasks(module: Any, tasks: list[Any]) -> None:
+    """Call the agent module's ``prepare(tasks)`` when it defines one, before any rollout runs.
+
+    A benchmark builds what its rollouts share there (MuSiQue: the search index over the corpus),
+    so that the first rollouts do not spend their time limit on it.
+
+    >>> import types
+    >>> seen = []
+    >>> prepare_tasks(types.SimpleNamespace(__name__="m", prepare=seen.extend), [{"q": 1}])
+    >>> seen
+    [{'q': 1}]
+    """
+    prepare = getattr(module, "prepare", None)
+    if callable(prepare):
+        _err(f"preparing {len(tasks)} tasks with {module.__name__}.prepare()")
+        prepare(tasks)
+
+
 def train(args: argparse.Namespace) -> int:
     """Run ``agl-lite train``: evaluate, ``Trainer.fit``, evaluate again, save the adapter."""
     for name in ("steps", "batch_size", "group_size", "lora_r", "concurrency"):
@@ -646,6 +665,7 @@ def train(args: argparse.Namespace) -> int:
         val = load_tasks(args.val_data, args.val_limit)
     elif args.data is None and hasattr(module, "load_dataset"):
         val = list(module.load_dataset("val", data_dir=args.data_dir))[: args.val_limit]
+    prepare_tasks(module, tasks + (val or []))
 
     import agentlightning_lite as agl
 

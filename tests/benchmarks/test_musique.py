@@ -10,6 +10,7 @@ import json
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -113,6 +114,29 @@ def test_cli_finds_agent_and_dataset():
     agent, module = load_agent("musique")
     assert agent is module.agent and inspect.iscoroutinefunction(agent)
     assert len(module.load_dataset("val", data_dir=str(DATA))) == 200  # what `agl-lite train` asks for
+
+
+@needs_data
+def test_prepare_builds_each_corpus_index_before_training(monkeypatch):
+    """`agl-lite train musique` calls prepare(): the index exists before the first rollout's clock starts."""
+    from benchmarks.musique import retriever as retriever_module
+
+    from agentlightning_lite.cli import prepare_tasks
+    from benchmarks import musique
+
+    built: list[tuple[int, str]] = []
+    monkeypatch.setattr(retriever_module, "_RETRIEVERS", {})
+    monkeypatch.setattr(
+        retriever_module,
+        "_make",
+        lambda corpus, spec: built.append((len(corpus), spec)) or SimpleNamespace(name=spec),
+    )
+    tasks = load_dataset("train", DATA)[:3] + load_dataset("dev", DATA)[:2]
+    prepare_tasks(musique, tasks)  # as the CLI does: the agent's own retriever setting, each corpus once
+    train_size, dev_size = (len(load_corpus(tasks[i]["corpus"])) for i in (0, -1))
+    assert built == [(train_size, "auto"), (dev_size, "auto")] and dev_size == 3141
+    musique.prepare(tasks)  # built once per process: nothing new
+    assert len(built) == 2
 
 
 def test_unknown_split_and_missing_files(tmp_path):
