@@ -134,6 +134,55 @@ def test_a_long_lived_listener_forgets_finished_crews(store, serve):
         listener.close()
 
 
+def test_crew_end_handled_before_its_tasks_end(store, serve):
+    """CrewAI runs handlers in a thread pool: the crew's end may be handled before its last task's and
+    agent's ends. The listener then finishes the crew (re-parenting, join) once those have ended."""
+    from crewai.events import crewai_event_bus
+
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    probe = LightningListener()
+    table = {event_type: handler.__name__ for event_type, handler in probe._registered}
+    probe.close()
+    seen: list[tuple[Any, Any]] = []
+
+    def capture(source: Any, event: Any) -> None:
+        seen.append((source, event))
+
+    for event_type in table:
+        crewai_event_bus.on(event_type)(capture)
+    try:
+        with tracer.rollout("2+3?") as ro:  # a real run, its events captured, no listener recording
+            crew(server.llm(ro.id)).kickoff()
+            crewai_event_bus.flush()
+    finally:
+        for event_type in table:
+            crewai_event_bus.off(event_type, capture)
+    events = sorted(seen, key=lambda se: se[1].emission_sequence)
+    (crew_end,) = [e for e in events if type(e[1]).__name__ == "CrewKickoffCompletedEvent"]
+    events.remove(crew_end)
+    last_task = max(i for i, e in enumerate(events) if type(e[1]).__name__ == "TaskCompletedEvent")
+    events.insert(last_task - 1, crew_end)  # before the checker's agent and task end
+    assert [type(e).__name__ for _, e in events[-3:]] == [
+        "CrewKickoffCompletedEvent",
+        "AgentExecutionCompletedEvent",
+        "TaskCompletedEvent",
+    ]
+
+    listener = LightningListener()
+    listener.close()  # handlers called here, in that order, not by the bus
+    with tracer.rollout(rollout_id=ro.id):
+        for source, event in events:
+            getattr(listener, table[type(event)])(source, event)
+    ours = [s for s in store.spans(ro.id) if s.attributes.get("agl.source") == "crewai"]
+    agents = {s.name: s for s in ours if s.kind == "agent"}
+    pairs = assert_joined(store, ro.id, "crewai")
+    assert [f.agent for f, _ in pairs] == ["Writer", "Writer", "Checker"]
+    for f, _ in pairs:  # under its agent's span, not re-parented to the crew as an orphan
+        assert f.parent_id == agents[f.agent].span_id
+    assert listener._finishing == {} and listener._closing == {} and listener._ids == {}
+
+
 @pytest.mark.slow
 def test_crewai_with_hf_engine(store, hf_engine):
     from agentlightning_lite.serving import PolicyServer

@@ -215,6 +215,10 @@ class Recorder:
         if h is not None and response_id:
             h.attributes[RESPONSE_ID] = response_id
 
+    def open_in(self, rollout_id: str) -> bool:
+        """Whether a span of rollout ``rollout_id`` is still open."""
+        return any(o.handle.rollout_id == rollout_id for o in list(self._open.values()))
+
     def open_count(self) -> int:
         """How many spans are open (for tests: 0 after a run)."""
         return len(self._open)

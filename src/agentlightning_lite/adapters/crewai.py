@@ -125,6 +125,8 @@ class LightningListener(BaseEventListener):
         self._ids: dict[str, str] = {}  # CrewAI event id -> span id
         self._early_ends: dict[str, tuple[Any, Any, dict[str, Any] | None]] = {}
         self._skipped: set[Any] = set()  # started with no rollout open: their ends record nothing
+        self._finishing: dict[str, list[SpanHandle]] = {}  # rollout -> ended crews waiting for spans
+        self._closing: dict[str, int] = {}  # rollout -> spans being ended (written) right now
         self._lock = threading.Lock()
         self._registered: list[tuple[type, Callable[..., Any]]] = []
         self._warned = False
@@ -220,7 +222,9 @@ class LightningListener(BaseEventListener):
         with self._lock:
             early = self._early_ends.pop(key, None)
         if early is not None:  # the end event's handler ran first
-            self.recorder.end(key, output=early[0], error=early[1], attributes=early[2])
+            h = self.recorder.end(key, output=early[0], error=early[1], attributes=early[2])
+            if h is not None and h.rollout_id in self._finishing:
+                self._finish_when_closed(h.rollout_id)
 
     def _end(
         self,
@@ -231,13 +235,24 @@ class LightningListener(BaseEventListener):
         join: bool = True,
     ) -> SpanHandle | None:
         with self._lock:
-            if self.recorder.get(key) is None:
+            open_span = self.recorder.get(key)
+            if open_span is None:
                 if key in self._skipped:
                     self._skipped.discard(key)
                 else:
                     self._early_ends[key] = (output, error, attributes)
                 return None
-        return self.recorder.end(key, output=output, error=error, attributes=attributes, join=join)
+            rollout_id = open_span.rollout_id
+            self._closing[rollout_id] = self._closing.get(rollout_id, 0) + 1
+        try:
+            return self.recorder.end(key, output=output, error=error, attributes=attributes, join=join)
+        finally:
+            with self._lock:
+                left = self._closing.pop(rollout_id) - 1
+                if left:
+                    self._closing[rollout_id] = left
+            if rollout_id in self._finishing:
+                self._finish_when_closed(rollout_id)
 
     # -- handlers ---------------------------------------------------------------------------
     def _crew_started(self, source: Any, event: CrewKickoffStartedEvent) -> None:
@@ -251,7 +266,20 @@ class LightningListener(BaseEventListener):
             attrs = {"total_tokens": event.total_tokens}
             crew = self._end(key, output=_text(event.output), attributes=attrs, join=False)
         if crew is not None:
-            self._finish_run(crew)
+            self._finish_when_closed(crew.rollout_id, crew)
+
+    def _finish_when_closed(self, rollout_id: str, crew: SpanHandle | None = None) -> None:
+        """Finish the ended crews of a rollout once none of its spans is open: CrewAI runs handlers in
+        a thread pool, so the crew's end can be handled before the end of its last task or agent."""
+        with self._lock:
+            waiting = self._finishing.setdefault(rollout_id, [])
+            if crew is not None:
+                waiting.append(crew)
+            if self.recorder.open_in(rollout_id) or self._closing.get(rollout_id):
+                return
+            crews = self._finishing.pop(rollout_id)
+        for c in crews:
+            self._finish_run(c)
 
     def _finish_run(self, crew: SpanHandle) -> None:
         """After the crew's span ends: one read of the rollout's spans, the fixes of
