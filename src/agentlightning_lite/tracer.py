@@ -157,8 +157,10 @@ class SpanHandle:
             response_logprobs=self.response_logprobs,
         )
 
-    def end(self, output: Any = None, error: BaseException | str | None = None) -> None:
-        """Close the span (once) and write it to the store."""
+    def end(
+        self, output: Any = None, error: BaseException | str | None = None, end_time: float | None = None
+    ) -> None:
+        """Close the span (once) and write it to the store (``end_time``: epoch seconds, default now)."""
         if self._ended:
             raise RuntimeError(f"span {self.name!r} ({self.span_id}) ended twice")
         self._ended = True
@@ -175,7 +177,7 @@ class SpanHandle:
             self.name,
             self.agent,
             self.start_time,
-            time.time(),
+            time.time() if end_time is None else end_time,
             self.status,
             self.error,
             dumps(self.input),

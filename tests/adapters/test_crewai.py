@@ -129,14 +129,42 @@ def test_a_long_lived_listener_forgets_finished_crews(store, serve):
             crew(server.llm(unrecorded)).kickoff()
             listener.flush()
         assert all(s.attributes.get("server") == "agl" for s in store.spans(unrecorded))
-        assert listener._ids == {} and listener._early_ends == {} and listener._skipped == set()
+        assert listener._ids == {} and listener._early_ends == {} and not listener._skipped
     finally:
         listener.close()
 
 
-def test_crew_end_handled_before_its_tasks_end(store, serve):
-    """CrewAI runs handlers in a thread pool: the crew's end may be handled before its last task's and
-    agent's ends. The listener then finishes the crew (re-parenting, join) once those have ended."""
+def _swap_end_before_start(events: list[tuple[Any, Any]], start: str, end: str) -> None:
+    i = next(i for i, (_, e) in enumerate(events) if type(e).__name__ == start)
+    j = next(j for j, (_, e) in enumerate(events) if type(e).__name__ == end and j > i)
+    events.insert(i, events.pop(j))
+
+
+def _crew_end_before_last_task_end(events: list[tuple[Any, Any]]) -> None:
+    (k,) = [k for k, (_, e) in enumerate(events) if type(e).__name__ == "CrewKickoffCompletedEvent"]
+    crew_end = events.pop(k)
+    last_task = max(i for i, (_, e) in enumerate(events) if type(e).__name__ == "TaskCompletedEvent")
+    events.insert(last_task - 1, crew_end)  # before the checker's agent and task end
+    assert [type(e).__name__ for _, e in events[-3:]] == [
+        "CrewKickoffCompletedEvent",
+        "AgentExecutionCompletedEvent",
+        "TaskCompletedEvent",
+    ]
+
+
+@pytest.mark.parametrize(
+    "reorder",
+    [
+        _crew_end_before_last_task_end,
+        lambda ev: _swap_end_before_start(ev, "LLMCallStartedEvent", "LLMCallCompletedEvent"),
+        lambda ev: _swap_end_before_start(ev, "ToolUsageStartedEvent", "ToolUsageFinishedEvent"),
+    ],
+    ids=["crew-end-before-last-task-end", "llm-end-before-start", "tool-end-before-start"],
+)
+def test_out_of_order_handlers(store, serve, reorder):
+    """CrewAI runs handlers in a thread pool, so they can run out of order: a crew's end before its
+    last task's end, an end before its start. A real crew's events, replayed in such an order, give
+    the same trace: the crew is finished (re-parenting, join) once its spans have ended."""
     from crewai.events import crewai_event_bus
 
     tracer = agl.Tracer(store)
@@ -159,15 +187,7 @@ def test_crew_end_handled_before_its_tasks_end(store, serve):
         for event_type in table:
             crewai_event_bus.off(event_type, capture)
     events = sorted(seen, key=lambda se: se[1].emission_sequence)
-    (crew_end,) = [e for e in events if type(e[1]).__name__ == "CrewKickoffCompletedEvent"]
-    events.remove(crew_end)
-    last_task = max(i for i, e in enumerate(events) if type(e[1]).__name__ == "TaskCompletedEvent")
-    events.insert(last_task - 1, crew_end)  # before the checker's agent and task end
-    assert [type(e).__name__ for _, e in events[-3:]] == [
-        "CrewKickoffCompletedEvent",
-        "AgentExecutionCompletedEvent",
-        "TaskCompletedEvent",
-    ]
+    reorder(events)
 
     listener = LightningListener()
     listener.close()  # handlers called here, in that order, not by the bus
@@ -180,7 +200,12 @@ def test_crew_end_handled_before_its_tasks_end(store, serve):
     assert [f.agent for f, _ in pairs] == ["Writer", "Writer", "Checker"]
     for f, _ in pairs:  # under its agent's span, not re-parented to the crew as an orphan
         assert f.parent_id == agents[f.agent].span_id
+    tools = {s.name: s for s in ours if s.kind == "tool"}
+    assert tools["add"].status == "ok" and tools["explode"].status == "error"
+    asked = {c["function"]["name"]: c["id"] for c in pairs[0][1].output["tool_calls"]}
+    assert {n: t.attributes["tool_call_id"] for n, t in tools.items()} == asked
     assert listener._finishing == {} and listener._closing == {} and listener._ids == {}
+    assert listener._early_ends == {} and listener.recorder.open_count() == 0
 
 
 @pytest.mark.slow

@@ -185,6 +185,7 @@ class Recorder:
         error: BaseException | str | None = None,
         attributes: dict[str, Any] | None = None,
         join: bool = True,
+        end_time: float | None = None,
     ) -> SpanHandle | None:
         """Close the span of run ``key``; when it is the root of its run, join that rollout's LLM spans.
 
@@ -197,7 +198,7 @@ class Recorder:
         h = o.handle
         if attributes:
             h.attributes.update(attributes)
-        h.end(output=output, error=error)
+        h.end(output=output, error=error, end_time=end_time)
         if join and o.root == key and self.join:
             self.join_now(o.tracer.store, h.rollout_id)
         return h
@@ -215,9 +216,13 @@ class Recorder:
         if h is not None and response_id:
             h.attributes[RESPONSE_ID] = response_id
 
-    def open_in(self, rollout_id: str) -> bool:
-        """Whether a span of rollout ``rollout_id`` is still open."""
-        return any(o.handle.rollout_id == rollout_id for o in list(self._open.values()))
+    def open_in(self, rollout_id: str, started_before: float | None = None) -> bool:
+        """Whether a span of rollout ``rollout_id`` (started before ``started_before``) is still open."""
+        return any(
+            o.handle.rollout_id == rollout_id
+            and (started_before is None or o.handle.start_time <= started_before)
+            for o in list(self._open.values())
+        )
 
     def open_count(self) -> int:
         """How many spans are open (for tests: 0 after a run)."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from crewai.events import BaseEventListener, crewai_event_bus
 from crewai.events.types.agent_events import (
@@ -46,6 +47,28 @@ logger = logging.getLogger("agentlightning_lite.adapters")
 #: At most this many CrewAI event ids are remembered (a crew's own are dropped when it ends; the
 #: rest, reserved for parents this listener does not record, go oldest first past the limit).
 _MAX_IDS = 50_000
+#: At most this many ends handled before their starts, or starts skipped, are kept (oldest dropped).
+_MAX_PENDING = 10_000
+#: A crew whose end was handled before the ends of some of its spans waits at most this long for them.
+FINISH_TIMEOUT_S = 10.0
+
+
+class _Early(NamedTuple):
+    """An end handled before its start: what the end said, replayed when the start comes."""
+
+    output: Any
+    error: Any
+    attributes: dict[str, Any] | None
+    join: bool
+    crew: bool
+    rollout_id: str | None
+    end_time: float | None
+
+
+def _put(d: dict[Any, Any], key: Any, value: Any, limit: int = _MAX_PENDING) -> None:
+    if len(d) >= limit:
+        del d[next(iter(d))]
+    d[key] = value
 
 
 def _ts(event: Any) -> float | None:
@@ -123,11 +146,13 @@ class LightningListener(BaseEventListener):
     def __init__(self, tracer: Tracer | Store | None = None, join: bool = True) -> None:
         self.recorder = Recorder("crewai", tracer, join=join)
         self._ids: dict[str, str] = {}  # CrewAI event id -> span id
-        self._early_ends: dict[str, tuple[Any, Any, dict[str, Any] | None]] = {}
-        self._skipped: set[Any] = set()  # started with no rollout open: their ends record nothing
-        self._finishing: dict[str, list[SpanHandle]] = {}  # rollout -> ended crews waiting for spans
+        self._early_ends: dict[Any, _Early] = {}
+        self._skipped: dict[Any, None] = {}  # started with no rollout open: their ends record nothing
+        # rollout -> its ended crews (and when they ended), waiting for spans still open
+        self._finishing: dict[str, list[tuple[SpanHandle, float]]] = {}
         self._closing: dict[str, int] = {}  # rollout -> spans being ended (written) right now
         self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()  # one crew's finishing pass at a time
         self._registered: list[tuple[type, Callable[..., Any]]] = []
         self._warned = False
         super().__init__()
@@ -195,7 +220,7 @@ class LightningListener(BaseEventListener):
         if self.recorder.tracer is None and Tracer.current_rollout() is None:
             with self._lock:
                 if self._early_ends.pop(key, None) is None:  # the end, when it comes, records nothing
-                    self._skipped.add(key)
+                    _put(self._skipped, key, None)
             if not self._warned:
                 self._warned = True
                 warnings.warn(
@@ -207,7 +232,7 @@ class LightningListener(BaseEventListener):
             return
         parent_event = getattr(event, "parent_event_id", None)
         parent_id = self._id(parent_event) if kind != "chain" or parent_event else None
-        self.recorder.start(
+        h = self.recorder.start(
             key,
             kind,
             name,
@@ -221,10 +246,23 @@ class LightningListener(BaseEventListener):
         )
         with self._lock:
             early = self._early_ends.pop(key, None)
-        if early is not None:  # the end event's handler ran first
-            h = self.recorder.end(key, output=early[0], error=early[1], attributes=early[2])
-            if h is not None and h.rollout_id in self._finishing:
-                self._finish_when_closed(h.rollout_id)
+            if early is None or h is None:
+                return
+            self._closing[h.rollout_id] = self._closing.get(h.rollout_id, 0) + 1
+        # the end event's handler ran first: replay it
+        try:
+            self.recorder.end(
+                key,
+                output=early.output,
+                error=early.error,
+                attributes=early.attributes,
+                join=early.join,
+                end_time=early.end_time,
+            )
+        finally:
+            self._closed(h.rollout_id)
+        if early.crew:
+            self._finish_when_closed(h.rollout_id, h)
 
     def _end(
         self,
@@ -233,26 +271,39 @@ class LightningListener(BaseEventListener):
         error: Any = None,
         attributes: dict[str, Any] | None = None,
         join: bool = True,
+        crew: bool = False,
+        end_time: float | None = None,
     ) -> SpanHandle | None:
         with self._lock:
             open_span = self.recorder.get(key)
             if open_span is None:
                 if key in self._skipped:
-                    self._skipped.discard(key)
+                    del self._skipped[key]
                 else:
-                    self._early_ends[key] = (output, error, attributes)
+                    current = Tracer.current_rollout()
+                    early = _Early(
+                        output, error, attributes, join, crew, current.id if current else None, end_time
+                    )
+                    _put(self._early_ends, key, early)
                 return None
             rollout_id = open_span.rollout_id
             self._closing[rollout_id] = self._closing.get(rollout_id, 0) + 1
         try:
-            return self.recorder.end(key, output=output, error=error, attributes=attributes, join=join)
+            return self.recorder.end(
+                key, output=output, error=error, attributes=attributes, join=join, end_time=end_time
+            )
         finally:
-            with self._lock:
-                left = self._closing.pop(rollout_id) - 1
-                if left:
-                    self._closing[rollout_id] = left
-            if rollout_id in self._finishing:
-                self._finish_when_closed(rollout_id)
+            self._closed(rollout_id)
+
+    def _closed(self, rollout_id: str) -> None:
+        """A span of ``rollout_id`` is written: finish the rollout's waiting crews if it was the last."""
+        with self._lock:
+            left = self._closing.pop(rollout_id) - 1
+            if left:
+                self._closing[rollout_id] = left
+            waiting = rollout_id in self._finishing
+        if waiting:
+            self._finish_when_closed(rollout_id)
 
     # -- handlers ---------------------------------------------------------------------------
     def _crew_started(self, source: Any, event: CrewKickoffStartedEvent) -> None:
@@ -261,29 +312,69 @@ class LightningListener(BaseEventListener):
     def _crew_ended(self, source: Any, event: Any) -> None:
         key = event.started_event_id
         if isinstance(event, CrewKickoffFailedEvent):
-            crew = self._end(key, error=event.error, join=False)
+            crew = self._end(key, error=event.error, join=False, crew=True, end_time=_ts(event))
         else:
             attrs = {"total_tokens": event.total_tokens}
-            crew = self._end(key, output=_text(event.output), attributes=attrs, join=False)
+            crew = self._end(
+                key, output=_text(event.output), attributes=attrs, join=False, crew=True, end_time=_ts(event)
+            )
         if crew is not None:
             self._finish_when_closed(crew.rollout_id, crew)
 
     def _finish_when_closed(self, rollout_id: str, crew: SpanHandle | None = None) -> None:
-        """Finish the ended crews of a rollout once none of its spans is open: CrewAI runs handlers in
-        a thread pool, so the crew's end can be handled before the end of its last task or agent."""
+        """Finish the ended crews of a rollout once none of their spans is open or being written:
+        CrewAI runs handlers in a thread pool, so a crew's end can be handled before the ends of its
+        last task or agent. A crew waits at most :data:`FINISH_TIMEOUT_S` for them."""
         with self._lock:
-            waiting = self._finishing.setdefault(rollout_id, [])
+            waiting = self._finishing.get(rollout_id)
+            if waiting is None:
+                if crew is None:
+                    return
+                waiting = self._finishing[rollout_id] = []
             if crew is not None:
-                waiting.append(crew)
-            if self.recorder.open_in(rollout_id) or self._closing.get(rollout_id):
-                return
-            crews = self._finishing.pop(rollout_id)
+                waiting.append((crew, time.time()))
+            latest_end = max(ended for _, ended in waiting)
+            busy = (
+                self._closing.get(rollout_id)
+                or self.recorder.open_in(rollout_id, started_before=latest_end)
+                or any(e.rollout_id == rollout_id for e in self._early_ends.values())
+            )
+            if not busy:
+                crews = [c for c, _ in self._finishing.pop(rollout_id)]
+        if busy:
+            if crew is not None:
+                timer = threading.Timer(FINISH_TIMEOUT_S, self._finish_overdue, args=(rollout_id, crew))
+                timer.daemon = True
+                timer.start()
+            return
         for c in crews:
             self._finish_run(c)
+
+    def _finish_overdue(self, rollout_id: str, crew: SpanHandle) -> None:
+        """The crew still waits after :data:`FINISH_TIMEOUT_S`: finish it without the spans still open."""
+        with self._lock:
+            waiting = self._finishing.get(rollout_id, [])
+            if not any(c is crew for c, _ in waiting):
+                return  # finished already
+            waiting[:] = [(c, t) for c, t in waiting if c is not crew]
+            if not waiting:
+                del self._finishing[rollout_id]
+        logger.warning(
+            "agentlightning_lite: crew %r of rollout %s ended %.0f s ago with spans still open; "
+            "joining without them",
+            crew.name,
+            rollout_id,
+            FINISH_TIMEOUT_S,
+        )
+        self._finish_run(crew)
 
     def _finish_run(self, crew: SpanHandle) -> None:
         """After the crew's span ends: one read of the rollout's spans, the fixes of
         :meth:`_adopt_orphans` and the join (when on) applied to it, one write of what changed."""
+        with self._finish_lock:
+            self._finish_run_locked(crew)
+
+    def _finish_run_locked(self, crew: SpanHandle) -> None:
         store = self.recorder.get_store(crew)
         try:
             spans = store.spans(crew.rollout_id)
@@ -350,8 +441,12 @@ class LightningListener(BaseEventListener):
         reasoning...): under the innermost recorded span of the same agent that encloses them.
         Also give tool spans the ``tool_call_id`` of the model's call that asked for them.
         Returns the changed copies by span id (``rollout_spans``: the rollout's spans as stored)."""
-        spans = [
-            s for s in rollout_spans if s.attributes.get(SOURCE) == "crewai" and s.span_id != crew.span_id
+        spans = [  # this crew's: another crew of the rollout started before it, or after its end
+            s
+            for s in rollout_spans
+            if s.attributes.get(SOURCE) == "crewai"
+            and s.span_id != crew.span_id
+            and s.start_time >= crew.start_time
         ]
         known = {s.span_id for s in spans} | {crew.span_id}
         inf = float("inf")
@@ -429,10 +524,10 @@ class LightningListener(BaseEventListener):
     def _llm_ended(self, source: Any, event: Any) -> None:
         key = ("llm", event.call_id)
         if isinstance(event, LLMCallFailedEvent):
-            self._end(key, error=event.error)
+            self._end(key, error=event.error, end_time=_ts(event))
             return
         attrs = {"agl.response_id": event.response_id} if event.response_id else None
-        self._end(key, output=_llm_output(event.response), attributes=attrs)
+        self._end(key, output=_llm_output(event.response), attributes=attrs, end_time=_ts(event))
 
     def _tool_started(self, source: Any, event: ToolUsageStartedEvent) -> None:
         self._start(event, "tool", event.tool_name, _role(event), input=event.tool_args)
@@ -446,7 +541,9 @@ class LightningListener(BaseEventListener):
         if failure is not None and error is None:
             error = getattr(failure, "message", None) or str(failure)
         output = getattr(event, "output", None)
-        self._end(key, output=_text(output), error=str(error) if error is not None else None)
+        self._end(
+            key, output=_text(output), error=str(error) if error is not None else None, end_time=_ts(event)
+        )
 
 
 _installed: list[Instrumentation] = []
