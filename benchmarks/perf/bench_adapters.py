@@ -3,9 +3,10 @@
 Each framework runs a single agent with one tool (two LLM calls and one tool call) against a
 ScriptedEngine behind a real PolicyServer on 127.0.0.1. Every run opens a rollout (the server needs one
 to route the calls); instrumented runs also record the framework's spans and join them with the server's
-token-level spans. Each round runs the agent three times in a random (seeded) order, with a garbage
-collection before every run: plain, instrumented, and plain again as a control whose "overhead" over
-plain shows how much two identical configurations differ on this machine (the noise floor). The
+token-level spans. Each round runs the agent in a random (seeded) order, with a garbage collection and
+a short pause before every run: plain, instrumented, plain again as a control whose "overhead" over
+plain shows how much two identical configurations differ on this machine (the noise floor), and with
+the framework's OpenInference instrumentor when installed (what a user would pick instead). The
 overhead is the ratio of the medians, with a 95% bootstrap interval over rounds.
 
     python -m benchmarks.perf.bench_adapters                 # 200 rounds each, writes adapters_results.md
@@ -37,6 +38,7 @@ from agentlightning_lite.serving import PolicyServer, engines
 
 HERE = Path(__file__).resolve().parent
 TARGET = 0.05
+SETTLE_S = 0.05  #: pause before each timed run
 
 
 def script(messages: list[dict[str, Any]]) -> Any:
@@ -224,6 +226,7 @@ def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
                 with tracer.rollout("2+3?") as ro:
                     llm = server.llm(ro.id)
                     gc.collect()
+                    time.sleep(SETTLE_S)  # background work of the previous run (threads) finishes first
                     t0 = time.perf_counter()
                     out = run(llm)
                     elapsed = time.perf_counter() - t0
@@ -394,8 +397,9 @@ def main(argv: list[str] | None = None) -> None:
         "and, for comparison, the framework's OpenInference instrumentor exporting OpenTelemetry spans "
         "through a `SimpleSpanProcessor` to an `InMemorySpanExporter`. Instrumentations are installed "
         "before a run and removed after it. Each round runs every arm once in a seeded random order, "
-        f"`gc.collect()` before each run (objects alive after the {args.warmup} warm-up rounds are "
-        "frozen out of collection); times are the agent run's wall clock. Overhead = median of the arm "
+        f"`gc.collect()` (objects alive after the {args.warmup} warm-up rounds are frozen out of "
+        f"collection) and a {SETTLE_S * 1e3:.0f} ms pause before each run, so that the previous run's "
+        "background threads are done; times are the agent run's wall clock. Overhead = median of the arm "
         "/ median plain - 1, with a 95% bootstrap interval (2,000 resamples of rounds).  \n"
         f"Load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}; after: "
         f"{' '.join(f'{x:.2f}' for x in load_after)} "
