@@ -166,7 +166,8 @@ ARMS = ("plain", "control", "instrumented", "openinference")
 
 #: What a user would otherwise install to trace these frameworks: the OpenInference instrumentors
 #: (OpenTelemetry spans; no token ids, no join), exporting through a SimpleSpanProcessor to an
-#: in-memory exporter, the cheapest OpenTelemetry set-up there is.
+#: in-memory exporter, the cheapest OpenTelemetry set-up there is. Framework -> (module, instrumentor
+#: class); the module's distribution is its name with dashes.
 OPENINFERENCE = {
     "langchain": ("openinference.instrumentation.langchain", "LangChainInstrumentor"),
     "openai_agents": ("openinference.instrumentation.openai_agents", "OpenAIAgentsInstrumentor"),
@@ -277,7 +278,8 @@ def bench(name: str, runs: int, warmup: int, store_kind: str) -> dict[str, Any]:
     if oi is not None:
         o = times["openinference"]
         row["oi"] = {
-            "version": _dist_version(OPENINFERENCE[name][0].replace(".", "-").replace("_", "-")),
+            "dist": (dist := OPENINFERENCE[name][0].replace(".", "-").replace("_", "-")),
+            "version": _dist_version(dist),
             "median_ms": statistics.median(o) * 1e3,
             "added_median": statistics.median(o) / statistics.median(plain) - 1,
             "added_ci": bootstrap_ci(plain, o, random.Random(2)),
@@ -313,10 +315,7 @@ def _version(name: str) -> str:
         "autogen": "autogen-agentchat",
         "crewai": "crewai",
     }[name]
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "?"
+    return _dist_version(dist)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -349,10 +348,9 @@ def oi_table(rows: list[dict[str, Any]]) -> str:
         if oi is None:
             continue
         lo, hi = oi["added_ci"]
-        module = OPENINFERENCE[r["framework"]][0].replace(".", "-").replace("_", "-")
         lines.append(
             f"| {r['framework']} | {r['added_median']:+.1%} | {r['spans_per_run']:.0f} | "
-            f"{r['transitions_per_run']:.0f} | {module} {oi['version']} | {oi['added_median']:+.1%} | "
+            f"{r['transitions_per_run']:.0f} | {oi['dist']} {oi['version']} | {oi['added_median']:+.1%} | "
             f"{lo:+.1%} to {hi:+.1%} | {oi['spans_per_run']:.0f} |"
         )
     return "\n".join(lines) if len(lines) > 2 else ""

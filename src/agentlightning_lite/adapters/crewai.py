@@ -53,16 +53,15 @@ _MAX_PENDING = 10_000
 FINISH_TIMEOUT_S = 10.0
 
 
-class _Early(NamedTuple):
-    """An end handled before its start: what the end said, replayed when the start comes."""
+class _End(NamedTuple):
+    """What an end event says; kept when its handler runs before the start's, replayed then."""
 
-    output: Any
-    error: Any
-    attributes: dict[str, Any] | None
-    join: bool
-    crew: bool
-    rollout_id: str | None
-    end_time: float | None
+    output: Any = None
+    error: Any = None
+    attributes: dict[str, Any] | None = None
+    end_time: float | None = None
+    crew: bool = False  #: the crew's own end: its rollout is joined by the crew's finishing pass
+    rollout_id: str | None = None  #: the rollout open where the end was handled (stashed ends only)
 
 
 def _put(d: dict[Any, Any], key: Any, value: Any, limit: int = _MAX_PENDING) -> None:
@@ -146,7 +145,7 @@ class LightningListener(BaseEventListener):
     def __init__(self, tracer: Tracer | Store | None = None, join: bool = True) -> None:
         self.recorder = Recorder("crewai", tracer, join=join)
         self._ids: dict[str, str] = {}  # CrewAI event id -> span id
-        self._early_ends: dict[Any, _Early] = {}
+        self._early_ends: dict[Any, _End] = {}
         self._skipped: dict[Any, None] = {}  # started with no rollout open: their ends record nothing
         # rollout -> its ended crews (and when they ended), waiting for spans still open
         self._finishing: dict[str, list[tuple[SpanHandle, float]]] = {}
@@ -249,31 +248,10 @@ class LightningListener(BaseEventListener):
             if early is None or h is None:
                 return
             self._closing[h.rollout_id] = self._closing.get(h.rollout_id, 0) + 1
-        # the end event's handler ran first: replay it
-        try:
-            self.recorder.end(
-                key,
-                output=early.output,
-                error=early.error,
-                attributes=early.attributes,
-                join=early.join,
-                end_time=early.end_time,
-            )
-        finally:
-            self._closed(h.rollout_id)
-        if early.crew:
-            self._finish_when_closed(h.rollout_id, h)
+        self._close(key, h.rollout_id, early)  # the end event's handler ran first: replay it
 
-    def _end(
-        self,
-        key: Any,
-        output: Any = None,
-        error: Any = None,
-        attributes: dict[str, Any] | None = None,
-        join: bool = True,
-        crew: bool = False,
-        end_time: float | None = None,
-    ) -> SpanHandle | None:
+    def _end(self, key: Any, end: _End) -> None:
+        """Close the span of ``key``, or keep ``end`` for when its start is handled."""
         with self._lock:
             open_span = self.recorder.get(key)
             if open_span is None:
@@ -281,19 +259,28 @@ class LightningListener(BaseEventListener):
                     del self._skipped[key]
                 else:
                     current = Tracer.current_rollout()
-                    early = _Early(
-                        output, error, attributes, join, crew, current.id if current else None, end_time
-                    )
-                    _put(self._early_ends, key, early)
-                return None
+                    _put(self._early_ends, key, end._replace(rollout_id=current.id if current else None))
+                return
             rollout_id = open_span.rollout_id
             self._closing[rollout_id] = self._closing.get(rollout_id, 0) + 1
+        self._close(key, rollout_id, end)
+
+    def _close(self, key: Any, rollout_id: str, end: _End) -> None:
+        """End an open span (its rollout's ``_closing`` count already raised, lowered here); a crew's
+        end then waits in :meth:`_finish_when_closed` for the rest of its spans."""
         try:
-            return self.recorder.end(
-                key, output=output, error=error, attributes=attributes, join=join, end_time=end_time
+            h = self.recorder.end(
+                key,
+                output=end.output,
+                error=end.error,
+                attributes=end.attributes,
+                join=not end.crew,
+                end_time=end.end_time,
             )
         finally:
             self._closed(rollout_id)
+        if end.crew and h is not None:
+            self._finish_when_closed(rollout_id, h)
 
     def _closed(self, rollout_id: str) -> None:
         """A span of ``rollout_id`` is written: finish the rollout's waiting crews if it was the last."""
@@ -310,16 +297,16 @@ class LightningListener(BaseEventListener):
         self._start(event, "chain", event.crew_name or "crew", None, input=event.inputs)
 
     def _crew_ended(self, source: Any, event: Any) -> None:
-        key = event.started_event_id
         if isinstance(event, CrewKickoffFailedEvent):
-            crew = self._end(key, error=event.error, join=False, crew=True, end_time=_ts(event))
+            end = _End(error=event.error, end_time=_ts(event), crew=True)
         else:
-            attrs = {"total_tokens": event.total_tokens}
-            crew = self._end(
-                key, output=_text(event.output), attributes=attrs, join=False, crew=True, end_time=_ts(event)
+            end = _End(
+                output=_text(event.output),
+                attributes={"total_tokens": event.total_tokens},
+                end_time=_ts(event),
+                crew=True,
             )
-        if crew is not None:
-            self._finish_when_closed(crew.rollout_id, crew)
+        self._end(event.started_event_id, end)
 
     def _finish_when_closed(self, rollout_id: str, crew: SpanHandle | None = None) -> None:
         """Finish the ended crews of a rollout once none of their spans is open or being written:
@@ -524,10 +511,10 @@ class LightningListener(BaseEventListener):
     def _llm_ended(self, source: Any, event: Any) -> None:
         key = ("llm", event.call_id)
         if isinstance(event, LLMCallFailedEvent):
-            self._end(key, error=event.error, end_time=_ts(event))
+            self._end(key, _End(error=event.error, end_time=_ts(event)))
             return
         attrs = {"agl.response_id": event.response_id} if event.response_id else None
-        self._end(key, output=_llm_output(event.response), attributes=attrs, end_time=_ts(event))
+        self._end(key, _End(output=_llm_output(event.response), attributes=attrs, end_time=_ts(event)))
 
     def _tool_started(self, source: Any, event: ToolUsageStartedEvent) -> None:
         self._start(event, "tool", event.tool_name, _role(event), input=event.tool_args)
@@ -541,9 +528,8 @@ class LightningListener(BaseEventListener):
         if failure is not None and error is None:
             error = getattr(failure, "message", None) or str(failure)
         output = getattr(event, "output", None)
-        self._end(
-            key, output=_text(output), error=str(error) if error is not None else None, end_time=_ts(event)
-        )
+        error = str(error) if error is not None else None
+        self._end(key, _End(output=_text(output), error=error, end_time=_ts(event)))
 
 
 _installed: list[Instrumentation] = []
