@@ -131,6 +131,14 @@ class Engine(abc.ABC):
         return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
     @property
+    def vocab_size(self) -> int | None:
+        """How many token ids the tokenizer knows (ids at or past it are refused), if it says."""
+        try:
+            return len(self.tokenizer)
+        except TypeError:
+            return None
+
+    @property
     def eos_token_ids(self) -> set[int]:
         """Token ids that end a reply."""
         ids: set[int] = set()

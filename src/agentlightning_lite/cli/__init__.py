@@ -1,0 +1,109 @@
+"""The ``agl-lite`` command line: serve a policy, train an agent, and read a store of runs.
+
+``agl-lite serve`` serves the policy model; ``agl-lite train`` runs ``Trainer.fit`` on an agent
+given as ``module:function``; ``runs``, ``show``, ``transitions``, ``export-sft`` and ``plot`` read
+an existing SQLite store without ever creating or changing it.
+
+>>> parser = build_parser()
+>>> args = parser.parse_args(["serve", "--model", "smollm2-135m", "--port", "0"])
+>>> args.command, args.model, args.port, args.host
+('serve', 'smollm2-135m', 0, '127.0.0.1')
+>>> args = parser.parse_args(["transitions", "runs.db", "--credit", "discounted:0.9"])
+>>> args.credit
+Discounted(gamma=0.9)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from ..store.sqlite import NotOurDatabase
+from . import plot, runs, serve, train, transitions
+from ._common import (
+    _EXIT_CODES_HELP,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    CLIError,
+    _err,
+    parse_credit,
+)
+from .readstore import ReadOnlyStore
+from .train import load_agent, load_tasks, prepare_tasks
+
+CLIError.__module__ = __name__  # its public home: agentlightning_lite.cli.CLIError
+
+__all__ = [
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_RUNTIME",
+    "EXIT_USAGE",
+    "CLIError",
+    "ReadOnlyStore",
+    "build_parser",
+    "load_agent",
+    "load_tasks",
+    "parse_credit",
+    "prepare_tasks",
+    "main",
+]
+
+
+# -- the parser -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``agl-lite``."""
+    parser = argparse.ArgumentParser(
+        prog="agl-lite",
+        description="agentlightning-lite: turn LLM agent runs into RL training data, and train on it.",
+        epilog=_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    serve.add_parser(sub)
+    train.add_parser(sub)
+    runs.add_parsers(sub)
+    transitions.add_parsers(sub)
+    plot.add_parser(sub)
+    return parser
+
+
+_COMMANDS = {
+    "serve": serve.serve,
+    "train": train.train,
+    "runs": runs.runs,
+    "show": runs.show,
+    "transitions": transitions.transitions_cmd,
+    "export-sft": transitions.export_sft_cmd,
+    "plot": plot.plot,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agl-lite`` command; returns the exit code (see ``agl-lite --help``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # usage errors exit with 2
+    command = _COMMANDS.get(args.command)
+    if command is None:  # pragma: no cover - argparse rejects unknown commands
+        parser.error(f"unknown command {args.command!r}")
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        return 130
+    except CLIError as exc:
+        _err(f"error: {exc}")
+        return exc.code
+    except NotOurDatabase as exc:
+        _err(f"error: {exc}")
+        return EXIT_USAGE
+    except BrokenPipeError:  # `agl-lite runs db | head`
+        return EXIT_OK
+    except Exception as exc:
+        _err(
+            f"error: {type(exc).__name__}: {exc}"
+            if not isinstance(exc, (OSError, ValueError))
+            else f"error: {exc}"
+        )
+        return EXIT_RUNTIME

@@ -1,0 +1,95 @@
+"""``agl-lite serve``: serve a policy model over the OpenAI API and record every call."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="serve a policy model over the OpenAI API and record every call with its tokens",
+        description=(
+            "Serve a policy model at http://HOST:PORT/v1 (OpenAI-compatible). Every call is recorded as an "
+            "'llm' span with exact token ids in the store (--db). Route calls to a rollout with the base URL "
+            "http://HOST:PORT/rollout/<rollout_id>/v1."
+        ),
+    )
+    serve.add_argument("--model", default="smollm2-135m", help="model name, Hugging Face id or local path")
+    serve.add_argument(
+        "--engine", choices=("hf", "vllm"), default="hf", help="inference engine (default: hf)"
+    )
+    serve.add_argument("--db", default=None, help="SQLite store to record into (default: in memory only)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("AGL_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $AGL_API_KEY, else no key)",
+    )
+    serve.add_argument("--lora", default=None, help="a peft adapter directory to serve on top of the model")
+    serve.add_argument("--device", default="auto", help="hf engine: auto, cpu, cuda... (default: auto)")
+    serve.add_argument("--max-batch-size", type=int, default=16, help="most requests generated together")
+    serve.add_argument(
+        "--threads", type=int, default=None, help="hf engine: torch CPU threads (default: torch's)"
+    )
+    serve.add_argument("--served-name", default=None, help="the model name clients use (default: --model)")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+# -- commands ---------------------------------------------------------------------------------------
+def _engine(args: argparse.Namespace) -> Any:
+    from ..serving import engines
+
+    if args.engine == "vllm":
+        return engines.VLLMEngine(args.model, lora=args.lora, model_name=args.served_name)
+    return engines.HFEngine(
+        args.model,
+        lora=args.lora,
+        device=args.device,
+        max_batch_size=args.max_batch_size,
+        model_name=args.served_name,
+        num_threads=args.threads,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run ``agl-lite serve`` until Ctrl-C / SIGTERM."""
+    from ..serving import PolicyServer
+    from ..store import MemoryStore, SQLiteStore
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    store = SQLiteStore(args.db) if args.db else MemoryStore()
+    print(f"agl-lite: loading {args.model} ({args.engine})...", file=sys.stderr, flush=True)
+    engine = _engine(args)
+    server = PolicyServer(
+        engine,
+        store,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        flush=True,  # other processes read the file: commit each call before answering
+        log_level=args.log_level,
+    )
+    try:
+        server.start()
+        where = args.db if args.db else "memory (nothing kept after exit; pass --db runs.db)"
+        print(
+            f"agl-lite: serving model {server.model_name!r} at {server.base_url}\n"
+            f"agl-lite: per-rollout base URL: {server.url}/rollout/<rollout_id>/v1\n"
+            f"agl-lite: recording into {where}; Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
+        )
+        server.serve_forever()
+    finally:
+        server.stop()
+        engine.close()
+        store.close()
+    return 0

@@ -1,0 +1,238 @@
+"""``agl-lite train``: run ``Trainer.fit`` on an agent given as ``module:function``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    _EXIT_CODES_HELP,
+    EXIT_OK,
+    EXIT_USAGE,
+    CLIError,
+    _air,
+    _err,
+    _fmt_num,
+    _json_default,
+    _names,
+    _Out,
+    parse_credit,
+)
+
+
+def add_parser(sub: Any) -> None:
+    train = sub.add_parser(
+        "train",
+        help="train an agent (module:function) on a dataset file with GRPO or PPO on LoRA",
+        description=(
+            "Train an agent with agl.Trainer(...).fit(agent, dataset). AGENT is 'module:function' "
+            "(imported with the current directory on sys.path), 'path/to/file.py:function', or the name "
+            "of a benchmark package under benchmarks/ that provides `agent` and `load_dataset(split, "
+            "data_dir=None)`. A `prepare(tasks)` function next to the agent, when there is one, runs "
+            "once before training (to build an index, say). The agent is a function (task, llm) -> "
+            "reward or an agl.LitAgent. The dataset is a JSONL file (one task per line) or a JSON list."
+        ),
+        epilog=_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument(
+        "agent", metavar="AGENT", help="module:function, file.py:function, or a benchmark name"
+    )
+    train.add_argument("--data", default=None, help="training tasks: a .jsonl file or a .json list")
+    train.add_argument("--val-data", default=None, help="held-out tasks: success rate before and after")
+    train.add_argument("--data-dir", default=None, help="benchmarks: where their data files are")
+    train.add_argument("--limit", type=int, default=None, help="use only the first N training tasks")
+    train.add_argument("--val-limit", type=int, default=None, help="use only the first N held-out tasks")
+    train.add_argument("--model", default="smollm2-135m", help="policy model (default: smollm2-135m)")
+    train.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo", help="default: grpo")
+    train.add_argument("--steps", type=int, default=None, help="training steps (default: one epoch)")
+    train.add_argument("--batch-size", type=int, default=8, help="tasks per step (default 8)")
+    train.add_argument("--group-size", type=int, default=4, help="rollouts per task (default 4)")
+    train.add_argument("--lr", type=float, default=1e-5, help="learning rate of the adapter (default 1e-5)")
+    train.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
+    train.add_argument("--qlora", action="store_true", help="4-bit base weights (QLoRA; CUDA GPU only)")
+    train.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto", help="default: auto")
+    train.add_argument("--agents", nargs="+", metavar="NAME", help="train only these agents' calls")
+    train.add_argument(
+        "--credit", type=parse_credit, default=None, metavar="RULE", help="final|discounted[:g]"
+    )
+    train.add_argument("--tool-success", type=float, default=None, help="AIR: reward for a tool that worked")
+    train.add_argument("--tool-error", type=float, default=None, help="AIR: reward for a tool that failed")
+    train.add_argument(
+        "--concurrency", type=int, default=None, help="rollouts at once (default: a step's, batch x group)"
+    )
+    train.add_argument("--rollout-timeout", type=float, default=300.0, help="seconds per rollout")
+    train.add_argument("--eval-every", type=int, default=0, help="validate every N steps (0 = at the end)")
+    train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0 = never)")
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    train.add_argument("--no-baseline", action="store_true", help="skip the evaluation before training")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--output-dir", default="runs/agl", help="runs.db, metrics, curve, adapter")
+    train.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+
+
+# -- agent and dataset loading ----------------------------------------------------------------------
+def load_agent(spec: str) -> tuple[Any, Any]:
+    """Import ``module:function``, ``file.py:function`` or a benchmark name; returns (agent, module)."""
+    from ..rl.rollouts import LitAgent
+
+    if ":" in spec:
+        where, _, attr = spec.rpartition(":")
+    else:
+        where, attr = f"benchmarks.{spec}", "agent"
+    try:
+        if where.endswith(".py") or os.sep in where:
+            path = Path(where)
+            if not path.is_file():
+                raise CLIError(f"no such file: {path}", EXIT_USAGE)
+            sys.path.insert(0, str(path.resolve().parent))
+            mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert mod_spec is not None and mod_spec.loader is not None
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[path.stem] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(where)
+    except ModuleNotFoundError as exc:
+        raise CLIError(f"cannot import {where!r} for agent {spec!r}: {exc}", EXIT_USAGE) from None
+    agent = getattr(module, attr, None)
+    if agent is None:
+        raise CLIError(f"{where!r} has no attribute {attr!r}", EXIT_USAGE)
+    if isinstance(agent, type) and issubclass(agent, LitAgent):
+        agent = agent()
+    if not callable(agent):
+        raise CLIError(f"agent {spec!r} is not callable", EXIT_USAGE)
+    return agent, module
+
+
+def load_tasks(path: str | os.PathLike[str], limit: int | None = None) -> list[Any]:
+    """Tasks from a JSONL file (one per line) or a JSON list."""
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"no such file: {p}", EXIT_USAGE)
+    text = p.read_text(encoding="utf-8")
+    try:
+        stripped = text.lstrip()
+        if stripped.startswith("["):
+            tasks = json.loads(text)
+        else:
+            tasks = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise CLIError(f"{p} is neither JSONL nor a JSON list: {exc}", EXIT_USAGE) from None
+    if not isinstance(tasks, list):
+        raise CLIError(f"{p}: expected a JSON list of tasks", EXIT_USAGE)
+    if limit is not None:
+        tasks = tasks[:limit]
+    if not tasks:
+        raise CLIError(f"{p} holds no tasks", EXIT_USAGE)
+    return tasks
+
+
+def prepare_tasks(module: Any, tasks: list[Any]) -> None:
+    """Call the agent module's ``prepare(tasks)`` when it defines one, before any rollout runs.
+
+    A benchmark builds what its rollouts share there (MuSiQue: the search index over the corpus),
+    so that the first rollouts do not spend their time limit on it.
+
+    >>> import types
+    >>> seen = []
+    >>> prepare_tasks(types.SimpleNamespace(__name__="m", prepare=seen.extend), [{"q": 1}])
+    >>> seen
+    [{'q': 1}]
+    """
+    prepare = getattr(module, "prepare", None)
+    if callable(prepare):
+        _err(f"preparing {len(tasks)} tasks with {module.__name__}.prepare()")
+        prepare(tasks)
+
+
+def train(args: argparse.Namespace) -> int:
+    """Run ``agl-lite train``: evaluate, ``Trainer.fit``, evaluate again, save the adapter."""
+    for name in ("steps", "batch_size", "group_size", "lora_r", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CLIError(f"--{name.replace('_', '-')} must be >= 1", EXIT_USAGE)
+    agent, module = load_agent(args.agent)
+    if args.data is not None:
+        tasks = load_tasks(args.data, args.limit)
+    elif hasattr(module, "load_dataset"):
+        tasks = list(module.load_dataset("train", data_dir=args.data_dir))[: args.limit]
+    else:
+        raise CLIError("--data FILE is required (a .jsonl file or a .json list of tasks)", EXIT_USAGE)
+    val = None
+    if args.val_data is not None:
+        val = load_tasks(args.val_data, args.val_limit)
+    elif args.data is None and hasattr(module, "load_dataset"):
+        val = list(module.load_dataset("val", data_dir=args.data_dir))[: args.val_limit]
+    prepare_tasks(module, tasks + (val or []))
+
+    import agentlightning_lite as agl
+
+    algo_cls = agl.GRPO if args.algorithm == "grpo" else agl.PPO
+    _err(
+        f"training {args.agent} on {len(tasks)} tasks: {args.model}, {args.algorithm.upper()}, "
+        f"group {args.group_size}, batch {args.batch_size}, lr {args.lr:g}, output in {args.output_dir}"
+    )
+    t0 = time.time()
+    trainer = agl.Trainer(
+        model=args.model,
+        algorithm=algo_cls(group_size=args.group_size, lr=args.lr),
+        lora=agl.LoRA(r=args.lora_r, alpha=2 * args.lora_r, load_in_4bit=args.qlora),
+        engine=args.engine,
+        agents=_names(args.agents),
+        credit=args.credit,
+        air=_air(args),
+        output_dir=args.output_dir,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        rollout_timeout=args.rollout_timeout,
+        eval_every=args.eval_every,
+        save_every=args.save_every,
+        seed=args.seed,
+    )
+    try:
+        before = None
+        if val is not None and not args.no_baseline and not args.resume:
+            before = trainer.evaluate(agent, val)
+        last = trainer.fit(agent, tasks, steps=args.steps, resume=args.resume)
+        after = trainer.evaluate(agent, val) if val is not None else None
+        adapter = trainer.save()
+        curve = trainer.plot()
+    finally:
+        trainer.close()
+    out = {
+        "agent": args.agent,
+        "steps": trainer.step,
+        "train_tasks": len(tasks),
+        "before": before,
+        "after": after,
+        "last_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))},
+        "output_dir": str(Path(args.output_dir)),
+        "store": str(Path(args.output_dir) / "runs.db"),
+        "metrics": str(Path(args.output_dir) / "metrics.jsonl"),
+        "reward_curve": None if curve is None else str(curve),
+        "adapter": str(adapter),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, default=_json_default))
+        return EXIT_OK
+    o = _Out()
+    rows = [["steps", str(trainer.step), ""]]
+    rows.append(["train reward (last step)", _fmt_num(last.get("train/reward_mean")), ""])
+    if after is not None:
+        for key in ("success_rate", "mean_reward"):
+            rows.append([f"held-out {key}", _fmt_num(before[key]) if before else "-", _fmt_num(after[key])])
+    o.table("training done", ["", "before", "after"], rows)
+    for label in ("store", "metrics", "reward_curve", "adapter"):
+        o.line(f"{label:13s} {out[label]}")
+    return EXIT_OK

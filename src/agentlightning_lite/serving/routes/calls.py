@@ -1,0 +1,316 @@
+"""What every generation route shares: auth, resolving a request to a rollout and agent, the token
+budget, generation through the engine, and recording each choice as an ``llm`` span."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from ...tracer import new_span_id
+from ...types import Span
+from ..chat import ChatFormatError, content_text
+from ..engines.base import GenRequest, GenResult
+from ..errors import APIError, bad_request
+from ..params import Params
+
+if TYPE_CHECKING:
+    from ..server import PolicyServer
+
+logger = logging.getLogger("agentlightning_lite.serving")
+
+AGENT_HEADER = "x-agl-agent"
+ROLLOUT_HEADER = "x-agl-rollout-id"
+PARENT_HEADER = "x-agl-parent-span-id"
+
+
+@dataclass
+class Call:
+    """What a request resolved to before generation."""
+
+    body: dict[str, Any]
+    rollout_id: str | None
+    agent: str | None
+    parent_id: str | None
+    model: str
+
+
+def check_auth(server: PolicyServer, request: Request) -> None:
+    """Raise a 401 unless the request carries the server's API key (when it has one)."""
+    if server.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), server.api_key.encode()):
+        raise APIError(
+            401,
+            "Incorrect API key provided. Pass the server's key as 'Authorization: Bearer <key>'.",
+            type="invalid_request_error",
+            code="invalid_api_key",
+        )
+
+
+async def rollout_of(server: PolicyServer, request: Request) -> str | None:
+    """The rollout a request is routed to (URL, else header), checked against the store; 404 if unknown."""
+    rid = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
+    if rid is None:
+        return None
+    if rid not in server._known_rollouts:
+        found = await run_in_threadpool(server.store.get_rollout, rid)
+        if found is None:
+            raise APIError(
+                404,
+                f"Unknown rollout id {rid!r}: start the rollout in the store before routing calls to it.",
+                param="rollout_id",
+                code="rollout_not_found",
+            )
+        server._known_rollouts.add(rid)
+    return rid
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object body: 413 past ``limit`` bytes, 400 for anything that is not an object."""
+    raw = await request.body()
+    if len(raw) > limit:
+        raise APIError(
+            413,
+            f"The request body is {len(raw)} bytes; this server takes at most {limit}.",
+            code="body_too_large",
+        )
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(
+            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from None
+    except RecursionError:
+        raise bad_request(
+            "The JSON body of your request is nested too deeply.", code="invalid_json"
+        ) from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+async def resolve_call(server: PolicyServer, request: Request) -> Call:
+    """Authenticate and parse a generation request: body, rollout, agent, parent span, model."""
+    check_auth(server, request)
+    body = await read_json(request, server.max_body_bytes)
+    rollout_id = await rollout_of(server, request)
+    agent = request.path_params.get("agent") or request.headers.get(AGENT_HEADER)
+    model = body.get("model")
+    if model is None:
+        model = server.model_name
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    base = model
+    if model not in server.served_names and "@" in model:
+        base, _, suffix = model.rpartition("@")
+        agent = agent or suffix or None
+    if base not in server.served_names:
+        raise APIError(
+            404,
+            f"The model `{_printable(model)}` does not exist. This server serves: "
+            f"{', '.join(sorted(server.served_names))}.",
+            param="model",
+            code="model_not_found",
+        )
+    parent = request.headers.get(PARENT_HEADER)
+    return Call(body=body, rollout_id=rollout_id, agent=agent, parent_id=parent, model=server.model_name)
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """``text`` safe to echo in a JSON error: lone surrogates escaped, cut at ``limit`` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def budget(server: PolicyServer, prompt_len: int, p: Params, param: str) -> int:
+    """The number of new tokens a request may generate; 400 when the prompt leaves no room."""
+    limit = server.engine.max_context
+    room = limit - prompt_len
+    if room <= 0:
+        raise bad_request(
+            f"This model's maximum context length is {limit} tokens. However, your {param} resulted in "
+            f"{prompt_len} tokens. Please reduce the length of the {param}.",
+            param,
+            code="context_length_exceeded",
+        )
+    if p.max_tokens is not None and p.max_tokens > room:
+        raise bad_request(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + p.max_tokens} tokens ({prompt_len} in the {param}, {p.max_tokens} in the "
+            f"completion). Please reduce the length of the {param} or completion.",
+            param,
+            code="context_length_exceeded",
+        )
+    return p.max_tokens if p.max_tokens is not None else min(server.default_max_tokens, room)
+
+
+def gen_requests(
+    prompt_ids: list[int], p: Params, max_tokens: int, request_id: str, **extra: Any
+) -> list[GenRequest]:
+    """One engine request per choice (``n``); with a seed, choice ``i`` gets ``seed + i``."""
+    return [
+        GenRequest(
+            prompt_token_ids=prompt_ids,
+            max_tokens=max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            stop=list(p.stop),
+            seed=None if p.seed is None else p.seed + i,
+            top_logprobs=p.top_logprobs,
+            request_id=f"{request_id}-{i}",
+            **extra,
+        )
+        for i in range(p.n)
+    ]
+
+
+async def generate(server: PolicyServer, requests: list[GenRequest]) -> list[GenResult]:
+    """Submit the requests to the engine and wait for all of them.
+
+    If the client goes away (the request task is cancelled), the requests still queued are
+    cancelled too, so they do not hold a slot in the engine's batch.
+    """
+    futures = [server.engine.submit(r) for r in requests]
+    try:
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+    except asyncio.CancelledError:
+        for f in futures:
+            f.cancel()
+        raise
+
+
+def record(server: PolicyServer, call: Call, task: Any, spans: list[Span], failed: bool) -> None:
+    """Write a request's spans; an unrouted call gets an implicit ``trace`` rollout of its own."""
+    if not spans:
+        return
+    rollout_id = call.rollout_id
+    implicit = rollout_id is None
+    if implicit:
+        if not server.record_unrouted:
+            return
+        ro = server.store.start_rollout(
+            task, mode="trace", metadata={"implicit": True, "source": "agl.PolicyServer"}
+        )
+        rollout_id = ro.rollout_id
+        spans = [s.model_copy(update={"rollout_id": rollout_id}) for s in spans]
+    server.store.add_spans(spans)
+    if implicit:
+        server.store.finish_rollout(rollout_id, status="failed" if failed else "succeeded")
+    if server.flush:
+        server.store.flush()
+
+
+def llm_span(
+    call: Call, name: str, start: float, input: Any, attributes: dict[str, Any], **fields: Any
+) -> Span:
+    """The ``llm`` span of one generated choice (or of a failed request)."""
+    return Span(
+        span_id=new_span_id(),
+        rollout_id=call.rollout_id or "",
+        parent_id=call.parent_id,
+        kind="llm",
+        name=name,
+        agent=call.agent,
+        start_time=start,
+        end_time=time.time(),
+        input=input,
+        model=call.model,
+        attributes={"policy": True, "server": "agl", **attributes},
+        **fields,
+    )
+
+
+async def engine_failed(
+    server: PolicyServer,
+    call: Call,
+    name: str,
+    start: float,
+    input: Any,
+    attrs: dict[str, Any],
+    prompt_ids: list[int],
+    task: Any,
+    exc: BaseException,
+) -> APIError:
+    """Record an ``error`` span for a failed generation and return the 500 to raise."""
+    logger.exception("PolicyServer: the engine failed", exc_info=exc)
+    span = llm_span(
+        call,
+        name,
+        start,
+        input,
+        attrs,
+        status="error",
+        error=f"{type(exc).__name__}: {exc}",
+        prompt_token_ids=prompt_ids,
+    )
+    try:
+        await run_in_threadpool(record, server, call, task, [span], True)
+    except Exception:
+        logger.exception("PolicyServer: could not record the error span")
+    return APIError(
+        500, f"The engine failed: {type(exc).__name__}: {exc}", type="server_error", code="engine_error"
+    )
+
+
+def usage(prompt_tokens: int, results: Sequence[GenResult]) -> dict[str, int]:
+    """OpenAI's ``usage`` object."""
+    completion = sum(r.num_tokens for r in results)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def task_of(messages: Any) -> Any:
+    """The task recorded on an implicit rollout: the last user message's text."""
+    for m in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(m, dict) and m.get("role") == "user":
+            try:
+                return content_text(m.get("content"))
+            except ChatFormatError:
+                return None
+    return None
+
+
+def pieces(server: PolicyServer, res: GenResult, text: str) -> list[tuple[str, int, int]]:
+    """Split ``text`` into streamable deltas aligned with tokens: (delta, first token, end token)."""
+    out, emitted, first = [], "", 0
+    for k in range(len(res.token_ids)):
+        cur = server.engine.decode(res.token_ids[: k + 1])
+        if cur.endswith("\ufffd") or not cur.startswith(emitted):
+            continue  # an incomplete UTF-8 character: wait for the next token
+        cur = cur[: len(text)]
+        if not text.startswith(cur) or len(cur) <= len(emitted):
+            continue
+        out.append((cur[len(emitted) :], first, k + 1))
+        emitted, first = cur, k + 1
+    if emitted != text:
+        out.append((text[len(emitted) :], first, len(res.token_ids)))
+    elif first < len(res.token_ids) and out:
+        delta, s, _ = out[-1]
+        out[-1] = (delta, s, len(res.token_ids))  # trailing tokens (EOS) ride on the last piece
+    return out
+
+
+def sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
+
+    async def events() -> AsyncIterator[bytes]:
+        for c in chunks:
+            yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n".encode("utf-8", "backslashreplace")
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
