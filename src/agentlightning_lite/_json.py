@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,16 +100,40 @@ def _fallback(value: Any) -> dict[str, str]:
     return {"__type__": f"{cls.__module__}.{cls.__qualname__}", "__repr__": text}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` made encodable as UTF-8: a lone surrogate becomes the escape ``\\uXXXX``.
+
+    Inside JSON the escape decodes back to the same character, so :func:`dumps` output keeps
+    its value exactly; in plain text it is a readable mark of where the bad character was.
+
+    >>> utf8_safe("ok") == "ok", utf8_safe("a\ud800b")
+    (True, 'a\\ud800b')
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
+
+
 def dumps(value: Any) -> str:
-    """JSON-encode ``value`` compactly, converting unknown objects with :func:`to_jsonable`."""
+    """JSON-encode ``value`` compactly, converting unknown objects with :func:`to_jsonable`.
+
+    The result always encodes as UTF-8 (lone surrogates are written as ``\\u`` escapes).
+    """
     if value is None:
         return "null"
     if type(value) is str:
-        return _encode_str(value)
+        return utf8_safe(_encode_str(value))
     try:
-        return _dumps(value)
+        return utf8_safe(_dumps(value))
     except (TypeError, ValueError, RecursionError):
-        return json.dumps(to_jsonable(value), separators=(",", ":"), ensure_ascii=False)
+        return utf8_safe(json.dumps(to_jsonable(value), separators=(",", ":"), ensure_ascii=False))
 
 
 def loads(text: str | None) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -33,6 +34,8 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 __all__ = ["MirrorStore", "SpanProcessor", "export", "from_otel", "to_otel"]
 
 _NS = 1_000_000_000
+logger = logging.getLogger("agentlightning_lite.otel")
+
 _PREFIX = "agentlightning."
 _OP_TO_KIND = {
     "chat": "llm",
@@ -101,7 +104,20 @@ def _int_id(text: str, bits: int) -> int:
 
 
 def from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) -> Span:
-    """Convert one OTel ``ReadableSpan`` into a :class:`Span` of ``rollout_id``."""
+    """Convert one OTel ``ReadableSpan`` into a :class:`Span` of ``rollout_id``.
+
+    Raises ``ValueError`` naming the span and the problem when its attributes cannot make a span
+    (``agentlightning.prompt_token_ids`` that are not token ids, an unknown ``agentlightning.kind``...).
+    """
+    try:
+        return _from_otel(otel_span, rollout_id, parent_id)
+    except (ValueError, TypeError, OverflowError) as exc:
+        name = getattr(otel_span, "name", "?")
+        detail = str(exc).replace("\n", " ")
+        raise ValueError(f"OTel span {name!r} cannot be recorded: {detail}") from None
+
+
+def _from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) -> Span:
     attrs = dict(otel_span.attributes or {})
     ctx = otel_span.context
     op = attrs.get("gen_ai.operation.name")
@@ -146,11 +162,18 @@ def from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) -> 
                 )
         error = error or "error"
 
-    def ints(key: str) -> list[int] | None:
+    def numbers(key: str, kind: type) -> list[Any] | None:
         v = attrs.get(_PREFIX + key)
-        return None if v is None else [int(x) for x in v]
+        if v is None:
+            return None
+        if isinstance(v, (str, bytes)) or not all(isinstance(x, (int, float)) for x in v):
+            raise ValueError(f"{_PREFIX}{key} must be a sequence of numbers, got {v!r}"[:300])
+        return [kind(x) for x in v]
 
-    logprobs = attrs.get(_PREFIX + "response_logprobs")
+    def ints(key: str) -> list[int] | None:
+        return numbers(key, int)
+
+    logprobs = numbers("response_logprobs", float)
     return Span(
         span_id=attrs.get(_PREFIX + "span_id") or _hex_id(ctx.span_id, 16),
         rollout_id=rollout_id,
@@ -168,7 +191,7 @@ def from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) -> 
         model=model,
         prompt_token_ids=ints("prompt_token_ids"),
         response_token_ids=ints("response_token_ids"),
-        response_logprobs=None if logprobs is None else [float(x) for x in logprobs],
+        response_logprobs=logprobs,
     )
 
 
@@ -206,6 +229,11 @@ class SpanProcessor(_OTelSpanProcessor):  # type: ignore[misc,valid-type]
         parent = otel_span.parent
         explicit = attrs.get(_PREFIX + "rollout_id")
         parent_id = _hex_id(parent.span_id, 16) if parent is not None else None
+        if explicit is not None and not isinstance(explicit, str):
+            raise ValueError(
+                f"OTel span {otel_span.name!r} cannot be recorded: {_PREFIX}rollout_id must be a string, "
+                f"got {explicit!r}"
+            )
         if explicit:
             if self.tracer.store.get_rollout(explicit) is None:
                 self.tracer.store.start_rollout(None, mode="trace", rollout_id=explicit)
@@ -233,7 +261,10 @@ class SpanProcessor(_OTelSpanProcessor):  # type: ignore[misc,valid-type]
         return rid, parent_id
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        resolved = self._resolve(span)
+        try:
+            resolved = self._resolve(span)
+        except ValueError:  # reported once, when the span ends
+            return
         with self._lock:
             self._started[span.context.span_id] = resolved
             self._by_span[span.context.span_id] = resolved[0]
@@ -242,14 +273,25 @@ class SpanProcessor(_OTelSpanProcessor):  # type: ignore[misc,valid-type]
         pass
 
     def on_end(self, span: Any) -> None:
+        try:
+            self._record(span)
+        except ValueError as exc:  # never raise into the instrumented program
+            logger.warning("agentlightning-lite dropped a span: %s", exc)
+
+    def _record(self, span: Any) -> None:
         sid = span.context.span_id
         with self._lock:
             resolved = self._started.pop(sid, None)
         if resolved is None:
             resolved = self._resolve(span)
         rollout_id, parent_id = resolved
-        record = from_otel(span, rollout_id, parent_id)
-        self.tracer.store.add_spans([record])
+        problem: ValueError | None = None
+        try:
+            record: Span | None = from_otel(span, rollout_id, parent_id)
+        except ValueError as exc:
+            record, problem = None, exc
+        if record is not None:
+            self.tracer.store.add_spans([record])
         with self._lock:
             self._by_span.pop(sid, None)
             implicit = self._trace_rollouts.get(span.context.trace_id) == rollout_id
@@ -258,15 +300,21 @@ class SpanProcessor(_OTelSpanProcessor):  # type: ignore[misc,valid-type]
         if implicit and span.parent is None:
             self.tracer.store.finish_rollout(
                 rollout_id,
-                status="failed" if record.status == "error" else "succeeded",
-                error=record.error,
+                status="failed" if record is None or record.status == "error" else "succeeded",
+                error=str(problem) if record is None else record.error,
             )
+        if problem is not None:
+            raise problem
 
     def ingest(self, otel_spans: Iterable[Any]) -> int:
-        """Record already-finished OTel spans (from an exporter or a file); return the count."""
+        """Record already-finished OTel spans (from an exporter or a file); return the count.
+
+        Raises ``ValueError`` at the first span that cannot be recorded (the spans before it are
+        kept; that one is not written). A live processor (``on_end``) logs such a span and drops it.
+        """
         n = 0
         for s in otel_spans:
-            self.on_end(s)
+            self._record(s)
             n += 1
         return n
 

@@ -38,6 +38,8 @@ def check_reward(value: Any, what: str = "reward") -> float | None:
     """
     if value is None:
         return None
+    if isinstance(value, (str, bytes)):  # "0.5" is a bug in the agent more often than a reward
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             value = float(value)  # numpy / torch scalars
@@ -93,6 +95,14 @@ class Span(BaseModel):
     @classmethod
     def _jsonable_attrs(cls, v: Any, info: ValidationInfo) -> Any:
         return {} if v is None else _copy(v, info)
+
+    @field_validator("prompt_token_ids", "response_token_ids", mode="after")
+    @classmethod
+    def _token_ids(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if v and (min(v) < 0 or max(v) >= 2**31):
+            bad = min(v) if min(v) < 0 else max(v)
+            raise ValueError(f"{info.field_name} must hold token ids from 0 to 2**31-1, got {bad}")
+        return v
 
     @property
     def duration(self) -> float | None:

@@ -16,6 +16,8 @@ Discounted(gamma=0.9)
 from __future__ import annotations
 
 import argparse
+import sqlite3
+import sys
 from collections.abc import Sequence
 
 from ..store.sqlite import NotOurDatabase
@@ -83,6 +85,10 @@ _COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agl-lite`` command; returns the exit code (see ``agl-lite --help``)."""
+    for stream in (sys.stdout, sys.stderr):  # undecodable arguments or stored text never crash a print
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors exit with 2
     command = _COMMANDS.get(args.command)
@@ -97,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code
     except NotOurDatabase as exc:
         _err(f"error: {exc}")
+        return EXIT_USAGE
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            _err(f"error: {getattr(args, 'db', 'the store')} is locked by another process: {exc}")
+            return EXIT_RUNTIME
+        _err(f"error: {getattr(args, 'db', 'the store')} is damaged or truncated ({exc})")
         return EXIT_USAGE
     except BrokenPipeError:  # `agl-lite runs db | head`
         return EXIT_OK

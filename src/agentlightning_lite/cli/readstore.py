@@ -11,8 +11,16 @@ from typing import Any
 from urllib.parse import quote
 
 from ..store.base import Store
+from .._json import utf8_safe
 from ..store.rows import row_to_span
-from ..store.sqlite import _ROLLOUT_COLUMNS, _SPAN_COLUMNS, APPLICATION_ID, NotOurDatabase, _row_rollout
+from ..store.sqlite import (
+    _ROLLOUT_COLUMNS,
+    _SPAN_COLUMNS,
+    APPLICATION_ID,
+    NotOurDatabase,
+    _row_rollout,
+    check_schema,
+)
 from ..types import Rollout, Span
 from ._common import EXIT_USAGE, CLIError
 
@@ -58,6 +66,11 @@ class ReadOnlyStore(Store):
         if app_id != APPLICATION_ID:
             self._conn.close()
             raise NotOurDatabase(f"{self.path} is not an agentlightning-lite store")
+        try:
+            check_schema(self._conn, self.path)
+        except NotOurDatabase:
+            self._conn.close()
+            raise
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._conn.execute(sql, tuple(params)).fetchall()
@@ -85,6 +98,7 @@ class ReadOnlyStore(Store):
 
     def find_rollouts(self, prefix: str, limit: int = 6) -> list[str]:
         """Ids of rollouts whose id starts with ``prefix`` (an exact id first)."""
+        prefix = utf8_safe(prefix)  # as the store wrote it
         if self._query("SELECT 1 FROM rollouts WHERE rollout_id = ?", (prefix,)):
             return [prefix]
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .._json import dumps, loads
+from .._json import dumps, loads, utf8_safe
 from ..types import TRUSTED, Rollout, Span
 from .base import Store
 from .rows import SpanRow, floats_to_blob, ids_to_blob, row_to_span, span_to_row
@@ -81,12 +81,27 @@ class NotOurDatabase(ValueError):
     """The file is a SQLite database written by something else, or not a database at all."""
 
 
+def check_schema(conn: sqlite3.Connection, path: Any) -> None:
+    """Raise :class:`NotOurDatabase` when a store was written by a newer schema than this one reads."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise NotOurDatabase(
+            f"{path} was written by a newer agentlightning-lite (store schema {version}; this version "
+            f"reads schema {SCHEMA_VERSION} and older): upgrade agentlightning-lite to open it"
+        )
+
+
+def _text_columns(r: SpanRow) -> tuple[Any, ...]:
+    """The row's first 14 columns, with text that SQLite's UTF-8 cannot hold escaped."""
+    return tuple(utf8_safe(v) if type(v) is str else v for v in r[:14])
+
+
 if sys.byteorder == "little":
 
     def _db_row(r: SpanRow) -> SpanRow:
         p, q, lp = r[14], r[15], r[16]
         return (
-            *r[:14],
+            *_text_columns(r),
             None if p is None else array("i", p).tobytes(),
             None if q is None else array("i", q).tobytes(),
             None if lp is None else array("d", lp).tobytes(),
@@ -95,7 +110,7 @@ if sys.byteorder == "little":
 else:  # pragma: no cover - big-endian machines
 
     def _db_row(r: SpanRow) -> SpanRow:
-        return (*r[:14], ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
+        return (*_text_columns(r), ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
 
 
 def _merge_updates(
@@ -119,7 +134,7 @@ def _merge_updates(
 
 def _rollout_row(r: Rollout) -> tuple[Any, ...]:
     return (
-        r.rollout_id,
+        utf8_safe(r.rollout_id),
         dumps(r.task),
         r.mode,
         r.status,
@@ -127,7 +142,7 @@ def _rollout_row(r: Rollout) -> tuple[Any, ...]:
         r.end_time,
         r.reward,
         dumps(r.metadata),
-        r.error,
+        None if r.error is None else utf8_safe(r.error),
     )
 
 
@@ -220,6 +235,12 @@ class SQLiteStore(Store):
         if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables):
             conn.close()
             raise NotOurDatabase(f"{self.path} is a SQLite database, but not an agentlightning-lite store")
+        if app_id == APPLICATION_ID:
+            try:
+                check_schema(conn, self.path)
+            except NotOurDatabase:
+                conn.close()
+                raise
         if app_id == 0:
             conn.execute("PRAGMA page_size = 16384")  # fewer, larger pages for span rows
         conn.execute("PRAGMA journal_mode = WAL")
@@ -369,7 +390,9 @@ class SQLiteStore(Store):
             return self._connection().execute(sql, params).fetchall()
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        rows = self._query(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        rows = self._query(
+            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (utf8_safe(rollout_id),)
+        )
         return _row_rollout(rows[0]) if rows else None
 
     def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
@@ -389,7 +412,7 @@ class SQLiteStore(Store):
     def spans(self, rollout_id: str) -> list[Span]:
         rows = self._query(
             f"SELECT {_SPAN_COLUMNS} FROM spans WHERE rollout_id = ? ORDER BY start_time, seq",
-            (rollout_id,),
+            (utf8_safe(rollout_id),),
         )
         return [row_to_span(r) for r in rows]
 

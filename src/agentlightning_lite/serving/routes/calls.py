@@ -98,6 +98,14 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    try:  # JSON's \u escapes can spell lone surrogates, which no tokenizer or store can take
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end].encode("utf-8", "backslashreplace").decode()
+        raise bad_request(
+            f"The request body holds text that is not valid Unicode (a lone surrogate {bad}).",
+            code="invalid_unicode",
+        ) from None
     return body
 
 
