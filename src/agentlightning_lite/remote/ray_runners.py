@@ -11,7 +11,6 @@ import logging
 import math
 from typing import Any
 
-from .routes import DEFAULT_MAX_BODY_BYTES
 from .runners import RemoteRunners
 
 __all__ = ["RayRunners"]
@@ -81,7 +80,7 @@ class RayRunners(RemoteRunners):
         api_key: str | None = None,
         lease_timeout: float = 30.0,
         max_attempts: int = 3,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int = 32 * 2**20,
         advertise_url: str | None = None,
     ) -> None:
         super().__init__(host, port, api_key, lease_timeout, max_attempts, max_body_bytes, advertise_url)

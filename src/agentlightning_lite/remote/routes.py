@@ -4,39 +4,36 @@
 ``POST /agl/v1/rollouts/{id}/reward``, ``POST /agl/v1/spans`` (native span rows or span objects),
 ``POST /v1/traces`` and ``/rollout/{id}/v1/traces`` (OTLP/HTTP, protobuf or JSON), ``POST`` and
 ``GET /agl/v1/rollouts``, ``GET /agl/v1/rollouts/{id}``, ``GET /agl/v1/rollouts/{id}/spans``,
-``GET /agl/v1/status``. With an API key every route (the OpenAI ones too) answers a missing or
-wrong ``Authorization: Bearer`` with 401; bodies over ``max_body_bytes`` get 413; malformed input
-gets a 4xx JSON error body (OpenAI style) and the server keeps serving.
+``GET /agl/v1/status``. With an API key every route (as the OpenAI ones) answers a missing or
+wrong ``Authorization: Bearer`` with 401; bodies over the server's ``max_body_bytes`` get 413;
+malformed input gets a 4xx JSON error body (OpenAI style) and the server keeps serving.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from .._json import dumps
-from ..serving.server import APIError, PolicyServer
+from ..serving.errors import APIError, JSONResponse
+from ..serving.routes.calls import ROLLOUT_HEADER, check_auth
+from ..serving.server import PolicyServer
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
 from .otlp import OTLPError, TraceRollouts, decode_json, decode_protobuf, spans_from_otlp
 from .queue import RolloutQueue
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ROLLOUT_HEADER", "remote_app"]
+__all__ = ["remote_routes"]
 
 logger = logging.getLogger("agentlightning_lite.remote")
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-ROLLOUT_HEADER = "x-agl-rollout-id"
 MAX_CLAIM_WAIT = 30.0
 _KINDS = frozenset(SPAN_KINDS)
 _ROW_LEN = 17
@@ -46,83 +43,36 @@ def _bad(message: str, param: str | None = None, code: str | None = None, status
     return APIError(status, message, param=param, code=code)
 
 
-class _BodyLimit:
-    """ASGI middleware: refuse request bodies over ``limit`` bytes with a 413 JSON error."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_big = APIError(
-            413, f"request body too large (limit {self.limit} bytes)", code="request_too_large"
-        ).response()
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    if int(value) > self.limit:
-                        await too_big(scope, receive, send)
-                        return
-                except ValueError:
-                    await _bad("invalid Content-Length header").response()(scope, receive, send)
-                    return
-        seen = 0
-        started = False
-
-        async def limited_receive() -> Any:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message: Any) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await too_big(scope, receive, send)
+async def _raw_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with a 413 as soon as it passes ``limit`` bytes."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(int(length), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-class _TooLarge(Exception):
-    pass
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(
+        413, f"The request body is {size} bytes; this server takes at most {limit}.", code="body_too_large"
+    )
 
 
-def _auth_checker(api_key: str | None) -> Callable[[Request], None]:
-    key = None if api_key is None else api_key.encode()
-
-    def check(request: Request) -> None:
-        if key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
-            raise APIError(
-                401,
-                "Incorrect API key provided. Pass the server's key as 'Authorization: Bearer <key>'.",
-                code="invalid_api_key",
-            )
-
-    return check
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+async def _json_body(request: Request, limit: int) -> dict[str, Any]:
+    raw = await _raw_body(request, limit)
     if not raw:
         return {}
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _bad(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise _bad("The JSON body of your request is nested too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.", code="invalid_json")
     return body
@@ -215,15 +165,14 @@ def check_row(r: Any, version: int | None) -> tuple[Any, ...]:
     return (*r[:12], attrs_text, r[13], r[14], r[15], lps)
 
 
-def remote_app(
-    server: PolicyServer,
-    queue: RolloutQueue,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> Any:
-    """The server's app with the runner routes added (an ASGI app; see the module docstring)."""
+def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
+    """The runner routes for ``server`` (mounted through its ``extra_routes`` hook)."""
     store = server.store
-    inner = server.app  # the OpenAI routes, wrapped below (the caller may then replace server.app)
-    check = _auth_checker(server.api_key)
+    limit = server.max_body_bytes
+
+    def check(request: Request) -> None:
+        check_auth(server, request)
+
     traces = TraceRollouts()
     known: set[str] = set()
 
@@ -252,7 +201,7 @@ def remote_app(
 
     @endpoint
     async def claim(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, limit)
         worker = _str(body, "worker", required=True)
         wait = body.get("wait", 0.0)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_CLAIM_WAIT:
@@ -268,7 +217,7 @@ def remote_app(
 
     @endpoint
     async def heartbeat(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, limit)
         worker = _str(body, "worker", required=True)
         rids = body.get("rollout_ids")
         if not isinstance(rids, list) or not all(isinstance(r, str) for r in rids):
@@ -279,7 +228,7 @@ def remote_app(
     @endpoint
     async def complete(request: Request) -> Response:
         rid = request.path_params["rollout_id"]
-        body = await _json_body(request)
+        body = await _json_body(request, limit)
         status = body.get("status", "succeeded")
         if status not in ROLLOUT_STATUSES or status == "running":
             raise _bad("'status' must be 'succeeded', 'failed' or 'timeout'", "status")
@@ -298,7 +247,7 @@ def remote_app(
     @endpoint
     async def reward(request: Request) -> Response:
         rid = request.path_params["rollout_id"]
-        body = await _json_body(request)
+        body = await _json_body(request, limit)
         value = _reward(body)
         if value is None:
             raise _bad("'reward' must be a finite number", "reward")
@@ -308,7 +257,7 @@ def remote_app(
 
     @endpoint
     async def spans_in(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, limit)
         rows, objs = body.get("rows"), body.get("spans")
         if rows is None and objs is None:
             raise _bad("send {'rows': [...]} (the store's row layout) or {'spans': [...]}", "rows")
@@ -350,7 +299,7 @@ def remote_app(
 
     @endpoint
     async def otlp(request: Request) -> Response:
-        raw = await request.body()
+        raw = await _raw_body(request, limit)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         default = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
         proto = ctype in ("application/x-protobuf", "application/protobuf")
@@ -388,7 +337,7 @@ def remote_app(
 
     @endpoint
     async def start(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, limit)
         mode = body.get("mode", "trace")
         if mode not in ROLLOUT_MODES:
             raise _bad(f"'mode' must be one of {ROLLOUT_MODES}", "mode")
@@ -433,55 +382,18 @@ def remote_app(
     async def status(request: Request) -> Response:
         return JSONResponse({**queue.stats(), "model": server.model_name})
 
-    @endpoint
-    async def health(request: Request) -> Response:
-        return JSONResponse(
-            {"status": "ok", "model": server.model_name, "weights_version": server.engine.version}
-        )
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = "not_found" if exc.status_code == 404 else None
-        return APIError(
-            exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code
-        ).response()
-
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, APIError)
-        return exc.response()
-
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        logger.exception("remote routes: unexpected error")
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
-
-    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        # the OpenAI routes and the rest of the PolicyServer: the same key, on every path
-        if scope["type"] == "http" and server.api_key is not None:
-            try:
-                check(Request(scope))
-            except APIError as exc:
-                await exc.response()(scope, receive, send)
-                return
-        await inner(scope, receive, send)
-
     p = "/agl/v1"
-    app = Starlette(
-        routes=[
-            Route(p + "/claim", claim, methods=["POST"]),
-            Route(p + "/heartbeat", heartbeat, methods=["POST"]),
-            Route(p + "/rollouts", start, methods=["POST"]),
-            Route(p + "/rollouts", list_rollouts, methods=["GET"]),
-            Route(p + "/rollouts/{rollout_id}", get_rollout, methods=["GET"]),
-            Route(p + "/rollouts/{rollout_id}/complete", complete, methods=["POST"]),
-            Route(p + "/rollouts/{rollout_id}/reward", reward, methods=["POST"]),
-            Route(p + "/rollouts/{rollout_id}/spans", get_spans, methods=["GET"]),
-            Route(p + "/spans", spans_in, methods=["POST"]),
-            Route(p + "/status", status, methods=["GET"]),
-            Route("/v1/traces", otlp, methods=["POST"]),
-            Route("/rollout/{rollout_id}/v1/traces", otlp, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
-            Mount("/", app=guarded),
-        ],
-        exception_handlers={HTTPException: http_error, APIError: api_error, Exception: unexpected},
-    )
-    return _BodyLimit(app, max_body_bytes)
+    return [
+        Route(p + "/claim", claim, methods=["POST"]),
+        Route(p + "/heartbeat", heartbeat, methods=["POST"]),
+        Route(p + "/rollouts", start, methods=["POST"]),
+        Route(p + "/rollouts", list_rollouts, methods=["GET"]),
+        Route(p + "/rollouts/{rollout_id}", get_rollout, methods=["GET"]),
+        Route(p + "/rollouts/{rollout_id}/complete", complete, methods=["POST"]),
+        Route(p + "/rollouts/{rollout_id}/reward", reward, methods=["POST"]),
+        Route(p + "/rollouts/{rollout_id}/spans", get_spans, methods=["GET"]),
+        Route(p + "/spans", spans_in, methods=["POST"]),
+        Route(p + "/status", status, methods=["GET"]),
+        Route("/v1/traces", otlp, methods=["POST"]),
+        Route("/rollout/{rollout_id}/v1/traces", otlp, methods=["POST"]),
+    ]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..store.base import Store
 from .queue import Job, RolloutQueue
-from .routes import DEFAULT_MAX_BODY_BYTES, remote_app
+from .routes import remote_routes
 
 __all__ = ["RemoteRunners"]
 
@@ -53,7 +53,7 @@ class RemoteRunners:
         api_key: str | None = None,
         lease_timeout: float = 30.0,
         max_attempts: int = 3,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int = 32 * 2**20,
         advertise_url: str | None = None,
     ) -> None:
         if lease_timeout <= 0:
@@ -85,8 +85,22 @@ class RemoteRunners:
         """Start the PolicyServer with the runner routes; returns the started server."""
         from ..serving.server import PolicyServer
 
-        options = {"host": self.host, "port": self.port, "api_key": self.api_key, **(server_options or {})}
-        server = PolicyServer(engine, store, **options)
+        runners = self
+
+        class QueueServer(PolicyServer):
+            """The PolicyServer with the runner routes beside the OpenAI ones."""
+
+            def extra_routes(self) -> list[Any]:
+                assert runners.queue is not None
+                return remote_routes(self, runners.queue)
+
+        options = {
+            "host": self.host,
+            "port": self.port,
+            "api_key": self.api_key,
+            "max_body_bytes": self.max_body_bytes,
+            **(server_options or {}),
+        }
         self.queue = RolloutQueue(
             store,
             lease_timeout=self.lease_timeout,
@@ -94,7 +108,7 @@ class RemoteRunners:
             rollout_timeout=rollout_timeout,
             version=lambda: int(getattr(engine, "version", 0)),
         )
-        server.app = remote_app(server, self.queue, self.max_body_bytes)
+        server = QueueServer(engine, store, **options)
         self.server = server.start()
         logger.info("waiting for runners at %s (agl-lite runner AGENT --server %s)", server.url, self.url)
         return server
