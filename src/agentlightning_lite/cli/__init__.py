@@ -1,8 +1,9 @@
 """The ``agl-lite`` command line: serve a policy, train an agent, and read a store of runs.
 
 ``agl-lite serve`` serves the policy model; ``agl-lite train`` runs ``Trainer.fit`` on an agent
-given as ``module:function``; ``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``, ``show``, ``transitions``, ``export-sft`` and ``plot`` read
-an existing SQLite store without ever creating or changing it.
+given as ``module:function``; ``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``,
+``show``, ``transitions``, ``export-sft`` and ``plot`` read an existing SQLite store without ever
+creating or changing it.
 
 >>> parser = build_parser()
 >>> args = parser.parse_args(["serve", "--model", "smollm2-135m", "--port", "0"])
