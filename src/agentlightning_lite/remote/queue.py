@@ -128,6 +128,7 @@ class RolloutQueue:
         self._ids = itertools.count()
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
         self._workers: dict[str, float] = {}  # worker id -> last seen (monotonic)
+        self._closed = False
 
     # -- the trainer's side -------------------------------------------------------------------
     def submit(self, specs: Iterable[tuple[Any, str, dict[str, Any]]]) -> list[Job]:
@@ -274,7 +275,7 @@ class RolloutQueue:
         """:meth:`claim`, waiting up to ``wait`` seconds (without a thread) for a job to be queued."""
         deadline = time.monotonic() + max(0.0, wait)
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closed:
             att = await loop.run_in_executor(None, self.claim, worker) if self._pending else None
             if att is not None:
                 return att
@@ -294,6 +295,15 @@ class RolloutQueue:
             finally:
                 with self._lock:
                     self._waiters.discard(entry)
+        return None
+
+    def close(self) -> None:
+        """Answer waiting and future claims with "nothing queued" (the trainer is stopping)."""
+        with self._lock:
+            self._closed = True
+            waiters, self._waiters = self._waiters, set()
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
 
     def heartbeat(self, worker: str, rollout_ids: Iterable[str]) -> list[str]:
         """Renew the leases of ``rollout_ids``; returns those whose lease is lost (give them up)."""

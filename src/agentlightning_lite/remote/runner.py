@@ -105,7 +105,7 @@ class Runner:
         api_key: str | None = None,
         workers: int = 1,
         worker_id: str | None = None,
-        claim_wait: float = 10.0,
+        claim_wait: float = 5.0,
         max_rollouts: int | None = None,
         give_up_after: float | None = None,
     ) -> None:
@@ -153,13 +153,18 @@ class Runner:
         """Stop claiming, let the rollouts in flight finish (up to ``timeout`` s), then close."""
         self._stop.set()
         deadline = time.monotonic() + timeout
-        for t in self._threads[: self.workers]:
-            t.join(max(0.0, deadline - time.monotonic()))
-        self._hb_stop.set()  # leases are renewed until the last rollout in flight has reported
-        for t in self._threads[self.workers :]:
-            t.join(5.0)
+        while time.monotonic() < deadline:  # rollouts in flight report first...
+            with self._lock:
+                if not self._active:
+                    break
+            time.sleep(0.05)
+        self._hb_stop.set()
         self.store.close()
         self.client.close()
+        # workers still waiting in a claim are daemon threads: not waited for (a claim granted
+        # meanwhile is not run; its lease runs out and the trainer hands the rollout to another runner)
+        for t in self._threads:
+            t.join(0.05)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the workers to end (``max_rollouts`` reached, or stopped); True when they did."""
@@ -212,14 +217,16 @@ class Runner:
                 return
             try:
                 claimed = self.client.claim(worker, wait=self.claim_wait)
-            except RemoteError as exc:
+            except Exception as exc:
                 self._give_back_slot()
                 if self._stop.is_set():
                     return
+                if not isinstance(exc, RemoteError):
+                    raise
                 logger.error("runner %s: claim refused: %s", worker, exc)
                 self._stop.wait(2.0)
                 continue
-            if claimed is None:
+            if claimed is None or self._stop.is_set():
                 self._give_back_slot()
                 continue
             try:

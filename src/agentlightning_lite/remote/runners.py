@@ -130,7 +130,9 @@ class RemoteRunners:
         """Start workers the trainer owns (none here: runners are started on their own machines)."""
 
     def stop(self) -> None:
-        """Stop the workers the trainer started and forget the queue (the trainer stops the server)."""
+        """Stop the workers the trainer started and close the queue (the trainer stops the server)."""
+        if self.queue is not None:
+            self.queue.close()
         self.queue = None
         self.server = None
 
