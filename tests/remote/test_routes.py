@@ -57,7 +57,25 @@ def test_malformed_input_gets_4xx_json_and_the_server_keeps_serving(
     store = agl.MemoryStore()
     runners = served(store, max_body_bytes=4096)
     rid = store.start_rollout("t").rollout_id
-    good_row = ["s1", rid, None, "tool", "t", None, 1.0, 2.0, "ok", None, "null", "null", "{}", None, None, None, None]
+    good_row = [
+        "s1",
+        rid,
+        None,
+        "tool",
+        "t",
+        None,
+        1.0,
+        2.0,
+        "ok",
+        None,
+        "null",
+        "null",
+        "{}",
+        None,
+        None,
+        None,
+        None,
+    ]
     bad = [
         ("POST", "/agl/v1/claim", b"{not json"),
         ("POST", "/agl/v1/claim", b"[1, 2]"),
@@ -87,9 +105,16 @@ def test_malformed_input_gets_4xx_json_and_the_server_keeps_serving(
     ]
     with httpx.Client(base_url=runners.url) as http:
         for method, path, content in bad:
-            ctype = "application/x-protobuf" if content and content.startswith(b"\x00") else "application/json"
+            ctype = (
+                "application/x-protobuf" if content and content.startswith(b"\x00") else "application/json"
+            )
             r = http.request(method, path, content=content, headers={"content-type": ctype})
-            assert 400 <= r.status_code < 500, (path, content[:60] if content else None, r.status_code, r.text)
+            assert 400 <= r.status_code < 500, (
+                path,
+                content[:60] if content else None,
+                r.status_code,
+                r.text,
+            )
             assert "message" in r.json()["error"]
         r = http.post("/agl/v1/spans", json={"rows": [good_row]})
         assert r.status_code == 200 and r.json() == {"accepted": 1}
@@ -185,7 +210,9 @@ def test_otlp_protobuf_from_the_stock_python_exporter(served: Callable[..., agl.
     store = agl.MemoryStore()
     runners = served(store, api_key=KEY)
     rid = store.start_rollout("t").rollout_id
-    exporter = OTLPSpanExporter(endpoint=runners.url + "/v1/traces", headers={"authorization": f"Bearer {KEY}"})
+    exporter = OTLPSpanExporter(
+        endpoint=runners.url + "/v1/traces", headers={"authorization": f"Bearer {KEY}"}
+    )
     provider = TracerProvider(resource=Resource.create({"agentlightning.rollout_id": rid}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
