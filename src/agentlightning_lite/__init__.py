@@ -33,10 +33,14 @@ _LAZY = {
     "LLM": ".serving",
     "engines": ".serving",
     "models": ".models",
+    "remote": ".remote",
+    "RemoteRunners": ".remote",
+    "RayRunners": ".remote",
 }
 
 if TYPE_CHECKING:
-    from . import models
+    from . import models, remote
+    from .remote import RayRunners, RemoteRunners
     from .rl import GRPO, PPO, LitAgent, LoRA, Trainer
     from .serving import LLM, PolicyServer, engines
 
@@ -47,7 +51,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = importlib.import_module(_LAZY[name], __name__)
-    value = module if name == "models" else getattr(module, name)
+    value = module if name in ("models", "remote") else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -60,6 +64,8 @@ __all__ = [
     "LoRA",
     "MemoryStore",
     "PolicyServer",
+    "RayRunners",
+    "RemoteRunners",
     "Rollout",
     "SQLiteStore",
     "Span",
@@ -76,5 +82,6 @@ __all__ = [
     "export_sft",
     "models",
     "otel",
+    "remote",
     "transitions",
 ]

@@ -1,8 +1,9 @@
 """The ``agl-lite`` command line: serve a policy, train an agent, and read a store of runs.
 
 ``agl-lite serve`` serves the policy model; ``agl-lite train`` runs ``Trainer.fit`` on an agent
-given as ``module:function``; ``runs``, ``show``, ``transitions``, ``export-sft`` and ``plot`` read
-an existing SQLite store without ever creating or changing it.
+given as ``module:function``; ``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``,
+``show``, ``transitions``, ``export-sft`` and ``plot`` read an existing SQLite store without ever
+creating or changing it.
 
 >>> parser = build_parser()
 >>> args = parser.parse_args(["serve", "--model", "smollm2-135m", "--port", "0"])
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from ..store.sqlite import NotOurDatabase
-from . import plot, runs, serve, train, transitions
+from . import plot, runner, runs, serve, train, transitions
 from ._common import (
     _EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     serve.add_parser(sub)
     train.add_parser(sub)
+    runner.add_parser(sub)
     runs.add_parsers(sub)
     transitions.add_parsers(sub)
     plot.add_parser(sub)
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 _COMMANDS = {
     "serve": serve.serve,
     "train": train.train,
+    "runner": runner.runner,
     "runs": runs.runs,
     "show": runs.show,
     "transitions": transitions.transitions_cmd,

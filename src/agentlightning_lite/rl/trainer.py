@@ -84,6 +84,14 @@ class Trainer:
             are then not recomputed), else every micro-batch is recomputed. The mismatch is logged.
         seed: seeds data order, sampling seeds and torch.
         loggers: ``"auto"``, or a list of ``"tensorboard"``, ``"wandb"``, ``"mlflow"``.
+        runners: where rollouts run: ``None`` (threads of this process, the default), or
+            ``agl.RemoteRunners(host=, port=, api_key=)`` (runner processes anywhere, started with
+            ``agl-lite runner``; ``fit``'s agent is then a label, or what ``agl.RayRunners`` ships
+            to its actors).
+        max_staleness: drop samples made by weights more than this many updates older than the
+            policy being trained (``None`` keeps all; each LLM span records its ``weights_version``).
+            With ``old_logprobs="engine"`` the samples kept are importance-corrected against the
+            weights that made them.
 
     >>> import agentlightning_lite as agl
     >>> def agent(task, llm):  # any function (task, llm) -> reward, or an agl.LitAgent
@@ -122,6 +130,8 @@ class Trainer:
         seed: int = 0,
         loggers: str | list[str] = "auto",
         server_options: dict[str, Any] | None = None,
+        runners: Any = None,
+        max_staleness: int | None = None,
     ) -> None:
         self.algorithm = algorithm if algorithm is not None else GRPO()
         if not isinstance(self.algorithm, (GRPO, PPO)):
@@ -156,6 +166,12 @@ class Trainer:
         self.logprob_tolerance = logprob_tolerance
         self.seed = seed
         self.server_options = dict(server_options or {})
+        if runners is not None and not callable(getattr(runners, "run", None)):
+            raise TypeError(f"runners must be agl.RemoteRunners(...) or agl.RayRunners(...), got {runners!r}")
+        self.runners = runners
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        self.max_staleness = max_staleness
         self.step = 0
         self._epoch = 0
         self._cursor = 0
@@ -366,7 +382,11 @@ class Trainer:
         class _Ctx:
             def __enter__(self) -> None:
                 self.owner = trainer._server is None
-                if self.owner:
+                if self.owner and trainer.runners is not None:
+                    trainer._server = trainer.runners.serve(
+                        trainer.engine, trainer.store, trainer.rollout_timeout, trainer.server_options
+                    )
+                elif self.owner:
                     from ..serving import PolicyServer
 
                     trainer._server = PolicyServer(
@@ -375,6 +395,8 @@ class Trainer:
 
             def __exit__(self, *exc: object) -> None:
                 if self.owner and trainer._server is not None:
+                    if trainer.runners is not None:
+                        trainer.runners.stop()  # workers the trainer started stop before the server
                     trainer._server.stop()
                     trainer._server = None
 
@@ -388,6 +410,12 @@ class Trainer:
         expect = getattr(self.engine, "expect", None)
         if expect is not None:
             expect(min(len(specs), self.concurrency))
+        if self.runners is not None:
+            try:
+                return self._run_remote(agent, specs, bar)
+            finally:
+                if bar is not None:
+                    bar.close()
         try:
             return run_rollouts(
                 agent,
@@ -401,6 +429,26 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _run_remote(self, agent: Any, specs: list[RolloutSpec], bar: Any) -> list[RolloutResult]:
+        """Queue the rollouts for the remote runners; one result per spec, in order."""
+        self.runners.start_workers(agent)
+        jobs = self.runners.run(
+            [(s.task, s.mode, s.metadata) for s in specs],
+            on_done=(lambda _j: bar.update(1)) if bar is not None else None,
+        )
+        now = time.monotonic()
+        return [
+            RolloutResult(
+                j.rollout_id or "",
+                s,
+                j.status or "failed",
+                j.reward,
+                j.error,
+                (j.finished_at or now) - (j.started_at or j.queued_at),
+            )
+            for s, j in zip(specs, jobs, strict=True)
+        ]
 
     def _reward_of(self, r: RolloutResult) -> float | None:
         if r.status == "succeeded":
@@ -419,6 +467,8 @@ class Trainer:
     def _samples(self, results: Sequence[RolloutResult]) -> tuple[list[Sample], dict[str, float]]:
         keep: list[RolloutResult] = []
         for r in results:
+            if not r.rollout_id:  # never ran (a remote rollout given up before any runner took it)
+                continue
             if r.status == "succeeded" and r.reward is not None:
                 keep.append(r)
             elif r.status != "succeeded" and self.failed_reward != "drop":
@@ -434,10 +484,19 @@ class Trainer:
             require_tokens=True,
         )
         samples: list[Sample] = []
-        too_long = 0
+        too_long = stale = 0
+        current = int(getattr(self.engine, "version", 0))
         for t in ts:
             assert t.prompt_token_ids is not None and t.response_token_ids is not None
             if not t.response_token_ids or t.reward is None:
+                continue
+            made_by = t.metadata.get("weights_version")
+            if (
+                self.max_staleness is not None
+                and made_by is not None
+                and current - made_by > self.max_staleness
+            ):
+                stale += 1  # off-policy beyond the limit: made by weights too old
                 continue
             if len(t.prompt_token_ids) + len(t.response_token_ids) > self.max_seq_len:
                 too_long += 1
@@ -460,6 +519,7 @@ class Trainer:
         stats = {
             "train/samples": float(len(samples)),
             "train/samples_too_long": float(too_long),
+            "train/samples_stale": float(stale),
             "train/calls_per_rollout": len(ts) / max(len(keep), 1),
         }
         return samples, stats

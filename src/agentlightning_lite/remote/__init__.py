@@ -1,0 +1,26 @@
+"""Disaggregated training: agents run in runner processes anywhere and stream their runs to the trainer.
+
+On the trainer, ``agl.Trainer(..., runners=agl.RemoteRunners(...))`` queues each step's rollouts
+on the server's port; on each agent machine ``agl-lite runner module:agent --server URL`` (or
+:class:`Runner`) claims them, runs the agent and sends its spans back (:class:`RemoteStore`);
+``agl.RayRunners(num_workers=...)`` starts the same runners as Ray actors. Agents in other
+languages speak the same HTTP routes and send their spans with any OTLP/HTTP exporter.
+"""
+
+from .client import RemoteError, RunnerClient
+from .queue import RolloutQueue
+from .ray_runners import RayRunners
+from .remote_store import RemoteStore
+from .runner import Runner, load_agent
+from .runners import RemoteRunners
+
+__all__ = [
+    "RayRunners",
+    "RemoteError",
+    "RemoteRunners",
+    "RemoteStore",
+    "RolloutQueue",
+    "Runner",
+    "RunnerClient",
+    "load_agent",
+]

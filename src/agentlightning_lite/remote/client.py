@@ -1,0 +1,186 @@
+"""The HTTP client a runner talks to the trainer with: every call retried with backoff while it is away.
+
+Connection errors, timeouts, 5xx, 408 and 429 are retried (exponential backoff with jitter, up to
+``max_backoff`` seconds between tries) for ``give_up_after`` seconds (``None``: for ever, so a
+runner outlives a trainer restart); other 4xx answers raise :class:`RemoteError` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+__all__ = ["RemoteError", "RunnerClient"]
+
+logger = logging.getLogger("agentlightning_lite.remote")
+
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RemoteError(Exception):
+    """The trainer refused a request (a 4xx answer), or stayed away longer than ``give_up_after``."""
+
+    def __init__(self, status: int | None, message: str, code: str | None = None) -> None:
+        super().__init__(message if status is None else f"{status}: {message}")
+        self.status = status
+        self.code = code
+
+
+class RunnerClient:
+    """A thread-safe client of the trainer's runner routes (``/agl/v1/...``).
+
+    >>> from agentlightning_lite.remote import RunnerClient
+    >>> client = RunnerClient("http://127.0.0.1:8765", api_key="secret")
+    >>> client.url
+    'http://127.0.0.1:8765'
+    >>> client.claim("worker-1", wait=10.0)  # doctest: +SKIP
+    {'rollout_id': '...', 'task': ..., 'llm_path': '/rollout/.../v1', 'weights_version': 3, ...}
+    >>> client.close()
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        give_up_after: float | None = None,
+        max_backoff: float = 5.0,
+        max_connections: int = 64,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.give_up_after = give_up_after
+        self.max_backoff = max_backoff
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+        self._closed = threading.Event()
+        self.reconnects = 0  # how many times a call had to wait for the trainer
+
+    # -- transport ------------------------------------------------------------------------------
+    def request(self, method: str, path: str, json: Any = None, timeout: float | None = None) -> Any:
+        """Send one request, retrying while the trainer is unreachable; returns the decoded JSON."""
+        start = time.monotonic()
+        delay = 0.1
+        attempt = 0
+        while True:
+            attempt += 1
+            problem: str
+            try:
+                kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+                resp = self._http.request(method, path, json=json, **kwargs)
+            except httpx.TransportError as exc:
+                if self._closed.is_set():
+                    raise RemoteError(None, "the client is closed") from None
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code < 400:
+                    if attempt > 1:
+                        logger.info("reached the trainer at %s again", self.url)
+                    return resp.json() if resp.content else None
+                if resp.status_code not in _RETRY_STATUS:
+                    message, code = _error_of(resp)
+                    raise RemoteError(resp.status_code, message, code)
+                problem = f"HTTP {resp.status_code}"
+            waited = time.monotonic() - start
+            if self.give_up_after is not None and waited > self.give_up_after:
+                raise RemoteError(None, f"the trainer at {self.url} is unreachable ({problem})")
+            if attempt == 1:
+                self.reconnects += 1
+            if attempt in (1, 10) or attempt % 60 == 0:
+                logger.warning("the trainer at %s: %s; retrying (%.0f s so far)", self.url, problem, waited)
+            if self._closed.wait(delay * (0.5 + random.random())):
+                raise RemoteError(None, "the client is closed")
+            delay = min(self.max_backoff, delay * 2)
+
+    def close(self) -> None:
+        """Stop retrying and close the connections."""
+        self._closed.set()
+        self._http.close()
+
+    def __enter__(self) -> RunnerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the routes -----------------------------------------------------------------------------
+    def claim(self, worker: str, wait: float = 10.0) -> dict[str, Any] | None:
+        """Claim the next rollout (waiting up to ``wait`` s); ``None`` when none was queued."""
+        out = self.request("POST", "/agl/v1/claim", {"worker": worker, "wait": wait}, timeout=wait + 30.0)
+        return out.get("rollout") if out else None
+
+    def heartbeat(self, worker: str, rollout_ids: list[str]) -> list[str]:
+        """Renew leases; returns the rollout ids whose lease is lost."""
+        out = self.request("POST", "/agl/v1/heartbeat", {"worker": worker, "rollout_ids": rollout_ids})
+        return list(out.get("lost", ())) if out else []
+
+    def complete(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+    ) -> dict[str, Any]:
+        """Report a rollout's result; ``counted`` says whether it is the rollout's outcome."""
+        body = {"status": status, "reward": reward, "error": error}
+        return self.request("POST", f"/agl/v1/rollouts/{_q(rollout_id)}/complete", body) or {}
+
+    def set_reward(self, rollout_id: str, reward: float) -> None:
+        """Record a rollout's final reward without finishing it."""
+        self.request("POST", f"/agl/v1/rollouts/{_q(rollout_id)}/reward", {"reward": reward})
+
+    def add_rows(self, rows: list[Any]) -> int:
+        """Send span rows (the store's row layout); returns how many were accepted."""
+        out = self.request("POST", "/agl/v1/spans", {"rows": rows})
+        return int(out.get("accepted", 0)) if out else 0
+
+    def start_rollout(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a rollout in the trainer's store (``task``, ``mode``, ``metadata``, ``rollout_id``)."""
+        return self.request("POST", "/agl/v1/rollouts", body)
+
+    def get_rollout(self, rollout_id: str) -> dict[str, Any] | None:
+        """A rollout of the trainer's store, or ``None``."""
+        try:
+            return self.request("GET", f"/agl/v1/rollouts/{_q(rollout_id)}")
+        except RemoteError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def rollouts(self, mode: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        """The rollouts of the trainer's store."""
+        params = "&".join(f"{k}={v}" for k, v in (("mode", mode), ("status", status)) if v)
+        return self.request("GET", "/agl/v1/rollouts" + (f"?{params}" if params else ""))["rollouts"]
+
+    def spans(self, rollout_id: str) -> list[dict[str, Any]]:
+        """The spans of one rollout in the trainer's store."""
+        return self.request("GET", f"/agl/v1/rollouts/{_q(rollout_id)}/spans")["spans"]
+
+    def status(self) -> dict[str, Any]:
+        """The queue's counts and the weights version."""
+        return self.request("GET", "/agl/v1/status")
+
+
+def _q(rollout_id: str) -> str:
+    return quote(rollout_id, safe="")
+
+
+def _error_of(resp: httpx.Response) -> tuple[str, str | None]:
+    try:
+        err = resp.json().get("error") or {}
+        return str(err.get("message") or resp.text), err.get("code")
+    except (ValueError, AttributeError):
+        return resp.text[:500], None

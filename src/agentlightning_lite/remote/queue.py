@@ -1,0 +1,404 @@
+"""The rollout queue of a disaggregated trainer: runners claim rollouts under leases they renew.
+
+Each queued job (one rollout of the trainer's step) runs as one or more *attempts*. An attempt is a
+rollout in the store, claimed by one runner worker under a lease of ``lease_timeout`` seconds that
+the worker renews with heartbeats. A lease that runs out (the runner died or lost the network)
+marks its rollout ``failed`` and puts the job back in the queue for another runner, up to
+``max_attempts`` attempts in all; an attempt that runs past ``rollout_timeout`` is marked
+``timeout``. Either way the job has exactly one outcome: no rollout is counted twice, none is lost.
+A result that arrives after its attempt was given up is still recorded in the store (metadata
+``late_result``), but the job's outcome stays as it was, so the trainer never trains on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..store.base import Store
+from ..types import check_reward
+
+__all__ = ["Attempt", "Job", "LeaseLost", "RolloutQueue"]
+
+logger = logging.getLogger("agentlightning_lite.remote")
+
+_FINISHED = ("succeeded", "failed", "timeout")
+
+
+class LeaseLost(Exception):
+    """A heartbeat or result for an attempt whose lease is no longer held (expired, timed out, done)."""
+
+
+@dataclass
+class Job:
+    """One rollout the trainer asked for, and what became of it."""
+
+    job_id: int
+    task: Any
+    mode: str
+    metadata: dict[str, Any]
+    attempts: int = 0
+    rollout_id: str | None = None  # the current (or last) attempt's rollout
+    status: str | None = None  # None while queued or running; then succeeded / failed / timeout
+    reward: float | None = None
+    error: str | None = None
+    queued_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the job has its one outcome."""
+        return self.status is not None
+
+
+@dataclass
+class Attempt:
+    """One claim of a job by one runner worker: a rollout in the store, under a lease."""
+
+    rollout_id: str
+    job: Job
+    worker: str
+    weights_version: int
+    claimed_at: float
+    lease_expires: float
+    deadline: float | None
+    state: str = "running"  # running, done, expired, timeout
+
+    def public(self) -> dict[str, Any]:
+        """What the runner gets back from a claim."""
+        return {
+            "rollout_id": self.rollout_id,
+            "task": self.job.task,
+            "mode": self.job.mode,
+            "metadata": self.job.metadata,
+            "attempt": self.job.attempts,
+            "weights_version": self.weights_version,
+            "timeout": None if self.deadline is None else max(0.0, self.deadline - self.claimed_at),
+        }
+
+
+class RolloutQueue:
+    """A thread-safe queue of rollouts for remote runners (see the module docstring).
+
+    ``version`` returns the policy's current weights version (recorded on each claim).
+
+    >>> import agentlightning_lite as agl
+    >>> from agentlightning_lite.remote.queue import RolloutQueue
+    >>> store = agl.MemoryStore()
+    >>> q = RolloutQueue(store, lease_timeout=10.0)
+    >>> [job] = q.submit([("2+2?", "train", {"step": 0})])
+    >>> att = q.claim("worker-1")
+    >>> att.job is job, store.get_rollout(att.rollout_id).status
+    (True, 'running')
+    >>> q.complete(att.rollout_id, "succeeded", reward=1.0)["counted"]
+    True
+    >>> job.status, job.reward
+    ('succeeded', 1.0)
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        lease_timeout: float = 30.0,
+        max_attempts: int = 3,
+        rollout_timeout: float | None = None,
+        version: Callable[[], int] = lambda: 0,
+    ) -> None:
+        if lease_timeout <= 0:
+            raise ValueError(f"lease_timeout must be > 0, got {lease_timeout}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.store = store
+        self.lease_timeout = float(lease_timeout)
+        self.max_attempts = int(max_attempts)
+        self.rollout_timeout = rollout_timeout
+        self.version = version
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._pending: deque[Job] = deque()
+        self._attempts: dict[str, Attempt] = {}  # rollout id -> attempt (kept for late results)
+        self._ids = itertools.count()
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+        self._workers: dict[str, float] = {}  # worker id -> last seen (monotonic)
+        self._closed = False
+
+    # -- the trainer's side -------------------------------------------------------------------
+    def submit(self, specs: Iterable[tuple[Any, str, dict[str, Any]]]) -> list[Job]:
+        """Queue one job per ``(task, mode, metadata)``; returns the jobs in order."""
+        jobs = [Job(next(self._ids), task, mode, dict(meta or {})) for task, mode, meta in specs]
+        with self._lock:
+            self._pending.extend(jobs)
+            self._changed.notify_all()
+            waiters, self._waiters = self._waiters, set()
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
+        return jobs
+
+    def wait(
+        self,
+        jobs: Sequence[Job],
+        on_done: Callable[[Job], None] | None = None,
+        poll: float = 0.1,
+        log_every: float = 30.0,
+    ) -> list[Job]:
+        """Block until every job has its outcome, expiring leases and timing out attempts meanwhile."""
+        reported: set[int] = set()
+        last_log = time.monotonic()
+        while True:
+            self.reap()
+            with self._lock:
+                newly = [j for j in jobs if j.done and j.job_id not in reported]
+                remaining = sum(not j.done for j in jobs)
+                if not newly and remaining:
+                    self._changed.wait(poll)
+            for j in newly:
+                reported.add(j.job_id)
+                if on_done is not None:
+                    on_done(j)
+            if not remaining and len(reported) == len(jobs):
+                return list(jobs)
+            now = time.monotonic()
+            if now - last_log > log_every:
+                last_log = now
+                stats = self.stats()
+                logger.info(
+                    "waiting for %d rollouts (%d queued, %d running, %d runner workers seen recently)",
+                    remaining,
+                    stats["queued"],
+                    stats["running"],
+                    stats["workers"],
+                )
+
+    def cancel(self, jobs: Sequence[Job], reason: str = "cancelled") -> None:
+        """Give up on jobs not finished yet: queued ones leave the queue, running ones fail."""
+        with self._lock:
+            ids = {j.job_id for j in jobs if not j.done}
+            self._pending = deque(j for j in self._pending if j.job_id not in ids)
+            running = [a for a in self._attempts.values() if a.state == "running" and a.job.job_id in ids]
+            for a in running:
+                a.state = "expired"
+            for j in jobs:
+                if not j.done:
+                    self._finish_job(j, "failed", None, reason)
+        for a in running:
+            self.store.finish_rollout(a.rollout_id, status="failed", error=reason, only_if_running=True)
+
+    def reap(self, now: float | None = None) -> None:
+        """Expire lapsed leases (retry or fail the job) and time out attempts past their deadline."""
+        now = time.monotonic() if now is None else now
+        expired: list[Attempt] = []
+        timed_out: list[Attempt] = []
+        with self._lock:
+            for a in self._attempts.values():
+                if a.state != "running":
+                    continue
+                if a.deadline is not None and now > a.deadline:
+                    a.state = "timeout"
+                    timed_out.append(a)
+                    self._finish_job(
+                        a.job, "timeout", None, f"TimeoutError: no result within {self.rollout_timeout} s"
+                    )
+                elif now > a.lease_expires:
+                    a.state = "expired"
+                    expired.append(a)
+                    if a.job.attempts < self.max_attempts:
+                        self._pending.appendleft(a.job)  # retried first
+                    else:
+                        self._finish_job(
+                            a.job,
+                            "failed",
+                            None,
+                            f"lease expired on {a.job.attempts} attempt(s): runner lost",
+                        )
+            if expired:
+                waiters, self._waiters = self._waiters, set()
+            else:
+                waiters = set()
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
+        for a in timed_out:
+            logger.warning("rollout %s (worker %s) timed out", a.rollout_id, a.worker)
+            self.store.finish_rollout(a.rollout_id, status="timeout", error=a.job.error, only_if_running=True)
+        for a in expired:
+            logger.warning(
+                "rollout %s: lease of worker %s expired (attempt %d of %d)",
+                a.rollout_id,
+                a.worker,
+                a.job.attempts,
+                self.max_attempts,
+            )
+            self.store.finish_rollout(
+                a.rollout_id,
+                status="failed",
+                error=f"lease expired: worker {a.worker} stopped sending heartbeats",
+                only_if_running=True,
+            )
+
+    # -- the runners' side --------------------------------------------------------------------
+    def claim(self, worker: str) -> Attempt | None:
+        """Take the next queued job for ``worker`` (a new attempt), or ``None`` when none is queued."""
+        now = time.monotonic()
+        with self._lock:
+            self._workers[worker] = now
+            if not self._pending:
+                return None
+            job = self._pending.popleft()
+            job.attempts += 1
+            if job.started_at is None:
+                job.started_at = now
+        meta = {**job.metadata, "attempt": job.attempts, "worker": worker, "remote": True}
+        try:
+            ro = self.store.start_rollout(job.task, mode=job.mode, metadata=meta)
+        except Exception:
+            with self._lock:
+                job.attempts -= 1
+                self._pending.appendleft(job)
+            raise
+        deadline = None if self.rollout_timeout is None else now + self.rollout_timeout
+        att = Attempt(
+            ro.rollout_id, job, worker, int(self.version()), now, now + self.lease_timeout, deadline
+        )
+        with self._lock:
+            self._attempts[ro.rollout_id] = att
+            job.rollout_id = ro.rollout_id
+        return att
+
+    async def claim_async(self, worker: str, wait: float = 0.0) -> Attempt | None:
+        """:meth:`claim`, waiting up to ``wait`` seconds (without a thread) for a job to be queued."""
+        deadline = time.monotonic() + max(0.0, wait)
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            att = await loop.run_in_executor(None, self.claim, worker) if self._pending else None
+            if att is not None:
+                return att
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            fut: asyncio.Future[None] = loop.create_future()
+            entry = (loop, fut)
+            with self._lock:
+                if self._pending:
+                    continue
+                self._waiters.add(entry)
+            try:
+                await asyncio.wait_for(fut, timeout=min(remaining, 5.0))
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                with self._lock:
+                    self._waiters.discard(entry)
+        return None
+
+    def close(self) -> None:
+        """Answer waiting and future claims with "nothing queued" (the trainer is stopping)."""
+        with self._lock:
+            self._closed = True
+            waiters, self._waiters = self._waiters, set()
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
+
+    def heartbeat(self, worker: str, rollout_ids: Iterable[str]) -> list[str]:
+        """Renew the leases of ``rollout_ids``; returns those whose lease is lost (give them up)."""
+        now = time.monotonic()
+        lost = []
+        with self._lock:
+            self._workers[worker] = now
+            for rid in rollout_ids:
+                a = self._attempts.get(rid)
+                if a is None or a.state != "running":
+                    lost.append(rid)
+                else:
+                    a.lease_expires = now + self.lease_timeout
+        return lost
+
+    def complete(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+    ) -> dict[str, Any]:
+        """Record a runner's result. ``counted`` is true when it is the job's outcome.
+
+        A result for an attempt given up already (lease expired, timed out) is recorded in the
+        store as ``metadata["late_result"]`` (and its reward) without changing the outcome.
+        Raises ``KeyError`` for a rollout this queue never handed out.
+        """
+        if status not in _FINISHED:
+            raise ValueError(f"status must be one of {_FINISHED}, got {status!r}")
+        reward = check_reward(reward)
+        with self._lock:
+            a = self._attempts.get(rollout_id)
+            if a is None:
+                raise KeyError(rollout_id)
+            previous = a.state
+            if previous == "running":
+                a.state = "done"
+                a.job.rollout_id = rollout_id
+                self._finish_job(a.job, status, reward, error)
+        if previous == "running":
+            self.store.finish_rollout(rollout_id, status=status, reward=reward, error=error)
+            return {"counted": True, "status": status}
+        if previous == "done":  # the runner retried a call whose answer it did not get
+            return {"counted": True, "status": a.job.status, "duplicate": True}
+        self._record_late(rollout_id, status, reward, error, previous)
+        return {"counted": False, "status": previous, "reason": f"the attempt was given up ({previous})"}
+
+    def weights_version_of(self, rollout_id: str) -> int | None:
+        """The weights version current when ``rollout_id`` was claimed (``None``: not from this queue)."""
+        a = self._attempts.get(rollout_id)
+        return None if a is None else a.weights_version
+
+    def knows(self, rollout_id: str) -> bool:
+        """Whether ``rollout_id`` is an attempt handed out by this queue."""
+        return rollout_id in self._attempts
+
+    def stats(self) -> dict[str, Any]:
+        """Queued and running counts, recently seen workers, the weights version."""
+        now = time.monotonic()
+        with self._lock:
+            running = sum(a.state == "running" for a in self._attempts.values())
+            workers = sum(1 for t in self._workers.values() if now - t < 3 * self.lease_timeout)
+            queued = len(self._pending)
+        return {
+            "queued": queued,
+            "running": running,
+            "workers": workers,
+            "weights_version": int(self.version()),
+            "lease_timeout": self.lease_timeout,
+        }
+
+    # -- internals ----------------------------------------------------------------------------
+    def _finish_job(self, job: Job, status: str, reward: float | None, error: str | None) -> None:
+        """Set the job's one outcome (caller holds the lock)."""
+        if job.done:
+            return
+        job.status, job.reward, job.error = status, reward, error
+        job.finished_at = time.monotonic()
+        self._changed.notify_all()
+
+    def _record_late(
+        self, rollout_id: str, status: str, reward: float | None, error: str | None, why: str
+    ) -> None:
+        logger.warning("late result for rollout %s (%s): recorded, not trained on", rollout_id, why)
+        ro = self.store._rollout_for_update(rollout_id)
+        if ro is None:
+            return
+        late = {"status": status, "reward": reward, "error": error, "at": time.time(), "given_up": why}
+        update: dict[str, Any] = {"metadata": {**ro.metadata, "late_result": late}}
+        if ro.status == "running":  # should not happen: given-up attempts are finished in the store
+            update.update(status="failed", end_time=time.time(), error=f"given up ({why})")
+        self.store._update_rollout(ro.model_copy(update=update))
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

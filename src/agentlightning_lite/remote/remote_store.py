@@ -1,0 +1,183 @@
+"""A store that lives on the trainer: spans are batched to it over HTTP, rollouts finished there.
+
+Give it to a :class:`~agentlightning_lite.Tracer` in the runner process and everything that
+records through a tracer (the four framework adapters, ``agl.emit_reward``, ``agl.emit_signal``,
+``agl.otel.SpanProcessor``) works unchanged: its spans land in the trainer's store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from ..store.base import Store
+from ..store.rows import SpanRow, span_to_row
+from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, TRUSTED, Rollout, Span, check_reward
+from .client import RemoteError, RunnerClient
+
+__all__ = ["RemoteStore"]
+
+logger = logging.getLogger("agentlightning_lite.remote")
+
+
+class RemoteStore(Store):
+    """A :class:`Store` whose data is the trainer's: writes go over HTTP, batched, with retries.
+
+    Span rows are buffered and sent every ``flush_interval`` seconds or ``batch_size`` rows,
+    whichever comes first, by a background thread (retried while the trainer is away; a batch
+    it refuses is logged and counted in ``dropped``). ``finish_rollout`` sends the spans of the
+    rollout first, then its result, so the trainer has every span before it sees the outcome.
+
+    >>> from agentlightning_lite.remote import RemoteStore, RunnerClient
+    >>> import agentlightning_lite as agl
+    >>> store = RemoteStore(RunnerClient("http://127.0.0.1:8765"))  # doctest: +SKIP
+    >>> tracer = agl.Tracer(store)  # doctest: +SKIP
+    >>> with tracer.rollout("2+2?") as ro:  # doctest: +SKIP
+    ...     agl.emit_reward(1.0)
+    """
+
+    def __init__(self, client: RunnerClient, batch_size: int = 512, flush_interval: float = 0.05) -> None:
+        self.client = client
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.dropped = 0
+        self.last_result: dict[str, dict[str, Any]] = {}  # rollout id -> the trainer's answer
+        self._rows: list[SpanRow] = []
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # one batch in flight at a time: rows arrive in order
+        self._wake = threading.Event()
+        self._closed = False
+        self._known: dict[str, Rollout] = {}
+        self._thread = threading.Thread(target=self._loop, name="agl-remote-store", daemon=True)
+        self._thread.start()
+
+    # -- what the runner tells it ---------------------------------------------------------------
+    def register(self, rollout: Rollout) -> None:
+        """Remember a rollout claimed from the trainer (no request needed to attach to it)."""
+        with self._lock:
+            self._known[rollout.rollout_id] = rollout
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop a finished rollout from the local cache."""
+        with self._lock:
+            self._known.pop(rollout_id, None)
+            self.last_result.pop(rollout_id, None)
+
+    # -- spans ----------------------------------------------------------------------------------
+    def _add_rows(self, rows: list[SpanRow]) -> None:
+        if self._closed:
+            raise RuntimeError("the RemoteStore is closed")
+        with self._lock:
+            self._rows.extend(rows)
+            full = len(self._rows) >= self.batch_size
+        if full:
+            self._wake.set()
+
+    def add_spans(self, spans: Iterable[Span]) -> None:
+        self._add_rows([span_to_row(s) for s in spans])
+
+    def flush(self) -> None:
+        """Send every buffered span now (blocks until the trainer has them or refused them)."""
+        with self._send_lock:
+            while True:
+                with self._lock:
+                    batch, self._rows = self._rows[: self.batch_size], self._rows[self.batch_size :]
+                if not batch:
+                    return
+                self._send(batch)
+
+    def _send(self, batch: list[SpanRow]) -> None:
+        try:
+            self.client.add_rows([list(r) for r in batch])
+        except RemoteError as exc:
+            self.dropped += len(batch)
+            logger.error("the trainer refused %d spans: %s", len(batch), exc)
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception:  # keep the flusher alive whatever happens
+                logger.exception("RemoteStore: flushing spans failed")
+
+    def spans(self, rollout_id: str) -> list[Span]:
+        self.flush()
+        return [Span.model_validate(s, context=TRUSTED) for s in self.client.spans(rollout_id)]
+
+    # -- rollouts -------------------------------------------------------------------------------
+    def start_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> Rollout:
+        if mode not in ROLLOUT_MODES:
+            raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
+        local = Rollout(rollout_id=rollout_id or "-", task=task, mode=mode, start_time=0.0, metadata=metadata)
+        body = local.model_dump(mode="json", include={"task", "mode", "metadata"})
+        body["rollout_id"] = rollout_id
+        ro = Rollout.model_validate(self.client.start_rollout(body), context=TRUSTED)
+        self.register(ro)
+        return ro
+
+    def finish_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+        only_if_running: bool = False,
+    ) -> Rollout:
+        if status not in ROLLOUT_STATUSES or status == "running":
+            raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
+        reward = check_reward(reward)
+        self.flush()
+        answer = self.client.complete(rollout_id, status=status, reward=reward, error=error)
+        with self._lock:
+            self.last_result[rollout_id] = answer
+            known = self._known.get(rollout_id)
+        base = known or Rollout(rollout_id=rollout_id, start_time=0.0)
+        update: dict[str, Any] = {"status": status, "error": error}
+        if reward is not None:
+            update["reward"] = reward
+        return base.model_copy(update=update)
+
+    def set_reward(self, rollout_id: str, reward: float) -> None:
+        reward = check_reward(reward)  # type: ignore[assignment]
+        self.client.set_reward(rollout_id, reward)
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        with self._lock:
+            known = self._known.get(rollout_id)
+        if known is not None:
+            return known
+        data = self.client.get_rollout(rollout_id)
+        return None if data is None else Rollout.model_validate(data, context=TRUSTED)
+
+    def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
+        return [Rollout.model_validate(r, context=TRUSTED) for r in self.client.rollouts(mode, status)]
+
+    def _insert_rollout(self, rollout: Rollout) -> None:  # pragma: no cover - start_rollout is remote
+        raise NotImplementedError
+
+    def _update_rollout(self, rollout: Rollout) -> None:  # pragma: no cover - finish_rollout is remote
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Send what is buffered, stop the flusher (the client stays open: it is the caller's)."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._wake.set()
+            self._thread.join(5.0)
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.client.url!r})"

@@ -1,0 +1,399 @@
+"""The HTTP routes remote runners use, served on the PolicyServer's port next to ``/v1``.
+
+``POST /agl/v1/claim``, ``POST /agl/v1/heartbeat``, ``POST /agl/v1/rollouts/{id}/complete``,
+``POST /agl/v1/rollouts/{id}/reward``, ``POST /agl/v1/spans`` (native span rows or span objects),
+``POST /v1/traces`` and ``/rollout/{id}/v1/traces`` (OTLP/HTTP, protobuf or JSON), ``POST`` and
+``GET /agl/v1/rollouts``, ``GET /agl/v1/rollouts/{id}``, ``GET /agl/v1/rollouts/{id}/spans``,
+``GET /agl/v1/status``. With an API key every route (as the OpenAI ones) answers a missing or
+wrong ``Authorization: Bearer`` with 401; bodies over the server's ``max_body_bytes`` get 413;
+malformed input gets a 4xx JSON error body (OpenAI style) and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from .._json import dumps
+from ..serving.errors import APIError, JSONResponse
+from ..serving.routes.calls import ROLLOUT_HEADER, check_auth
+from ..serving.server import PolicyServer
+from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
+from .otlp import OTLPError, TraceRollouts, decode_json, decode_protobuf, spans_from_otlp
+from .queue import RolloutQueue
+
+__all__ = ["remote_routes"]
+
+logger = logging.getLogger("agentlightning_lite.remote")
+
+MAX_CLAIM_WAIT = 30.0
+_KINDS = frozenset(SPAN_KINDS)
+_ROW_LEN = 17
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None, status: int = 400) -> APIError:
+    return APIError(status, message, param=param, code=code)
+
+
+async def _raw_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with a 413 as soon as it passes ``limit`` bytes."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(int(length), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(
+        413, f"The request body is {size} bytes; this server takes at most {limit}.", code="body_too_large"
+    )
+
+
+async def _json_body(request: Request, limit: int) -> dict[str, Any]:
+    raw = await _raw_body(request, limit)
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise _bad("The JSON body of your request is nested too deeply.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise _bad("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _str(body: dict[str, Any], key: str, default: str | None = None, required: bool = False) -> Any:
+    value = body.get(key, default)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise _bad(f"'{key}' must be a non-empty string (at most 256 characters)", key)
+    return value
+
+
+def _reward(body: dict[str, Any], key: str = "reward") -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"'{key}' must be a finite number or null, got {value!r}", key)
+    return float(value)
+
+
+def _number_list(value: Any, integer: bool, what: str) -> list[Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _bad(f"{what} must be a list of numbers or null")
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, int if integer else (int, float)):
+            raise _bad(f"{what} must be a list of {'integers' if integer else 'numbers'}")
+        if integer and not -(2**31) <= x < 2**31:
+            raise _bad(f"{what}: token id out of range: {x}")
+    return value if integer else [float(x) for x in value]
+
+
+def _json_text(value: Any, what: str, obj: bool = False) -> Any:
+    if not isinstance(value, str):
+        raise _bad(f"{what} must be JSON text")
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        raise _bad(f"{what} must be valid JSON text") from None
+    if obj and not isinstance(decoded, dict):
+        raise _bad(f"{what} must be a JSON object")
+    return decoded
+
+
+def _opt_str(value: Any, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _bad(f"{what} must be a string or null")
+    return value
+
+
+def _time(value: Any, what: str, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"{what} must be a finite number (epoch seconds)")
+    return float(value)
+
+
+def check_row(r: Any, version: int | None) -> tuple[Any, ...]:
+    """Validate one wire span row (the store's row layout) and stamp its ``weights_version``."""
+    if not isinstance(r, list) or len(r) != _ROW_LEN:
+        raise _bad(f"each span row must be a list of {_ROW_LEN} fields", "rows")
+    sid, rid = r[0], r[1]
+    if not isinstance(sid, str) or not sid or not isinstance(rid, str) or not rid:
+        raise _bad("span rows need a span_id and a rollout_id (non-empty strings)", "rows")
+    if r[3] not in _KINDS:
+        raise _bad(f"span kind must be one of {SPAN_KINDS}, got {r[3]!r}", "rows")
+    if r[8] not in ("ok", "error"):
+        raise _bad(f"span status must be 'ok' or 'error', got {r[8]!r}", "rows")
+    if not isinstance(r[4], str):
+        raise _bad("span name must be a string", "rows")
+    for i, what in ((2, "parent_id"), (5, "agent"), (9, "error"), (13, "model")):
+        _opt_str(r[i], what)
+    _time(r[6], "start_time")
+    _time(r[7], "end_time", optional=True)
+    _json_text(r[10], "input")
+    _json_text(r[11], "output")
+    attrs_text = r[12]
+    attrs = _json_text(attrs_text, "attributes", obj=True)
+    _number_list(r[14], True, "prompt_token_ids")
+    _number_list(r[15], True, "response_token_ids")
+    lps = _number_list(r[16], False, "response_logprobs")
+    if version is not None and "weights_version" not in attrs:
+        attrs["weights_version"] = version
+        attrs_text = dumps(attrs)
+    return (*r[:12], attrs_text, r[13], r[14], r[15], lps)
+
+
+def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
+    """The runner routes for ``server`` (mounted through its ``extra_routes`` hook)."""
+    store = server.store
+    limit = server.max_body_bytes
+
+    def check(request: Request) -> None:
+        check_auth(server, request)
+
+    traces = TraceRollouts()
+    known: set[str] = set()
+
+    def version_of(rid: str) -> int:
+        v = queue.weights_version_of(rid)
+        return int(getattr(server.engine, "version", 0)) if v is None else v
+
+    def require_rollout(rid: str) -> None:
+        if rid in known or queue.knows(rid):
+            return
+        if store.get_rollout(rid) is None:
+            raise _bad(f"unknown rollout {rid!r}", "rollout_id", "rollout_not_found", status=404)
+        known.add(rid)
+
+    def endpoint(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request) -> Response:
+            check(request)
+            try:
+                return await fn(request)
+            except KeyError as exc:
+                raise _bad(f"unknown rollout {exc}", "rollout_id", "rollout_not_found", status=404) from None
+            except ValueError as exc:
+                raise _bad(str(exc)) from None
+
+        return handler
+
+    @endpoint
+    async def claim(request: Request) -> Response:
+        body = await _json_body(request, limit)
+        worker = _str(body, "worker", required=True)
+        wait = body.get("wait", 0.0)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_CLAIM_WAIT:
+            raise _bad(f"'wait' must be a number of seconds in [0, {MAX_CLAIM_WAIT}]", "wait")
+        att = await queue.claim_async(worker, float(wait))
+        if att is None:
+            return JSONResponse({"rollout": None, "lease_timeout": queue.lease_timeout})
+        out = att.public()
+        out["llm_path"] = f"/rollout/{att.rollout_id}/v1"
+        out["model"] = server.model_name
+        out["lease_timeout"] = queue.lease_timeout
+        return JSONResponse({"rollout": out, "lease_timeout": queue.lease_timeout})
+
+    @endpoint
+    async def heartbeat(request: Request) -> Response:
+        body = await _json_body(request, limit)
+        worker = _str(body, "worker", required=True)
+        rids = body.get("rollout_ids")
+        if not isinstance(rids, list) or not all(isinstance(r, str) for r in rids):
+            raise _bad("'rollout_ids' must be a list of strings", "rollout_ids")
+        lost = queue.heartbeat(worker, rids)
+        return JSONResponse({"lost": lost, "lease_timeout": queue.lease_timeout})
+
+    @endpoint
+    async def complete(request: Request) -> Response:
+        rid = request.path_params["rollout_id"]
+        body = await _json_body(request, limit)
+        status = body.get("status", "succeeded")
+        if status not in ROLLOUT_STATUSES or status == "running":
+            raise _bad("'status' must be 'succeeded', 'failed' or 'timeout'", "status")
+        reward = _reward(body)
+        error = _opt_str(body.get("error"), "'error'")
+        if queue.knows(rid):
+            out = await run_in_threadpool(queue.complete, rid, status, reward, error)
+        else:  # a rollout the runner started itself (trace mode): just finish it
+            await run_in_threadpool(require_rollout, rid)
+            await run_in_threadpool(
+                store.finish_rollout, rid, status=status, reward=reward, error=error, only_if_running=True
+            )
+            out = {"counted": False, "status": status, "reason": "not a queued rollout"}
+        return JSONResponse(out)
+
+    @endpoint
+    async def reward(request: Request) -> Response:
+        rid = request.path_params["rollout_id"]
+        body = await _json_body(request, limit)
+        value = _reward(body)
+        if value is None:
+            raise _bad("'reward' must be a finite number", "reward")
+        await run_in_threadpool(require_rollout, rid)
+        await run_in_threadpool(store.set_reward, rid, value)
+        return JSONResponse({"ok": True})
+
+    @endpoint
+    async def spans_in(request: Request) -> Response:
+        body = await _json_body(request, limit)
+        rows, objs = body.get("rows"), body.get("spans")
+        if rows is None and objs is None:
+            raise _bad("send {'rows': [...]} (the store's row layout) or {'spans': [...]}", "rows")
+        checked: list[tuple[Any, ...]] = []
+        versions: dict[str, int] = {}
+        if rows is not None:
+            if not isinstance(rows, list):
+                raise _bad("'rows' must be a list", "rows")
+            for r in rows:
+                rid = r[1] if isinstance(r, list) and len(r) == _ROW_LEN and isinstance(r[1], str) else None
+                v = None if rid is None else versions.get(rid)
+                if rid is not None and v is None:
+                    v = versions[rid] = version_of(rid)
+                checked.append(check_row(r, v))
+        spans: list[Span] = []
+        if objs is not None:
+            if not isinstance(objs, list):
+                raise _bad("'spans' must be a list of span objects", "spans")
+            for o in objs:
+                try:
+                    sp = Span.model_validate(o, context=TRUSTED)
+                except ValueError as exc:
+                    raise _bad(f"invalid span: {exc}", "spans") from None
+                if "weights_version" not in sp.attributes:
+                    sp.attributes["weights_version"] = version_of(sp.rollout_id)
+                spans.append(sp)
+        rids = {r[1] for r in checked} | {s.rollout_id for s in spans}
+
+        def write() -> None:
+            for rid in rids:
+                require_rollout(rid)
+            if checked:
+                store._add_rows(checked)
+            if spans:
+                store.add_spans(spans)
+
+        await run_in_threadpool(write)
+        return JSONResponse({"accepted": len(checked) + len(spans)})
+
+    @endpoint
+    async def otlp(request: Request) -> Response:
+        raw = await _raw_body(request, limit)
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        default = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
+        proto = ctype in ("application/x-protobuf", "application/protobuf")
+        try:
+            if proto:
+                decoded = decode_protobuf(raw)
+            elif ctype in ("application/json", ""):
+                try:
+                    body = json.loads(raw) if raw else {}
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise OTLPError(f"invalid JSON: {exc}") from None
+                decoded = decode_json(body)
+            else:
+                raise APIError(
+                    415,
+                    f"unsupported content type {ctype!r}: use application/x-protobuf or application/json",
+                    code="unsupported_media_type",
+                )
+            spans = spans_from_otlp(decoded, default, traces)
+        except OTLPError as exc:
+            raise _bad(str(exc), code="invalid_otlp") from None
+        for s in spans:
+            if "weights_version" not in s.attributes:
+                s.attributes["weights_version"] = version_of(s.rollout_id)
+
+        def write() -> None:
+            for rid in {s.rollout_id for s in spans}:
+                require_rollout(rid)
+            store.add_spans(spans)
+
+        await run_in_threadpool(write)
+        if proto:  # an empty ExportTraceServiceResponse: zero bytes in protobuf
+            return Response(b"", media_type="application/x-protobuf")
+        return JSONResponse({})
+
+    @endpoint
+    async def start(request: Request) -> Response:
+        body = await _json_body(request, limit)
+        mode = body.get("mode", "trace")
+        if mode not in ROLLOUT_MODES:
+            raise _bad(f"'mode' must be one of {ROLLOUT_MODES}", "mode")
+        meta = body.get("metadata") or {}
+        if not isinstance(meta, dict):
+            raise _bad("'metadata' must be an object", "metadata")
+        rid = _str(body, "rollout_id")
+        try:
+            ro = await run_in_threadpool(
+                store.start_rollout, body.get("task"), mode=mode, metadata=meta, rollout_id=rid
+            )
+        except ValueError as exc:
+            raise _bad(str(exc), "rollout_id", status=409) from None
+        return JSONResponse(ro.model_dump(mode="json"))
+
+    @endpoint
+    async def list_rollouts(request: Request) -> Response:
+        mode = request.query_params.get("mode")
+        status = request.query_params.get("status")
+        if mode is not None and mode not in ROLLOUT_MODES:
+            raise _bad(f"'mode' must be one of {ROLLOUT_MODES}", "mode")
+        if status is not None and status not in ROLLOUT_STATUSES:
+            raise _bad(f"'status' must be one of {ROLLOUT_STATUSES}", "status")
+        ros = await run_in_threadpool(store.rollouts, mode, status)
+        return JSONResponse({"rollouts": [r.model_dump(mode="json") for r in ros]})
+
+    @endpoint
+    async def get_rollout(request: Request) -> Response:
+        ro = await run_in_threadpool(store.get_rollout, request.path_params["rollout_id"])
+        if ro is None:
+            raise _bad("unknown rollout", "rollout_id", "rollout_not_found", status=404)
+        return JSONResponse(ro.model_dump(mode="json"))
+
+    @endpoint
+    async def get_spans(request: Request) -> Response:
+        rid = request.path_params["rollout_id"]
+        await run_in_threadpool(require_rollout, rid)
+        sps = await run_in_threadpool(store.spans, rid)
+        return JSONResponse({"spans": [s.model_dump(mode="json") for s in sps]})
+
+    @endpoint
+    async def status(request: Request) -> Response:
+        return JSONResponse({**queue.stats(), "model": server.model_name})
+
+    p = "/agl/v1"
+    return [
+        Route(p + "/claim", claim, methods=["POST"]),
+        Route(p + "/heartbeat", heartbeat, methods=["POST"]),
+        Route(p + "/rollouts", start, methods=["POST"]),
+        Route(p + "/rollouts", list_rollouts, methods=["GET"]),
+        Route(p + "/rollouts/{rollout_id}", get_rollout, methods=["GET"]),
+        Route(p + "/rollouts/{rollout_id}/complete", complete, methods=["POST"]),
+        Route(p + "/rollouts/{rollout_id}/reward", reward, methods=["POST"]),
+        Route(p + "/rollouts/{rollout_id}/spans", get_spans, methods=["GET"]),
+        Route(p + "/spans", spans_in, methods=["POST"]),
+        Route(p + "/status", status, methods=["GET"]),
+        Route("/v1/traces", otlp, methods=["POST"]),
+        Route("/rollout/{rollout_id}/v1/traces", otlp, methods=["POST"]),
+    ]

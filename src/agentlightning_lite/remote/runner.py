@@ -1,0 +1,289 @@
+"""A runner: worker threads that claim rollouts from a trainer, run the agent, and stream its spans back.
+
+Each worker loops: claim a rollout (long-polling the trainer's queue), run the agent on its task
+with an ``agl.LLM`` routed to that rollout, inside ``tracer.rollout(rollout_id=...)`` over a
+:class:`RemoteStore` (so adapters, ``emit_reward`` and ``emit_signal`` work as in-process), then
+report the result. A heartbeat thread renews the leases of the rollouts in flight. While the
+trainer is away (restarting, say) every call is retried with backoff: runners reconnect on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..serving.llm import LLM
+from ..tracer import Tracer
+from ..types import Rollout, check_reward
+from .client import RemoteError, RunnerClient
+from .remote_store import RemoteStore
+
+__all__ = ["Runner", "load_agent"]
+
+logger = logging.getLogger("agentlightning_lite.remote")
+
+
+def load_agent(spec: str) -> Any:
+    """Import an agent given as ``module:attribute`` or ``path/to/file.py:attribute``.
+
+    >>> load_agent("agentlightning_lite.remote.runner:load_agent") is load_agent
+    True
+    """
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise ValueError(f"an agent is 'module:attribute' or 'file.py:attribute', got {spec!r}")
+    if where.endswith(".py") or os.sep in where:
+        path = Path(where).resolve()
+        if not path.exists():
+            raise FileNotFoundError(f"no such file: {path}")
+        mod_name = f"agl_agent_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(where)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(f"{where} has no attribute {attr!r}") from None
+
+
+def _call_agent(agent: Any, task: Any, llm: LLM, mode: str) -> Any:
+    if inspect.isclass(agent):
+        raise TypeError("pass an agent instance or function, not a class")
+    if callable(getattr(agent, "validation_rollout", None)) and callable(getattr(agent, "rollout", None)):
+        result = agent(task, llm, mode=mode)  # an agl.LitAgent
+    else:
+        result = agent(task, llm)
+    if inspect.isawaitable(result):
+        result = asyncio.run(_await(result))
+    return result
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class Runner:
+    """Run ``agent`` for a trainer at ``server``: ``workers`` rollouts at a time, until stopped.
+
+    ``agent`` is a function ``(task, llm) -> reward | None`` (sync or async), an ``agl.LitAgent``,
+    or a ``"module:attribute"`` string. ``max_rollouts`` stops the runner after that many
+    rollouts (handy in tests and scripts); ``None`` runs until :meth:`stop` (or SIGTERM / Ctrl-C
+    under :meth:`run`).
+
+    >>> import agentlightning_lite as agl
+    >>> def agent(task, llm):
+    ...     reply = llm.openai_client().chat.completions.create(
+    ...         model=llm.model, messages=[{"role": "user", "content": task}])
+    ...     return float("4" in reply.choices[0].message.content)
+    >>> runner = agl.remote.Runner(agent, "http://127.0.0.1:8765", api_key="secret", workers=4)
+    >>> runner.run()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        agent: Callable[..., Any] | str,
+        server: str,
+        api_key: str | None = None,
+        workers: int = 1,
+        worker_id: str | None = None,
+        claim_wait: float = 5.0,
+        max_rollouts: int | None = None,
+        give_up_after: float | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.server = server.rstrip("/")
+        self.api_key = api_key
+        self.workers = workers
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.claim_wait = claim_wait
+        self.max_rollouts = max_rollouts
+        self.client = RunnerClient(
+            self.server, api_key=api_key, give_up_after=give_up_after, max_connections=max(8, 2 * workers)
+        )
+        self.store = RemoteStore(self.client)
+        self.tracer = Tracer(self.store)
+        self.completed = 0  # rollouts run to the end by this runner
+        self.counted = 0  # of which the trainer took the result as the rollout's outcome
+        self._lease_timeout = 30.0
+        self._active: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._hb_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._claims = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> Runner:
+        """Start the worker and heartbeat threads; returns at once."""
+        if self._threads:
+            return self
+        for i in range(self.workers):
+            t = threading.Thread(target=self._work, args=(f"{self.worker_id}/{i}",), name=f"agl-runner-{i}")
+            t.daemon = True
+            t.start()
+            self._threads.append(t)
+        hb = threading.Thread(target=self._heartbeats, name="agl-runner-heartbeat", daemon=True)
+        hb.start()
+        self._threads.append(hb)
+        logger.info("runner %s: %d workers for %s", self.worker_id, self.workers, self.server)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop claiming, let the rollouts in flight finish (up to ``timeout`` s), then close."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # rollouts in flight report first...
+            with self._lock:
+                if not self._active:
+                    break
+            time.sleep(0.05)
+        self._hb_stop.set()
+        self.store.close()
+        self.client.close()
+        # workers still waiting in a claim are daemon threads: not waited for (a claim granted
+        # meanwhile is not run; its lease runs out and the trainer hands the rollout to another runner)
+        for t in self._threads:
+            t.join(0.05)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the workers to end (``max_rollouts`` reached, or stopped); True when they did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads[: self.workers]:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads[: self.workers])
+
+    def run(self) -> None:
+        """Run in the foreground until SIGTERM, Ctrl-C or ``max_rollouts``."""
+
+        def _term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _term)
+        self.start()
+        try:
+            while not self.join(0.5):
+                pass
+        except KeyboardInterrupt:
+            logger.info("runner %s: stopping", self.worker_id)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            self.stop()
+
+    def __enter__(self) -> Runner:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the loops ------------------------------------------------------------------------------
+    def _take_slot(self) -> bool:
+        with self._lock:
+            if self.max_rollouts is not None and self._claims >= self.max_rollouts:
+                return False
+            self._claims += 1
+            return True
+
+    def _give_back_slot(self) -> None:
+        with self._lock:
+            self._claims -= 1
+
+    def _work(self, worker: str) -> None:
+        while not self._stop.is_set():
+            if not self._take_slot():
+                return
+            try:
+                claimed = self.client.claim(worker, wait=self.claim_wait)
+            except Exception as exc:
+                self._give_back_slot()
+                if self._stop.is_set():
+                    return
+                if not isinstance(exc, RemoteError):
+                    raise
+                logger.error("runner %s: claim refused: %s", worker, exc)
+                self._stop.wait(2.0)
+                continue
+            if claimed is None or self._stop.is_set():
+                self._give_back_slot()
+                continue
+            try:
+                self._run_one(claimed)
+            except Exception:  # never let one rollout end the worker
+                logger.exception("runner %s: rollout %s", worker, claimed.get("rollout_id"))
+
+    def _run_one(self, claimed: dict[str, Any]) -> None:
+        rid = claimed["rollout_id"]
+        mode = claimed.get("mode", "train")
+        self.store.register(
+            Rollout(
+                rollout_id=rid,
+                task=claimed.get("task"),
+                mode=mode,
+                start_time=time.time(),
+                metadata=claimed.get("metadata") or {},
+            )
+        )
+        with self._lock:
+            self._active.add(rid)
+            self._lease_timeout = float(claimed.get("lease_timeout") or self._lease_timeout)
+        llm = LLM(
+            base_url=self.server + claimed["llm_path"],
+            model=claimed.get("model") or "policy",
+            api_key=self.api_key or "agl-no-key",
+            rollout_id=rid,
+        )
+        try:
+            with self.tracer.rollout(rollout_id=rid) as ro:
+                value = _call_agent(self.agent, claimed.get("task"), llm, mode)
+                if value is not None:
+                    ro.reward(check_reward(value, "the agent's returned reward"))  # type: ignore[arg-type]
+        except Exception as exc:  # recorded as failed by the tracer already
+            logger.warning("rollout %s failed: %s: %s", rid, type(exc).__name__, exc)
+        finally:
+            with self._lock:
+                self._active.discard(rid)
+                self.completed += 1
+                if (self.store.last_result.get(rid) or {}).get("counted"):
+                    self.counted += 1
+            self.store.forget(rid)
+
+    def _heartbeats(self) -> None:
+        last = time.monotonic()
+        while not self._hb_stop.wait(0.2):
+            if time.monotonic() - last < self._lease_timeout / 3:
+                continue
+            last = time.monotonic()
+            with self._lock:
+                active = list(self._active)
+            if not active:
+                continue
+            try:
+                lost = self.client.heartbeat(self.worker_id, active)
+            except RemoteError as exc:
+                logger.warning("runner %s: heartbeat failed: %s", self.worker_id, exc)
+                continue
+            for rid in lost:
+                logger.warning("rollout %s: lease lost (its result will not be trained on)", rid)

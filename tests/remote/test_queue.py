@@ -1,0 +1,91 @@
+"""The rollout queue alone: leases, retries, attempts, timeouts, late results, one outcome per rollout."""
+
+from __future__ import annotations
+
+import pytest
+
+import agentlightning_lite as agl
+from agentlightning_lite.remote import RolloutQueue
+
+
+def make(**kw: object) -> tuple[agl.MemoryStore, RolloutQueue]:
+    store = agl.MemoryStore()
+    kw.setdefault("lease_timeout", 10.0)
+    return store, RolloutQueue(store, **kw)  # type: ignore[arg-type]
+
+
+def test_lost_lease_is_retried_then_failed_after_max_attempts() -> None:
+    store, q = make(max_attempts=2)
+    [job] = q.submit([("t", "train", {"step": 0})])
+    a1 = q.claim("w1")
+    assert a1 is not None and q.claim("w2") is None  # one job, one claim
+    q.reap(now=a1.lease_expires + 1)  # w1 died: its lease ran out
+    assert not job.done and store.get_rollout(a1.rollout_id).status == "failed"
+    a2 = q.claim("w2")
+    assert a2 is not None and a2.job is job and a2.rollout_id != a1.rollout_id
+    q.reap(now=a2.lease_expires + 1)
+    assert job.status == "failed" and "lease expired" in (job.error or "")
+    assert q.claim("w3") is None  # no third attempt
+    # the first runner comes back late: recorded, not counted
+    answer = q.complete(a1.rollout_id, "succeeded", reward=1.0)
+    assert answer["counted"] is False and job.status == "failed"
+    assert store.get_rollout(a1.rollout_id).metadata["late_result"]["reward"] == 1.0
+
+
+def test_heartbeats_keep_a_lease_and_a_retry_counts_once() -> None:
+    store, q = make(max_attempts=3)
+    [job] = q.submit([("t", "train", {})])
+    a1 = q.claim("w1")
+    assert a1 is not None
+    assert q.heartbeat("w1", [a1.rollout_id]) == []
+    q.reap(now=a1.claimed_at + 5)  # within the renewed lease
+    assert a1.state == "running"
+    q.reap(now=a1.lease_expires + 1)
+    a2 = q.claim("w2")
+    assert a2 is not None
+    assert q.heartbeat("w1", [a1.rollout_id]) == [a1.rollout_id]  # w1 learns its lease is gone
+    assert q.complete(a2.rollout_id, "succeeded", reward=0.5)["counted"] is True
+    assert q.complete(a2.rollout_id, "succeeded", reward=0.5)["duplicate"] is True  # a retried call
+    assert q.complete(a1.rollout_id, "succeeded", reward=1.0)["counted"] is False
+    assert (job.status, job.reward, job.rollout_id, job.attempts) == ("succeeded", 0.5, a2.rollout_id, 2)
+    assert q.wait([job]) == [job]
+    statuses = sorted(r.status for r in store.rollouts())
+    assert statuses == ["failed", "succeeded"]  # both attempts are in the store, one counted
+
+
+def test_a_slow_attempt_times_out_and_its_late_result_is_not_the_outcome() -> None:
+    store, q = make(rollout_timeout=1.0)
+    [job] = q.submit([("t", "train", {})])
+    a = q.claim("w1")
+    assert a is not None and a.public()["timeout"] == 1.0
+    q.heartbeat("w1", [a.rollout_id])
+    q.reap(now=a.claimed_at + 2.0)
+    assert job.status == "timeout" and store.get_rollout(a.rollout_id).status == "timeout"
+    answer = q.complete(a.rollout_id, "succeeded", reward=1.0)
+    assert answer["counted"] is False
+    ro = store.get_rollout(a.rollout_id)
+    assert ro.status == "timeout" and ro.metadata["late_result"]["status"] == "succeeded"
+    assert job.reward is None
+
+
+def test_bad_results_are_refused() -> None:
+    _, q = make()
+    q.submit([("t", "train", {})])
+    a = q.claim("w")
+    assert a is not None
+    with pytest.raises(ValueError):
+        q.complete(a.rollout_id, "running")
+    with pytest.raises(ValueError):
+        q.complete(a.rollout_id, "succeeded", reward=float("nan"))
+    with pytest.raises(KeyError):
+        q.complete("nope", "succeeded")
+
+
+def test_cancel_fails_what_is_left() -> None:
+    store, q = make()
+    jobs = q.submit([("a", "train", {}), ("b", "train", {})])
+    a = q.claim("w")
+    assert a is not None
+    q.cancel(jobs, "stopped")
+    assert [j.status for j in jobs] == ["failed", "failed"]
+    assert store.get_rollout(a.rollout_id).status == "failed" and q.claim("w") is None
