@@ -96,6 +96,13 @@ class Span(BaseModel):
     def _jsonable_attrs(cls, v: Any, info: ValidationInfo) -> Any:
         return {} if v is None else _copy(v, info)
 
+    @field_validator("start_time", "end_time", mode="after")
+    @classmethod
+    def _finite_time(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"{info.field_name} must be a finite timestamp, got {v!r}")
+        return v
+
     @field_validator("prompt_token_ids", "response_token_ids", mode="after")
     @classmethod
     def _token_ids(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
