@@ -33,6 +33,7 @@ from .lora import LoRA, check_4bit_available
 from .metrics import MetricsLogger, plot_reward_curve
 from .ppo import PPO, ValueHead, gae, value_loss
 from .rollouts import RolloutResult, RolloutSpec, run_rollouts
+from .trajectory import merge_trajectories
 
 __all__ = ["Trainer"]
 
@@ -84,6 +85,12 @@ class Trainer:
             are then not recomputed), else every micro-batch is recomputed. The mismatch is logged.
         seed: seeds data order, sampling seeds and torch.
         loggers: ``"auto"``, or a list of ``"tensorboard"``, ``"wandb"``, ``"mlflow"``.
+        transitions: ``"call"`` (default): each LLM call is its own training sample, with its whole
+            prompt. ``"trajectory"``: the calls of an episode whose prompts extend the previous
+            call's prompt + response token ids are merged into one sequence (one forward pass per
+            episode instead of one per call); only the generated tokens are trained and each keeps
+            its own call's reward and advantage. A call whose prompt does not extend the previous
+            one stays a separate sample (``trajectory/prefix_mismatches`` in the metrics).
 
     >>> import agentlightning_lite as agl
     >>> def agent(task, llm):  # any function (task, llm) -> reward, or an agl.LitAgent
@@ -122,7 +129,11 @@ class Trainer:
         seed: int = 0,
         loggers: str | list[str] = "auto",
         server_options: dict[str, Any] | None = None,
+        transitions: str = "call",
     ) -> None:
+        if transitions not in ("call", "trajectory"):
+            raise ValueError(f"transitions must be 'call' or 'trajectory', got {transitions!r}")
+        self.transitions_mode = transitions
         self.algorithm = algorithm if algorithm is not None else GRPO()
         if not isinstance(self.algorithm, (GRPO, PPO)):
             raise TypeError(
@@ -481,6 +492,9 @@ class Trainer:
             if all(a == 0.0 for a in adv):
                 stats["train/skipped_update"] = 1.0  # every group had zero spread: no gradient
                 return stats
+        if self.transitions_mode == "trajectory":  # after the per-call advantages: each call keeps its own
+            samples, tstats = merge_trajectories(samples)
+            stats.update(tstats)
         result: dict[str, float] = {}
 
         def step(model: Any) -> None:
@@ -528,10 +542,11 @@ class Trainer:
         with torch.no_grad():
             for c, b in zip(chunks, batches, strict=True):
                 eng = None
-                if all(s.engine_logprobs is not None for s in c):
+                engine_lps = [s.token_engine_logprobs() for s in c]
+                if all(lps is not None for lps in engine_lps):
                     eng = torch.zeros(b.response_mask.shape, device=self.device)
-                    for i, s in enumerate(c):
-                        eng[i, : len(s.engine_logprobs)] = torch.tensor(s.engine_logprobs)  # type: ignore[arg-type]
+                    for i, lps in enumerate(engine_lps):
+                        eng[i, : len(lps)] = torch.tensor(lps)  # type: ignore[arg-type]
                 trust = eng is not None and (self.old_logprobs == "engine" or agree is True)
                 needs_values = isinstance(algo, PPO)
                 lp = v = None
@@ -555,18 +570,21 @@ class Trainer:
 
         # 2. advantages per token
         advs, rets = [], []
+        merged = self.transitions_mode == "trajectory"
         for c, b, v in zip(chunks, batches, old_v, strict=True):
+            segs = b.segment_ids if merged else None
             if isinstance(algo, PPO):
                 rewards = torch.zeros_like(b.response_mask)
-                for i, s in enumerate(c):
-                    rewards[i, len(s.response_ids) - 1] = s.reward  # the call's credit at its last token
-                a, r = gae(rewards, v, b.response_mask, algo.gamma, algo.lam)  # type: ignore[arg-type]
+                for i, s in enumerate(c):  # each call's credit at its last token
+                    rewards[i, : len(s.response_ids)] = torch.tensor(s.token_rewards())
+                a, r = gae(rewards, v, b.response_mask, algo.gamma, algo.lam, segs)  # type: ignore[arg-type]
                 advs.append(a)
                 rets.append(r)
             else:
-                advs.append(
-                    torch.tensor([s.advantage for s in c], device=self.device)[:, None] * b.response_mask
-                )
+                tok_adv = torch.zeros_like(b.response_mask)
+                for i, s in enumerate(c):  # each call's advantage on its response tokens
+                    tok_adv[i, : len(s.response_ids)] = torch.tensor(s.token_advantages())
+                advs.append(tok_adv * b.response_mask)
                 rets.append(None)
         if isinstance(algo, PPO) and algo.whiten_advantages:
             mask_all = torch.cat([b.response_mask.flatten() for b in batches]).bool()
@@ -587,10 +605,11 @@ class Trainer:
             for start in range(0, len(order), per_mini):
                 group = order[start : start + per_mini]
                 n_tokens = sum(float(batches[j].response_mask.sum()) for j in group)
-                n_seqs = sum(len(chunks[j]) for j in group)
+                n_seqs = sum(s.num_segments for j in group for s in chunks[j])
                 self.optimizer.zero_grad(set_to_none=True)
                 for j in group:
                     b = batches[j]
+                    segs = b.segment_ids if merged else None
                     lp, v = forward_logprobs(model, b, self.value_head, self.autocast)
                     pg, pstats = policy_loss(lp, old_lp[j], advs[j], b.response_mask, algo.clip, clip_high)
                     tok_loss = pg
@@ -610,9 +629,10 @@ class Trainer:
                     if algo.loss_agg == "token-mean":
                         weight = float(b.response_mask.sum()) / max(n_tokens, 1.0)
                     else:
-                        weight = len(chunks[j]) / max(n_seqs, 1)
+                        weight = sum(s.num_segments for s in chunks[j]) / max(n_seqs, 1)
                     loss = (
-                        aggregate(tok_loss, b.response_mask, algo.loss_agg, algo.max_response_tokens) * weight
+                        aggregate(tok_loss, b.response_mask, algo.loss_agg, algo.max_response_tokens, segs)
+                        * weight
                     )
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"non-finite loss at step {self.step}: {float(loss)}")
@@ -620,7 +640,9 @@ class Trainer:
                     logs.setdefault("train/loss", []).append(float(loss.detach()) / max(weight, 1e-12))
                     logs.setdefault("train/pg_loss", []).append(
                         float(
-                            aggregate(pg.detach(), b.response_mask, algo.loss_agg, algo.max_response_tokens)
+                            aggregate(
+                                pg.detach(), b.response_mask, algo.loss_agg, algo.max_response_tokens, segs
+                            )
                         )
                     )
                     logs.setdefault("train/clip_frac", []).append(float(pstats["clip_frac"]))
@@ -632,7 +654,9 @@ class Trainer:
         out["train/logprob_mismatch_mean"] = mean_mismatch
         out["train/logprob_mismatch_max"] = mismatch_max
         out["train/ratio_from_engine_logprobs"] = 1.0 if use_engine else 0.0
-        out["train/response_tokens"] = float(sum(len(s.response_ids) for s in samples))
+        out["train/response_tokens"] = float(sum(sum(s.token_mask()) for s in samples))
+        out["train/sequences"] = float(len(samples))
+        out["train/sequence_tokens"] = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
         return out
 
     # -- saving ---------------------------------------------------------------------------
