@@ -35,20 +35,19 @@ ROOT = HERE.parent.parent
 MODEL = "smollm2-135m"
 TARGET = 0.35  # trajectory update time / per-call update time at 10 turns
 
-SYSTEM = "You are a careful agent. Use the lookup tool, one key per turn, then answer."
+SYSTEM = "Look up one key per turn, then answer."
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 
 
 def reply_for(messages: list[dict[str, Any]]) -> str:
-    """The scripted assistant turn: a short plan and a tool request (about 14 tokens)."""
+    """The scripted assistant turn: a tool request (about 10 tokens)."""
     turn = sum(1 for m in messages if m["role"] == "assistant")
-    return f"Turn {turn + 1}: I will look up key {WORDS[turn % len(WORDS)]} next."
+    return f"Turn {turn + 1}: look up {WORDS[turn % len(WORDS)]}."
 
 
 def observation(turn: int, rng: random.Random) -> str:
-    """The tool's answer appended after each call (about 14 tokens)."""
-    key = WORDS[turn % len(WORDS)]
-    return f"lookup({key}) = {rng.randint(1000, 9999)}; status ok, {rng.randint(1, 9)} rows."
+    """The tool's answer appended after each call (about 8 tokens)."""
+    return f"{WORDS[turn % len(WORDS)]} = {rng.randint(1000, 9999)}, ok."
 
 
 def run_worker(mode: str, turns: list[int], episodes: int, threads: int | None, seed: int) -> dict[str, Any]:
@@ -96,7 +95,9 @@ def run_worker(mode: str, turns: list[int], episodes: int, threads: int | None, 
             output_dir=tmp,
             loggers=[],
             seed=seed,
-            old_logprobs="recompute",  # the scripted engine's logprobs are not the model's
+            # the engine's logprobs, as "auto" uses them when they agree with the model: no extra
+            # no-grad pass (the scripted engine's are not the model's, which changes no cost)
+            old_logprobs="engine",
             max_seq_len=4096,
             transitions=mode,
         )
@@ -222,10 +223,12 @@ engineers' jobs). Benchmark wall time {minutes:.1f} min.
 (a `ScriptedEngine` with SmolLM2's tokenizer and chat template answers "Turn k: I will look up key \
 ... next.") and a tool observation appended as a user message. Reward: random per episode (GRPO \
 needs a spread). `agl.Trainer(model="{MODEL}", algorithm=agl.GRPO(group_size={args.episodes}, lr=1e-4), \
-lora=agl.LoRA(r=16, alpha=32), batch_size=1, old_logprobs="recompute", transitions=...)`: \
+lora=agl.LoRA(r=16, alpha=32), batch_size=1, old_logprobs="engine", transitions=...)`: \
 the training copy is SmolLM2-135M-Instruct in fp32 on CPU; one step = {args.episodes} episodes of the \
 same task, one optimiser step; defaults otherwise (micro-batches of at most 8 samples and 2048 padded \
-tokens; one no-grad forward for the old logprobs and one forward + backward per micro-batch).
+tokens, one forward + backward each). `old_logprobs="engine"` takes the importance-ratio denominator \
+from the spans, as the default `"auto"` does once the engine's logprobs agree with the model (the \
+scripted engine's are constant, which changes the ratio's value but not the cost of the update).
 
 **Method.** `transitions="call"` and `transitions="trajectory"` each in a fresh process; in each, a \
 2-turn warm-up step, then one step per number of turns in increasing order. Update time: \
