@@ -220,8 +220,8 @@ Date {dt.date.today()}; machine: {cpu_model()}, {os.cpu_count()} CPU cores, no G
 engineers' jobs). Benchmark wall time {minutes:.1f} min.
 
 **Setup.** A scripted chat agent: system prompt + task, then per turn one call to the PolicyServer \
-(a `ScriptedEngine` with SmolLM2's tokenizer and chat template answers "Turn k: I will look up key \
-... next.") and a tool observation appended as a user message. Reward: random per episode (GRPO \
+(a `ScriptedEngine` with SmolLM2's tokenizer and chat template answers "Turn k: look up \
+<key>.") and a tool observation appended as a user message. Reward: random per episode (GRPO \
 needs a spread). `agl.Trainer(model="{MODEL}", algorithm=agl.GRPO(group_size={args.episodes}, lr=1e-4), \
 lora=agl.LoRA(r=16, alpha=32), batch_size=1, old_logprobs="engine", transitions=...)`: \
 the training copy is SmolLM2-135M-Instruct in fp32 on CPU; one step = {args.episodes} episodes of the \
