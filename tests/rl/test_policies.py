@@ -102,7 +102,9 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
 
     def spy(m: Any, samples: list[Any], policy: Any = None) -> dict[str, float]:
         out = original(m, samples, policy)
-        grads = {n: (None if p.grad is None else p.grad.clone()) for n, p in m.named_parameters() if "lora_" in n}
+        grads = {
+            n: (None if p.grad is None else p.grad.clone()) for n, p in m.named_parameters() if "lora_" in n
+        }
         seen.append((policy.name, list(samples), grads))
         return out
 
@@ -114,14 +116,18 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
         mine = {n: g for n, g in grads.items() if f".{name}." in n}
         others = {n: g for n, g in grads.items() if f".{name}." not in n}
         # only this policy's adapter got a gradient in its update (the other's is cleared or absent)
-        assert all(g is not None for g in mine.values()) and any(float(g.abs().max()) > 0 for g in mine.values())
+        assert all(g is not None for g in mine.values()) and any(
+            float(g.abs().max()) > 0 for g in mine.values()
+        )
         if name == "writer":
             assert all(g is None for g in others.values())
         # each adapter moved by its own gradient: AdamW's first step is exactly -lr * g / (|g| + eps)
         after = adapter_weights(model, name)
         for n, g in mine.items():
             assert g is not None
-            torch.testing.assert_close(after[n] - before[name][n], -LR * g / (g.abs() + 1e-8), rtol=1e-4, atol=1e-7)
+            torch.testing.assert_close(
+                after[n] - before[name][n], -LR * g / (g.abs() + 1e-8), rtol=1e-4, atol=1e-7
+            )
         assert sum(int((after[n] != before[name][n]).sum()) for n in after) > 0
 
     # per-policy metrics
@@ -171,7 +177,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
 
 
 def test_shared_and_frozen_adapter_policies(engine: Any, tmp_path: Path) -> None:
-    """``{"writer": LoRA, "rewriter": "writer"}`` is one adapter for both; a saved adapter is served frozen."""
+    """``{"writer": LoRA, "rewriter": "writer"}`` is one adapter; a saved adapter is served frozen."""
     import peft
 
     frozen_dir = tmp_path / "checker-adapter"
@@ -201,7 +207,9 @@ def test_shared_and_frozen_adapter_policies(engine: Any, tmp_path: Path) -> None
     assert frozen_before and any(float(w.abs().max()) > 0 for n, w in frozen_before.items() if "lora_B" in n)
     out = trainer.fit(writer_rewriter_checker, [{"q": "Say hi."}], steps=1)
     assert out["writer/train/samples"] == 4.0  # the writer's and the rewriter's calls, 2 rollouts
-    assert all(torch.equal(frozen_before[n], w) for n, w in adapter_weights(trainer.policy, "checker").items())
+    assert all(
+        torch.equal(frozen_before[n], w) for n, w in adapter_weights(trainer.policy, "checker").items()
+    )
     adapters = {
         (s.agent, s.attributes["adapter"])
         for r in trainer.store.rollouts(mode="train")
