@@ -209,11 +209,13 @@ def run(
     trainer_options: dict[str, Any] | None = None,
     argv: Sequence[str] | None = None,
     notes: str = "",
+    variant: str = "",
 ) -> dict[str, Any]:
     """Evaluate, train, evaluate; write and record the results (see the module docstring).
 
     ``trainer_options`` go to ``agl.Trainer`` (``agents``, ``credit``, ``air``, ``success_threshold``,
-    ...) over the defaults built from ``args``. Returns the results dict that ``results.json`` holds.
+    ...) over the defaults built from ``args``. ``variant`` names the set-up in the results row
+    (``"policies separate"``). Returns the results dict that ``results.json`` holds.
     """
     import agentlightning_lite as agl
 
@@ -265,6 +267,7 @@ def run(
     command = f"python -m benchmarks.{name} {shlex.join(given)}"
     results: dict[str, Any] = {
         "benchmark": name,
+        "variant": variant,
         "command": command.strip(),
         "model": args.model,
         "seed": args.seed,
@@ -326,8 +329,9 @@ def record(results: dict[str, Any], path: Path = RESULTS_MD) -> None:
         text = path.read_text() if path.exists() else "# Benchmark results\n\n"
         path.write_text(text.rstrip() + "\n\n" + HEADER)
     r = results
+    label = f"{r['benchmark']} ({r['variant']})" if r.get("variant") else r["benchmark"]
     row = (
-        f"| {r['date']} | {r['benchmark']} | {r['model']} | {r['train_size']} / {r['test_size']} | "
+        f"| {r['date']} | {label} | {r['model']} | {r['train_size']} / {r['test_size']} | "
         f"{r['steps']} x {r['batch_size']} x {r['group_size']} | {score(r['before'])} | "
         f"{score(r['after'])} | {r['wall_s'] / 60:.1f} min | {r['hardware']} | {r['seed']} | "
         f"`{r['command']}` |\n"

@@ -10,7 +10,10 @@ At the paper's scale, on one GPU with LoRA and vLLM (see README.md):
         --steps 400 --batch-size 32 --group-size 4 --lr 1e-5 --lora-r 32 \\
         --max-tokens 512 --max-turns 3 --concurrency 128 --rollout-timeout 1800
 
-``--train-size 0`` / ``--test-size 0`` take every question of the split. Held-out execution accuracy
+``--policies separate`` gives the writer and the rewriter each its own LoRA adapter on the shared base
+model (``agl.Trainer(policies=...)``; the checker is served by the base model) instead of the paper's
+one shared policy; the results row names the set-up. ``--train-size 0`` / ``--test-size 0`` take every
+question of the split. Held-out execution accuracy
 (Spider's, on databases never trained on) is measured before and after training with greedy
 decoding; ``writer_acc`` is the accuracy of the writer's first query alone.
 """
@@ -45,6 +48,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=420,
         help="keep questions whose CREATE TABLE schema is at most this long (0: all; short prompts on CPU)",
     )
+    ap.add_argument(
+        "--policies",
+        choices=["shared", "separate"],
+        default="shared",
+        help="shared: one LoRA for the writer and the rewriter (the paper's); separate: one each "
+        "(the checker is served by the base model)",
+    )
     args = ap.parse_args(argv)
 
     limit = args.max_schema_chars or None
@@ -52,7 +62,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     test = load_dataset("test", args.data_dir, max_schema_chars=limit)  # one fixed order for every seed
     train = train[: args.train_size] if args.train_size > 0 else train
     test = test[: args.test_size] if args.test_size > 0 else test
-    train_agent = SpiderAgent(max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=1.0)
+    separate = args.policies == "separate"
+    train_agent = SpiderAgent(
+        max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=1.0, per_agent_endpoints=separate
+    )
     eval_agent = dataclasses.replace(train_agent, temperature=0.0)
     dbs = sorted({t["db_id"] for t in train}), sorted({t["db_id"] for t in test})
     return _harness.run(
@@ -62,13 +75,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         eval_agent=eval_agent,
         train=train,
         test=test,
-        trainer_options={"agents": list(TRAINED_AGENTS)},
+        trainer_options=_policy_options(args),
         argv=argv,
+        variant=f"policies {args.policies}",
         notes=(
             f"max_turns {args.max_turns}, max_tokens {args.max_tokens}, schemas <= {limit or 'any'} chars; "
             f"train dbs {', '.join(dbs[0])}; test dbs {', '.join(dbs[1])}"
         ),
     )
+
+
+def _policy_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``agents=`` for the paper's shared policy, or ``policies=`` with one adapter per trained role."""
+    if args.policies == "shared":
+        return {"agents": list(TRAINED_AGENTS)}
+    import agentlightning_lite as agl
+
+    lora = agl.LoRA(r=args.lora_r, alpha=2 * args.lora_r, load_in_4bit=args.load_in_4bit)
+    return {"lora": None, "policies": {role: lora for role in TRAINED_AGENTS}}
 
 
 if __name__ == "__main__":

@@ -135,13 +135,15 @@ class SpiderAgent:
     match the gold query's, else 0.0).
 
     ``temperature`` applies to the writer and the rewriter (sampled for GRPO, 0 for evaluation); the
-    checker is always greedy.
+    checker is always greedy. With ``per_agent_endpoints`` each role calls through its own endpoint
+    (``llm.for_agent(role)``), so a server with one adapter per agent serves each role with its own.
     """
 
     max_turns: int = 3
     max_tokens: int = 256
     temperature: float = 1.0
     sql_timeout_s: float = 2.0
+    per_agent_endpoints: bool = False
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -161,8 +163,14 @@ class SpiderAgent:
 
     def graph(self, llm: agl.LLM, db_path: Path | str) -> Any:
         """The compiled LangGraph graph for one rollout on the database at ``db_path``."""
-        policy = self._model(llm, self.temperature, stop=[";"])  # a query ends at its first ';'
-        judge = self._model(llm, 0.0)
+
+        def endpoint(role: str) -> agl.LLM:
+            return llm.for_agent(role) if self.per_agent_endpoints else llm
+
+        # a query ends at its first ';'
+        write = self._model(endpoint("writer"), self.temperature, stop=[";"])
+        rewrite = self._model(endpoint("rewriter"), self.temperature, stop=[";"])
+        judge = self._model(endpoint("checker"), 0.0)
 
         def execute(sql: str) -> str:
             """Run a SQLite query read-only and return its first rows."""
@@ -176,7 +184,7 @@ class SpiderAgent:
 
         def writer(state: AgentState, config: RunnableConfig) -> AgentState:
             text = call(
-                policy,
+                write,
                 "writer",
                 [
                     SystemMessage(WRITER_SYSTEM.format(schema=state["schema"])),
@@ -208,7 +216,7 @@ class SpiderAgent:
 
         def rewriter(state: AgentState, config: RunnableConfig) -> AgentState:
             text = call(
-                policy,
+                rewrite,
                 "rewriter",
                 [
                     SystemMessage(REWRITER_SYSTEM.format(schema=state["schema"])),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import doctest
 import hashlib
 import json
@@ -280,6 +281,37 @@ def test_writer_checker_rewriter_and_only_two_are_trained() -> None:
 
 
 @needs_data
+def test_per_agent_endpoints_name_each_role_in_its_url() -> None:
+    """``--policies separate``: each role calls through ``llm.for_agent(role)``, so the server knows the
+    agent of every call when it serves it (and routes it to that agent's adapter)."""
+    script, calls = scripted(
+        writer="SELECT count(*) FROM song",
+        rewriter="SELECT count(*) FROM singer",
+        verdicts=["THE QUERY IS INCORRECT."],
+    )
+    store, rid, reward = run_episode(script, max_turns=2, per_agent_endpoints=True)
+    assert calls == ["writer", "checker", "rewriter"] and reward == 1.0
+    server_llm = [s for s in store.spans(rid) if s.kind == "llm" and s.attributes.get("server") == "agl"]
+    assert sorted(s.agent for s in server_llm) == ["checker", "rewriter", "writer"]
+    langchain_llm = [s for s in store.spans(rid) if s.attributes.get("agl.source") == "langchain"]
+    assert langchain_llm and all(
+        s.attributes.get("agl.duplicate_of") for s in langchain_llm if s.kind == "llm"
+    )
+    assert [t.agent for t in agl.transitions(store, agents=["writer", "rewriter"])] == ["writer", "rewriter"]
+
+
+def test_policies_option_picks_shared_or_separate_adapters() -> None:
+    from benchmarks.spider.__main__ import _policy_options
+
+    ns = argparse.Namespace(policies="shared", lora_r=8, load_in_4bit=False)
+    assert _policy_options(ns) == {"agents": ["writer", "rewriter"]}
+    ns.policies = "separate"
+    opts = _policy_options(ns)
+    assert opts["lora"] is None and sorted(opts["policies"]) == ["rewriter", "writer"]
+    assert all(lo.r == 8 and lo.alpha == 16 for lo in opts["policies"].values())
+
+
+@needs_data
 def test_checker_sees_sql_errors_and_a_correct_verdict_ends_the_run() -> None:
     script, calls = scripted(
         writer="SELECT nme FROM singer", rewriter="unused", verdicts=["THE QUERY IS CORRECT."]
@@ -339,3 +371,33 @@ def test_smoke_one_step(tmp_path: Path) -> None:
         set(part.split(", ")) for part in saved["notes"].split("train dbs ")[1].split("; test dbs ")
     )
     assert test_dbs <= {"singer", "poker_player", "course_teach"} and not train_dbs & test_dbs
+
+
+@pytest.mark.slow
+@needs_data
+def test_smoke_one_step_with_an_adapter_per_role(tmp_path: Path) -> None:
+    main(
+        [
+            "--data-dir", str(SHARED_DATA), "--train-size", "1", "--test-size", "1", "--steps", "1",
+            "--batch-size", "1", "--group-size", "2", "--max-tokens", "24", "--max-schema-chars", "420",
+            "--threads", "1", "--no-record", "--output-dir", str(tmp_path), "--policies", "separate",
+        ]
+    )  # fmt: skip
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["variant"] == "policies separate" and "--policies separate" in saved["command"]
+    assert sorted(p.name for p in Path(saved["adapter"]).iterdir()) == ["rewriter", "writer"]
+    store = agl.SQLiteStore(tmp_path / "runs.db")
+    served = {
+        (s.agent, s.attributes.get("adapter"))
+        for r in store.rollouts(mode="train")
+        for s in store.spans(r.rollout_id)
+        if s.kind == "llm" and s.attributes.get("server") == "agl"
+    }
+    store.close()
+    assert ("writer", "writer") in served and all(a == (r if r != "checker" else None) for r, a in served)
+    from benchmarks._harness import HEADER, record
+
+    md = tmp_path / "RESULTS.md"
+    record(saved, md)
+    assert md.read_text().startswith("# Benchmark results") and HEADER in md.read_text()
+    assert "| spider (policies separate) |" in md.read_text()

@@ -194,6 +194,39 @@ def test_vllm_engine_maps_requests_and_hot_swaps_lora(fake_vllm: Any, tmp_path: 
     engine.close()
 
 
+def test_vllm_engine_serves_one_lora_per_agent(fake_vllm: Any, tmp_path: Path):
+    """Several adapters: max_loras from their number, one LoRARequest per prompt by the agent's route,
+    and an update replaces only the named adapter."""
+    from agentlightning_lite.serving.engines import VLLMEngine
+
+    engine = VLLMEngine(
+        "smollm2-135m",
+        adapters={"writer": _adapter(tmp_path / "w0"), "rewriter": _adapter(tmp_path / "r0")},
+        routes={"writer": "writer", "rewriter": "rewriter", "checker": None},
+    )
+    assert engine.llm.kw["max_loras"] == 2 and engine.llm.kw["enable_lora"] is True
+    assert engine.adapters == ["writer", "rewriter"]
+    reqs = [GenRequest([1], max_tokens=2, agent=a) for a in ("rewriter", "checker", "writer", None)]
+    results = engine._generate_batch(reqs)  # one batch, as the batching loop would pass it
+    sent = fake_vllm.calls[-1]["lora"]
+    assert [None if r is None else r.lora_path for r in sent] == [
+        str(tmp_path / "r0"),
+        None,  # the frozen checker: the base model
+        str(tmp_path / "w0"),
+        None,  # no agent named: the base model
+    ]
+    assert len({r.lora_int_id for r in sent if r is not None}) == 2
+    assert [r.adapter for r in results] == ["rewriter", None, "writer", None]
+
+    torch = pytest.importorskip("torch")
+    engine.update_weights({"lora_A.weight": torch.zeros(2, 2)}, adapter="rewriter")
+    assert engine.lora_requests["writer"].lora_path == str(tmp_path / "w0")  # untouched
+    new = engine.lora_requests["rewriter"]
+    assert Path(new.lora_path, "adapter_model.safetensors").is_file() and "rewriter" in new.lora_path
+    assert new.lora_int_id not in {sent[0].lora_int_id, sent[2].lora_int_id}  # a fresh id: vLLM reloads it
+    engine.close()
+
+
 # -- models -------------------------------------------------------------------------------
 def test_models_resolve_the_installed_package():
     r = models.resolve("smollm2-135m")

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..store.base import Store
 from .._json import utf8_safe
+from ..store.base import Store
 from ..store.rows import row_to_span
 from ..store.sqlite import (
     _ROLLOUT_COLUMNS,

@@ -2,6 +2,9 @@
 
 Prompts are left-padded and responses right-padded so every response starts at the same column:
 one ``logits_to_keep`` slice then holds exactly the logits that predict the response tokens.
+A merged trajectory (several calls in one sequence, see :mod:`.trajectory`) is a sample whose
+"response" runs from its first call's response to its last, with a mask that keeps only the
+generated tokens in the loss.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ __all__ = ["Sample", "TokenBatch", "collate", "forward_logprobs"]
 
 @dataclass
 class Sample:
-    """One policy call ready for the update."""
+    """One policy call ready for the update, or several calls of one episode merged into one sequence.
+
+    A merged sample (``parts`` set) holds its calls in order: ``response_ids`` runs from the first
+    call's response to the last one's, ``offsets[k]`` is where call ``k``'s response starts in it,
+    and the tokens between two responses (tool outputs, new user turns) are context only: the
+    per-token views below give them mask 0, and each call's response keeps its own reward,
+    advantage, temperature and engine logprobs.
+    """
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -31,6 +41,70 @@ class Sample:
     index: int = 0
     agent: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    parts: list[Sample] | None = None
+    offsets: list[int] | None = None
+
+    @property
+    def num_segments(self) -> int:
+        """How many calls this sample trains (1 for a single call)."""
+        return len(self.parts) if self.parts else 1
+
+    def _per_token(self, one: Any) -> list[Any]:
+        """Build a per-token list: ``one(call)`` is the call's value(s) on its own response tokens."""
+        if not self.parts:
+            return list(one(self))
+        out: list[Any] = [None] * len(self.response_ids)
+        for part, start in zip(self.parts, self.offsets or [], strict=True):
+            out[start : start + len(part.response_ids)] = one(part)
+        return out
+
+    def token_mask(self) -> list[float]:
+        """1.0 on generated tokens (trained), 0.0 on the context between calls.
+
+        >>> a = Sample([1], [2, 3], None, 1.0, "g")
+        >>> b = Sample([1, 2, 3, 9], [4], None, 0.0, "g")
+        >>> Sample([1], [2, 3, 9, 4], None, 0.0, "g", parts=[a, b], offsets=[0, 3]).token_mask()
+        [1.0, 1.0, 0.0, 1.0]
+        """
+        return [0.0 if v is None else 1.0 for v in self._per_token(lambda c: [1.0] * len(c.response_ids))]
+
+    def token_segments(self) -> list[int]:
+        """Which call (1, 2, ...) each response token belongs to; 0 on the context between calls."""
+        if not self.parts:
+            return [1] * len(self.response_ids)
+        seg = [0] * len(self.response_ids)
+        for k, (part, start) in enumerate(zip(self.parts, self.offsets or [], strict=True), 1):
+            seg[start : start + len(part.response_ids)] = [k] * len(part.response_ids)
+        return seg
+
+    def token_advantages(self) -> list[float]:
+        """Each trained token's advantage: its call's (0.0 on context)."""
+        return [v or 0.0 for v in self._per_token(lambda c: [c.advantage] * len(c.response_ids))]
+
+    def token_rewards(self) -> list[float]:
+        """Each call's reward on its last response token, 0.0 elsewhere (what PPO's GAE reads)."""
+        return [
+            v or 0.0
+            for v in self._per_token(
+                lambda c: [0.0] * (len(c.response_ids) - 1) + [c.reward] if c.response_ids else []
+            )
+        ]
+
+    def token_temperatures(self) -> list[float]:
+        """The sampling temperature of each response token's call (1.0 on context)."""
+        return [
+            1.0 if v is None else v
+            for v in self._per_token(
+                lambda c: [c.temperature if c.temperature > 0 else 1.0] * len(c.response_ids)
+            )
+        ]
+
+    def token_engine_logprobs(self) -> list[float] | None:
+        """The engine's logprob of each response token (0.0 on context), or None when one is missing."""
+        calls = self.parts or [self]
+        if any(c.engine_logprobs is None for c in calls):
+            return None
+        return [v or 0.0 for v in self._per_token(lambda c: list(c.engine_logprobs or []))]
 
 
 @dataclass
@@ -41,9 +115,11 @@ class TokenBatch:
     attention_mask: torch.Tensor  # [B, P + R]
     position_ids: torch.Tensor  # [B, P + R]
     response_ids: torch.Tensor  # [B, R]
-    response_mask: torch.Tensor  # [B, R], 1 on real response tokens
+    response_mask: torch.Tensor  # [B, R], 1 on generated (trained) response tokens
     temperature: torch.Tensor  # [B]
     response_len: int
+    token_temperature: torch.Tensor | None = None  # [B, R] when a merged sample mixes temperatures
+    segment_ids: torch.Tensor | None = None  # [B, R]: which call of the row, 0 on padding/context
 
     def to(self, device: torch.device) -> TokenBatch:
         return TokenBatch(
@@ -54,11 +130,17 @@ class TokenBatch:
             self.response_mask.to(device),
             self.temperature.to(device),
             self.response_len,
+            None if self.token_temperature is None else self.token_temperature.to(device),
+            None if self.segment_ids is None else self.segment_ids.to(device),
         )
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> TokenBatch:
-    """Left-pad prompts and right-pad responses into one :class:`TokenBatch`."""
+    """Left-pad prompts and right-pad responses into one :class:`TokenBatch`.
+
+    Merged samples bring their own mask (context between calls is 0), per-token temperatures and
+    segment ids; for single calls these are all-ones, the call's temperature and 1.
+    """
     p_max = max(len(s.prompt_ids) for s in samples)
     r_max = max(max(len(s.response_ids) for s in samples), 1)
     b = len(samples)
@@ -66,6 +148,9 @@ def collate(samples: Sequence[Sample], pad_id: int) -> TokenBatch:
     attn = torch.zeros((b, p_max + r_max), dtype=torch.long)
     resp = torch.full((b, r_max), pad_id, dtype=torch.long)
     rmask = torch.zeros((b, r_max), dtype=torch.float32)
+    segs = torch.zeros((b, r_max), dtype=torch.long)
+    merged = any(s.parts for s in samples)
+    tok_temps = torch.ones((b, r_max), dtype=torch.float32) if merged else None
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[i, p_max - p : p_max] = torch.tensor(s.prompt_ids, dtype=torch.long)
@@ -74,10 +159,13 @@ def collate(samples: Sequence[Sample], pad_id: int) -> TokenBatch:
             input_ids[i, p_max : p_max + r] = torch.tensor(s.response_ids, dtype=torch.long)
             attn[i, p_max : p_max + r] = 1
             resp[i, :r] = torch.tensor(s.response_ids, dtype=torch.long)
-            rmask[i, :r] = 1.0
+            rmask[i, :r] = torch.tensor(s.token_mask())
+            segs[i, :r] = torch.tensor(s.token_segments(), dtype=torch.long)
+            if tok_temps is not None:
+                tok_temps[i, :r] = torch.tensor(s.token_temperatures())
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     temps = torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in samples], dtype=torch.float32)
-    return TokenBatch(input_ids, attn, position_ids, resp, rmask, temps, r_max)
+    return TokenBatch(input_ids, attn, position_ids, resp, rmask, temps, r_max, tok_temps, segs)
 
 
 def forward_logprobs(
@@ -107,7 +195,10 @@ def forward_logprobs(
             use_cache=False,
         )
     logits = out.logits[:, :-1, :].float()  # [B, R, V]: the logits that predict each response token
-    logits = logits / batch.temperature[:, None, None]
+    if batch.token_temperature is not None:
+        logits = logits / batch.token_temperature[:, :, None]
+    else:
+        logits = logits / batch.temperature[:, None, None]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids[..., None]).squeeze(-1)
     values = None
     if value_head is not None:

@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = [
+    "latest_checkpoint",
+    "load_checkpoint",
+    "rng_state",
+    "save_adapter",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 _PREFIX = "step-"
 
@@ -51,31 +58,67 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
+def save_adapter(model: Any, adapter: str, path: str | os.PathLike[str]) -> Path:
+    """Write one adapter of a multi-adapter peft model as a standalone peft adapter directory
+    (``adapter_config.json`` + ``adapter_model.safetensors``), loadable with ``PeftModel.from_pretrained``.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(model, adapter_name=adapter)
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / "adapter_model.safetensors")
+    )
+    model.peft_config[adapter].save_pretrained(str(out))
+    return out
+
+
+def _save_policy(
+    path: Path, model: Any, adapter: str | None, optimizer: Any, value_head: torch.nn.Module | None
+) -> None:
+    if adapter is None:
+        model.save_pretrained(str(path / "adapter"), safe_serialization=True)
+    else:
+        save_adapter(model, adapter, path / "adapter")
+    torch.save(optimizer.state_dict(), path / "optimizer.pt")
+    if value_head is not None:
+        from safetensors.torch import save_file
+
+        save_file(
+            {k: v.contiguous() for k, v in value_head.state_dict().items()},
+            str(path / "value_head.safetensors"),
+        )
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str],
     step: int,
     model: Any,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     trainer_state: dict[str, Any],
     value_head: torch.nn.Module | None = None,
     keep: int | None = 3,
+    policies: dict[str, tuple[torch.optim.Optimizer, torch.nn.Module | None]] | None = None,
 ) -> Path:
-    """Write ``directory/step-N`` (adapter, optimiser, value head, RNG, state); keep the last ``keep``."""
+    """Write ``directory/step-N`` (adapter, optimiser, value head, RNG, state); keep the last ``keep``.
+
+    With ``policies`` (adapter name -> its optimiser and value head: one adapter per agent), each
+    adapter is written to ``step-N/policies/<name>/`` with its own optimiser and value head instead.
+    """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{step:06d}"
     tmp = root / f".tmp-{_PREFIX}{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if value_head is not None:
-        from safetensors.torch import save_file
-
-        save_file(
-            {k: v.contiguous() for k, v in value_head.state_dict().items()},
-            str(tmp / "value_head.safetensors"),
-        )
+    if policies is None:
+        _save_policy(tmp, model, None, optimizer, value_head)
+    else:
+        for name, (opt, head) in policies.items():
+            (tmp / "policies" / name).mkdir(parents=True)
+            _save_policy(tmp / "policies" / name, model, name, opt, head)
     rng = rng_state()
     tensors = {k: rng[k] for k in ("torch", "cuda") if k in rng}  # tensors (loaded weights_only)
     torch.save(tensors, tmp / "rng_torch.pt")
@@ -98,22 +141,42 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(
-    path: str | os.PathLike[str],
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    value_head: torch.nn.Module | None = None,
-) -> dict[str, Any]:
-    """Load adapter weights, optimiser, value head and RNG from ``path``; return the trainer state."""
+def _load_policy(
+    path: Path, model: Any, adapter: str | None, optimizer: Any, value_head: torch.nn.Module | None
+) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    path = Path(path)
-    adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
-    set_peft_model_state_dict(model, adapter)
+    weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    if adapter is None:
+        set_peft_model_state_dict(model, weights)
+    else:
+        set_peft_model_state_dict(model, weights, adapter_name=adapter)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     if value_head is not None and (path / "value_head.safetensors").is_file():
         value_head.load_state_dict(load_file(str(path / "value_head.safetensors")))
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    model: Any,
+    optimizer: torch.optim.Optimizer | None,
+    value_head: torch.nn.Module | None = None,
+    policies: dict[str, tuple[torch.optim.Optimizer, torch.nn.Module | None]] | None = None,
+) -> dict[str, Any]:
+    """Load adapter weights, optimiser, value head and RNG from ``path``; return the trainer state.
+
+    With ``policies`` (as for :func:`save_checkpoint`), every adapter's own files are loaded.
+    """
+    path = Path(path)
+    if policies is None:
+        _load_policy(path, model, None, optimizer, value_head)
+    else:
+        missing = [n for n in policies if not (path / "policies" / n).is_dir()]
+        if missing:
+            raise FileNotFoundError(f"checkpoint {path} has no adapter for policies {missing}")
+        for name, (opt, head) in policies.items():
+            _load_policy(path / "policies" / name, model, name, opt, head)
     state = json.loads((path / "trainer_state.json").read_text())
     rng = dict(state.pop("rng", {}))
     rng.update(torch.load(path / "rng_torch.pt", weights_only=True))

@@ -159,21 +159,46 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     return torch.exp(d) - d - 1.0
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int = 512) -> torch.Tensor:
+def aggregate(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    max_tokens: int = 512,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reduce per-token losses ``[batch, tokens]`` to a scalar; see :class:`GRPO` ``loss_agg``.
+
+    ``segments`` (``[batch, tokens]``, 1, 2, ... per call, 0 elsewhere) marks rows that hold several
+    calls (trajectory mode): the ``seq-mean-*`` modes then treat each call as its own sequence, so a
+    merged episode aggregates exactly as its calls would one by one.
 
     >>> import torch
     >>> loss, mask = torch.tensor([[1.0, 1.0], [4.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
     >>> [float(aggregate(loss, mask, m, max_tokens=2)) for m in
     ...  ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")]
     [2.0, 2.5, 1.5]
+    >>> merged = torch.tensor([[1.0, 1.0, 9.0, 4.0]]), torch.tensor([[1, 1, 0, 1]])
+    >>> float(aggregate(*merged, "seq-mean-token-mean", segments=torch.tensor([[1, 1, 0, 2]])))
+    2.5
     """
     mask = mask.to(loss.dtype)
     if mode == "token-mean":
         return (loss * mask).sum() / mask.sum().clamp(min=1.0)
-    per_seq_sum = (loss * mask).sum(dim=-1)
+    if mode not in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        raise ValueError(f"unknown loss aggregation {mode!r}")
+    if segments is None:
+        per_seq_sum = (loss * mask).sum(dim=-1)
+        per_seq_len = mask.sum(dim=-1)
+    else:  # one "sequence" per (row, call)
+        n_seg = int(segments.max()) + 1
+        rows = torch.arange(loss.shape[0], device=loss.device)[:, None]
+        keep = mask.bool() & (segments > 0)
+        ids = (rows * n_seg + segments)[keep]
+        per_seq_sum = torch.zeros(loss.shape[0] * n_seg, dtype=loss.dtype, device=loss.device)
+        per_seq_sum = per_seq_sum.index_add(0, ids, (loss * mask)[keep])
+        per_seq_len = torch.zeros_like(per_seq_sum).index_add(0, ids, mask[keep])
+        present = per_seq_len > 0
+        per_seq_sum, per_seq_len = per_seq_sum[present], per_seq_len[present]
     if mode == "seq-mean-token-mean":
-        return (per_seq_sum / mask.sum(dim=-1).clamp(min=1.0)).mean()
-    if mode == "seq-mean-token-sum-norm":
-        return (per_seq_sum / float(max_tokens)).mean()
-    raise ValueError(f"unknown loss aggregation {mode!r}")
+        return (per_seq_sum / per_seq_len.clamp(min=1.0)).mean()
+    return (per_seq_sum / float(max_tokens)).mean()

@@ -81,27 +81,41 @@ class ValueHead(nn.Module):
 
 
 def gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    segments: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over each row's masked tokens (right-padded rows).
 
     ``delta_t = r_t + gamma * V_{t+1} - V_t`` (``V`` after the last token is 0);
     ``A_t = delta_t + gamma * lam * A_{t+1}``; returns ``R_t = A_t + V_t``.
+    An episode ends where the mask ends or, with ``segments`` (trajectory mode: one id per call),
+    where the call changes, so each call of a merged row is its own episode, as it is alone.
 
     >>> import torch
     >>> r = torch.tensor([[0.0, 0.0, 1.0]]); v = torch.tensor([[0.5, 0.5, 0.5]])
     >>> adv, ret = gae(r, v, torch.ones(1, 3), gamma=1.0, lam=1.0)
     >>> adv.tolist(), ret.tolist()
     ([[0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0]])
+    >>> adv, _ = gae(r, v, torch.ones(1, 3), 1.0, 1.0, segments=torch.tensor([[1, 2, 2]]))
+    >>> adv.tolist()  # the first call ends at its token: V after it is 0
+    [[-0.5, 0.5, 0.5]]
     """
     mask = mask.to(values.dtype)
     values = values * mask
+    cont = mask[:, 1:]  # 1 where token t + 1 continues token t's episode
+    if segments is not None:
+        cont = cont * (segments[:, 1:] == segments[:, :-1]).to(values.dtype)
     adv = torch.zeros_like(values)
     last = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
     for t in range(values.shape[1] - 1, -1, -1):
-        next_v = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(last)
+        c = cont[:, t] if t + 1 < values.shape[1] else torch.zeros_like(last)
+        next_v = values[:, t + 1] * c if t + 1 < values.shape[1] else torch.zeros_like(last)
         delta = rewards[:, t] + gamma * next_v - values[:, t]
-        last = delta + gamma * lam * last * (mask[:, t + 1] if t + 1 < values.shape[1] else 0.0)
+        last = delta + gamma * lam * last * c
         last = last * mask[:, t]
         adv[:, t] = last
     return adv, adv + values

@@ -13,9 +13,11 @@ import logging
 import math
 import os
 import random
+import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +29,94 @@ from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from ..transitions import transitions
 from .batching import Sample, collate, forward_logprobs
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import latest_checkpoint, load_checkpoint, save_adapter, save_checkpoint
 from .grpo import GRPO, aggregate, group_advantages, kl_penalty, policy_loss
 from .lora import LoRA, check_4bit_available
 from .metrics import MetricsLogger, plot_reward_curve
 from .ppo import PPO, ValueHead, gae, value_loss
 from .rollouts import RolloutResult, RolloutSpec, run_rollouts
+from .trajectory import merge_trajectories
 
 __all__ = ["Trainer"]
 
 logger = logging.getLogger("agentlightning_lite.trainer")
+
+
+@dataclass
+class _Policy:
+    """One trained adapter: the agents it serves, its optimiser and (PPO) value head."""
+
+    name: str  # the policy's name in metrics: the agent that owns the adapter ("default": single policy)
+    adapter: str | None  # the peft adapter it trains (None: the model's only adapter, left active)
+    agents: list[str] | None  # whose calls train it (None: every agent's)
+    optimizer: torch.optim.Optimizer
+    value_head: ValueHead | None
+
+
+@dataclass
+class _PolicyPlan:
+    """What ``policies=`` asks for: adapters to train, frozen adapters to load, agent -> adapter."""
+
+    trained: dict[str, LoRA]  # adapter name -> settings
+    owners: dict[str, str]  # adapter name -> the agent (policy) that owns it
+    frozen: dict[str, str]  # adapter name -> saved adapter directory
+    routes: dict[str, str | None]  # agent -> adapter name (None: the base model)
+
+
+def _adapter_name(agent: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", agent) or "_"
+
+
+def _plan_policies(policies: Mapping[str, Any]) -> _PolicyPlan:
+    """Check ``policies=`` and turn it into adapters and routes (clear errors for what cannot work)."""
+    if not isinstance(policies, Mapping) or not policies:
+        raise ValueError("policies must map agent names to agl.LoRA(...) (e.g. {'writer': agl.LoRA(r=16)})")
+    plan = _PolicyPlan({}, {}, {}, {})
+    names: dict[str, str] = {}
+
+    def adapter_of(agent: str) -> str:
+        name = _adapter_name(agent)
+        if names.setdefault(name, agent) != agent:
+            raise ValueError(f"agents {names[name]!r} and {agent!r} map to the same adapter name {name!r}")
+        return name
+
+    for agent, spec in policies.items():
+        if not isinstance(agent, str) or not agent:
+            raise ValueError(f"policies keys are agent names (non-empty strings), got {agent!r}")
+        if isinstance(spec, LoRA):
+            name = adapter_of(agent)
+            plan.trained[name], plan.owners[name], plan.routes[agent] = spec, agent, name
+    for agent, spec in policies.items():
+        if isinstance(spec, LoRA):
+            continue
+        if spec is None:
+            plan.routes[agent] = None
+        elif isinstance(spec, str) and spec in policies:
+            if not isinstance(policies[spec], LoRA):
+                raise ValueError(
+                    f"policies[{agent!r}] = {spec!r} shares agent {spec!r}'s adapter, but {spec!r} has no "
+                    "agl.LoRA(...) of its own to share"
+                )
+            plan.routes[agent] = _adapter_name(spec)
+        elif isinstance(spec, (str, os.PathLike)):
+            path = os.fspath(spec)
+            if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+                raise ValueError(
+                    f"policies[{agent!r}] = {spec!r} is neither another agent of policies nor a directory "
+                    "holding a saved peft adapter (adapter_config.json)"
+                )
+            name = adapter_of(agent)
+            plan.frozen[name], plan.routes[agent] = path, name
+        else:
+            raise TypeError(
+                f"policies[{agent!r}] must be agl.LoRA(...), another agent's name, a saved adapter's "
+                f"directory or None, got {type(spec).__name__}"
+            )
+    if not plan.trained:
+        raise ValueError("policies names no agl.LoRA(...): there is nothing to train")
+    if len({lo.load_in_4bit for lo in plan.trained.values()}) > 1:
+        raise ValueError("every policy shares one base model: load_in_4bit must be the same for all of them")
+    return plan
 
 
 def _progress(total: int, desc: str, initial: int = 0) -> Any:
@@ -64,6 +144,17 @@ class Trainer:
             rest to the training copy of the model).
         store: where rollouts and spans go (default: ``SQLiteStore(output_dir/"runs.db")``).
         agents: train only these agents' LLM calls; the others' stay frozen (not trained).
+        policies: one LoRA adapter per agent, on one shared base model, trained together:
+            ``{"writer": agl.LoRA(r=16), "rewriter": agl.LoRA(r=8)}``. A value is ``agl.LoRA(...)``
+            (the agent's own trained adapter), another agent's name (share that agent's adapter:
+            ``{"planner": agl.LoRA(), "executor": "planner"}``), a directory holding a saved peft
+            adapter (served frozen) or ``None`` (the base model, frozen). Agents not named are
+            served by the base model and not trained. Each trained adapter has its own optimiser,
+            GRPO groups (per task and per policy), metrics (``<agent>/train/loss``...), checkpoint
+            files and saved adapter (``output_dir/adapters/<agent>``). The PolicyServer serves each
+            call with its agent's adapter (the agent named in the URL, ``llm.for_agent(name)``, or
+            the ``X-Agl-Agent`` header) and records it in the span's ``adapter`` attribute. Not
+            combined with ``lora=`` or ``agents=``.
         credit: credit rule over an episode's calls (default ``credit.FinalReward()``).
         air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``).
         output_dir: metrics, reward curve, checkpoints, the final adapter.
@@ -92,6 +183,12 @@ class Trainer:
             policy being trained (``None`` keeps all; each LLM span records its ``weights_version``).
             With ``old_logprobs="engine"`` the samples kept are importance-corrected against the
             weights that made them.
+        transitions: ``"call"`` (default): each LLM call is its own training sample, with its whole
+            prompt. ``"trajectory"``: the calls of an episode whose prompts extend the previous
+            call's prompt + response token ids are merged into one sequence (one forward pass per
+            episode instead of one per call); only the generated tokens are trained and each keeps
+            its own call's reward and advantage. A call whose prompt does not extend the previous
+            one stays a separate sample (``trajectory/prefix_mismatches`` in the metrics).
 
     >>> import agentlightning_lite as agl
     >>> def agent(task, llm):  # any function (task, llm) -> reward, or an agl.LitAgent
@@ -102,6 +199,15 @@ class Trainer:
     >>> trainer = agl.Trainer(model="smollm2-135m", algorithm=agl.GRPO(group_size=4),
     ...                       lora=agl.LoRA(r=8), output_dir="runs/demo")  # doctest: +SKIP
     >>> trainer.fit(agent, [{"question": "2+2=?", "answer": "4"}], steps=2)  # doctest: +SKIP
+
+    Two agents, each with its own adapter (a third, unnamed, stays on the base model):
+
+    >>> def two_agents(task, llm):
+    ...     draft = llm.for_agent("writer").openai_client().chat.completions.create(
+    ...         model=llm.model, messages=[{"role": "user", "content": task["question"]}])
+    ...     ...  # the rewriter's call goes through llm.for_agent("rewriter")
+    >>> trainer = agl.Trainer(model="smollm2-135m", output_dir="runs/two",
+    ...     policies={"writer": agl.LoRA(r=16), "rewriter": agl.LoRA(r=8)})  # doctest: +SKIP
     """
 
     def __init__(
@@ -132,7 +238,26 @@ class Trainer:
         server_options: dict[str, Any] | None = None,
         runners: Any = None,
         max_staleness: int | None = None,
+        transitions: str = "call",
+        policies: Mapping[str, Any] | None = None,
     ) -> None:
+        if transitions not in ("call", "trajectory"):
+            raise ValueError(f"transitions must be 'call' or 'trajectory', got {transitions!r}")
+        self.transitions_mode = transitions
+        self._plan: _PolicyPlan | None = None
+        if policies is not None:
+            if agents is not None:
+                raise ValueError(
+                    "give policies= or agents=, not both: policies= already says which agents are trained "
+                    "(an agent it does not name is frozen)"
+                )
+            if lora is not None:
+                raise ValueError(
+                    "with policies=, each agent's LoRA settings go in policies (e.g. policies={'writer': "
+                    "agl.LoRA(r=16)}); lora= is the single shared policy's"
+                )
+            self._plan = _plan_policies(policies)
+            lora = next(iter(self._plan.trained.values()))
         self.algorithm = algorithm if algorithm is not None else GRPO()
         if not isinstance(self.algorithm, (GRPO, PPO)):
             raise TypeError(
@@ -187,27 +312,57 @@ class Trainer:
             torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
         )
         self.value_head: ValueHead | None = None
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        groups: list[dict[str, Any]] = [{"params": params, "lr": self.algorithm.lr}]
-        if isinstance(self.algorithm, PPO):
-            hidden = int(self.policy.config.hidden_size)
-            self.value_head = ValueHead(hidden).to(self.device)
-            groups.append(
-                {
-                    "params": list(self.value_head.parameters()),
-                    "lr": self.algorithm.value_lr or self.algorithm.lr,
-                }
-            )
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=self.algorithm.weight_decay)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._policies: list[_Policy] = []
+        self._agent_policy: dict[str, str] = {}  # trained agent -> policy name
+        if self._plan is None:
+            params = [p for p in self.policy.parameters() if p.requires_grad]
+            self.optimizer, self.value_head = self._make_optimizer(params)
+            self._policies.append(_Policy("default", None, self.agents, self.optimizer, self.value_head))
+        else:
+            for adapter, owner in self._plan.owners.items():
+                params = _adapter_params(self.policy, adapter)
+                if not params:
+                    raise RuntimeError(f"the training model has no weights for adapter {adapter!r}")
+                opt, head = self._make_optimizer(params)
+                agents_of = [a for a, n in self._plan.routes.items() if n == adapter]
+                self._policies.append(_Policy(owner, adapter, agents_of, opt, head))
+                self._agent_policy.update(dict.fromkeys(agents_of, owner))
         self.metrics = MetricsLogger(self.output_dir, loggers)
         self._server: Any = None
 
     # -- set-up ---------------------------------------------------------------------------
+    @property
+    def policies(self) -> dict[str, list[str] | None]:
+        """The trained policies: name -> the agents whose calls train it (``None``: every agent).
+
+        >>> trainer.policies  # doctest: +SKIP
+        {'writer': ['writer'], 'rewriter': ['rewriter']}
+        """
+        return {p.name: p.agents for p in self._policies}
+
+    def _make_optimizer(self, params: list[torch.nn.Parameter]) -> tuple[torch.optim.Optimizer, Any]:
+        groups: list[dict[str, Any]] = [{"params": params, "lr": self.algorithm.lr}]
+        head = None
+        if isinstance(self.algorithm, PPO):
+            head = ValueHead(int(self.policy.config.hidden_size)).to(self.device)
+            groups.append(
+                {"params": list(head.parameters()), "lr": self.algorithm.value_lr or self.algorithm.lr}
+            )
+        return torch.optim.AdamW(groups, weight_decay=self.algorithm.weight_decay), head
+
+    def _adapter_specs(self) -> dict[str, Any]:
+        plan = self._plan
+        assert plan is not None
+        return {**plan.trained, **plan.frozen}
+
     def _make_engine(self, engine: Any, model: Any) -> Any:
         from ..serving import engines as eng
 
         if self.lora.load_in_4bit:
             check_4bit_available()
+        if self._plan is not None:
+            return self._make_multi_engine(engine, model)
         if not isinstance(engine, str):
             return engine
         if engine == "auto":
@@ -230,6 +385,43 @@ class Trainer:
             return eng.VLLMEngine(model, lora=str(init), **options)
         raise ValueError(f"engine must be 'auto', 'hf', 'vllm' or an engine instance, got {engine!r}")
 
+    def _make_multi_engine(self, engine: Any, model: Any) -> Any:
+        """An engine serving one adapter per policy, routed by agent (agents not named: base model)."""
+        from ..serving import engines as eng
+
+        plan = self._plan
+        assert plan is not None
+        if not isinstance(engine, str):
+            if not hasattr(engine, "add_adapter"):
+                raise TypeError(
+                    f"policies= needs an engine that serves several adapters; {type(engine).__name__} "
+                    "cannot (pass engine='hf', engine='vllm' or an agl.engines.HFEngine)"
+                )
+            for name, spec in self._adapter_specs().items():
+                engine.add_adapter(name, spec)
+            engine.set_routes(plan.routes, default=None)
+            return engine
+        if engine == "auto":
+            engine = "vllm" if torch.cuda.is_available() and _has_vllm() else "hf"
+        if engine == "hf":
+            options = {"seed": self.seed, "max_batch_size": max(16, self.concurrency), **self.engine_options}
+            return eng.HFEngine(model, adapters=self._adapter_specs(), routes=plan.routes, **options)
+        if engine == "vllm":
+            self._hf_copy = eng.HFEngine(model, adapters=self._adapter_specs(), seed=self.seed)
+            inits = {}
+            for name in plan.trained:
+                inits[name] = str(
+                    save_adapter(self._hf_copy.model, name, self.output_dir / "adapter-init" / name)
+                )
+            options = {
+                "max_lora_rank": max(16, *(lo.r for lo in plan.trained.values())),
+                "gpu_memory_utilization": 0.45,
+                "adapter_dir": str(self.output_dir / "adapters-served"),
+                **self.engine_options,
+            }
+            return eng.VLLMEngine(model, adapters={**inits, **plan.frozen}, routes=plan.routes, **options)
+        raise ValueError(f"engine must be 'auto', 'hf', 'vllm' or an engine instance, got {engine!r}")
+
     def _training_model(self) -> Any:
         """The peft model the optimiser updates: the HF engine's own module, or a separate copy."""
         model = getattr(self.engine, "model", None)
@@ -240,7 +432,10 @@ class Trainer:
         # an engine that cannot train in place (vLLM): a transformers copy whose adapter is pushed to it
         copy = self._hf_copy
         if copy is None:
-            copy = eng.HFEngine(self.model_name, lora=self.lora, seed=self.seed)
+            if self._plan is not None:
+                copy = eng.HFEngine(self.model_name, adapters=self._adapter_specs(), seed=self.seed)
+            else:
+                copy = eng.HFEngine(self.model_name, lora=self.lora, seed=self.seed)
         return copy.model
 
     # -- the loop -------------------------------------------------------------------------
@@ -271,7 +466,9 @@ class Trainer:
                     "resume=True but no checkpoint in %s: starting fresh", self.output_dir / "checkpoints"
                 )
             else:
-                state = load_checkpoint(ckpt, self.policy, self.optimizer, self.value_head)
+                state = load_checkpoint(
+                    ckpt, self.policy, self.optimizer, self.value_head, policies=self._policy_states()
+                )
                 self.step, self._epoch, self._cursor = state["step"], state["epoch"], state["cursor"]
                 self._push_weights()
                 logger.info("resumed from %s (step %d)", ckpt, self.step)
@@ -478,7 +675,7 @@ class Trainer:
         ts = transitions(
             self.store,
             rollout_ids=list(by_id),
-            agents=self.agents,
+            agents=self.agents if self._plan is None else list(self._agent_policy),
             credit=self.credit,
             air=self.air,
             require_tokens=True,
@@ -514,6 +711,7 @@ class Trainer:
                     rollout_id=t.rollout_id,
                     index=t.index,
                     agent=t.agent,
+                    meta={"policy": self._agent_policy.get(t.agent or "", "default")},
                 )
             )
         stats = {
@@ -526,6 +724,26 @@ class Trainer:
 
     # -- the update -----------------------------------------------------------------------
     def _update(self, samples: list[Sample]) -> dict[str, float]:
+        """Update every policy on its own agents' samples: its own advantages, gradient and step."""
+        if self._plan is None:
+            return self._update_policy(self._policies[0], samples)
+        stats: dict[str, float] = {}
+        skipped = 0
+        for pol in self._policies:
+            mine = [s for s in samples if s.meta.get("policy") == pol.name]
+            st = self._update_policy(pol, mine) if mine else {"train/skipped_update": 1.0}
+            skipped += int(st.get("train/skipped_update", 0.0) == 1.0)
+            stats.update({f"{pol.name}/{k}": v for k, v in st.items()})
+            stats[f"{pol.name}/train/samples"] = float(len(mine))
+        for key in ("train/loss", "train/grad_norm", "train/pg_loss", "train/response_tokens"):
+            vals = [stats[f"{p.name}/{key}"] for p in self._policies if f"{p.name}/{key}" in stats]
+            if vals:
+                stats[key] = sum(vals) if key == "train/response_tokens" else statistics.fmean(vals)
+        if skipped == len(self._policies):
+            stats["train/skipped_update"] = 1.0
+        return stats
+
+    def _update_policy(self, policy: _Policy, samples: list[Sample]) -> dict[str, float]:
         algo = self.algorithm
         stats: dict[str, float] = {}
         if isinstance(algo, GRPO):
@@ -541,36 +759,49 @@ class Trainer:
             if all(a == 0.0 for a in adv):
                 stats["train/skipped_update"] = 1.0  # every group had zero spread: no gradient
                 return stats
+        if self.transitions_mode == "trajectory":  # after the per-call advantages: each call keeps its own
+            samples, tstats = merge_trajectories(samples)
+            stats.update(tstats)
         result: dict[str, float] = {}
 
         def step(model: Any) -> None:
-            result.update(self._optimise(model, samples))
+            if policy.adapter is not None and model.active_adapter != policy.adapter:
+                model.set_adapter(policy.adapter)  # the one adapter that learns (and gets gradients)
+            result.update(self._optimise(model, samples, policy))
 
         if self._trains_in_place():
             self.engine.update_weights(step)  # under the engine's lock: no generation mid-update
         else:
             step(self.policy)
-            self._push_weights()
+            self._push_weights(policy)
         stats.update(result)
         return stats
 
     def _trains_in_place(self) -> bool:
         return getattr(self.engine, "model", None) is self.policy
 
-    def _push_weights(self) -> None:
-        """Hand the adapter to an engine that does not share the training model (vLLM)."""
+    def _push_weights(self, policy: _Policy | None = None) -> None:
+        """Hand the adapter(s) to an engine that does not share the training model (vLLM)."""
         if self._trains_in_place():
             self.engine.version += 1
             return
         from peft import get_peft_model_state_dict
 
-        self.engine.update_weights(get_peft_model_state_dict(self.policy))
+        if self._plan is None:
+            self.engine.update_weights(get_peft_model_state_dict(self.policy))
+            return
+        for pol in [policy] if policy is not None else self._policies:
+            state = get_peft_model_state_dict(self.policy, adapter_name=pol.adapter)
+            self.engine.update_weights(state, adapter=pol.adapter)
 
     def _pad_id(self) -> int:
         return int(getattr(self.engine, "pad_token_id", 0) or 0)
 
-    def _optimise(self, model: Any, samples: list[Sample]) -> dict[str, float]:
+    def _optimise(self, model: Any, samples: list[Sample], policy: _Policy | None = None) -> dict[str, float]:
         algo = self.algorithm
+        optimizer = policy.optimizer if policy is not None else self.optimizer
+        value_head = policy.value_head if policy is not None else self.value_head
+        assert optimizer is not None
         micro = algo.micro_batch_size
         mini = algo.mini_batch_size or len(samples)
         chunks = _micro_batches(samples, micro, algo.micro_batch_tokens)
@@ -588,15 +819,16 @@ class Trainer:
         with torch.no_grad():
             for c, b in zip(chunks, batches, strict=True):
                 eng = None
-                if all(s.engine_logprobs is not None for s in c):
+                engine_lps = [s.token_engine_logprobs() for s in c]
+                if all(lps is not None for lps in engine_lps):
                     eng = torch.zeros(b.response_mask.shape, device=self.device)
-                    for i, s in enumerate(c):
-                        eng[i, : len(s.engine_logprobs)] = torch.tensor(s.engine_logprobs)  # type: ignore[arg-type]
+                    for i, lps in enumerate(engine_lps):
+                        eng[i, : len(lps)] = torch.tensor(lps)  # type: ignore[arg-type]
                 trust = eng is not None and (self.old_logprobs == "engine" or agree is True)
                 needs_values = isinstance(algo, PPO)
                 lp = v = None
                 if not trust or needs_values:
-                    lp, v = forward_logprobs(model, b, self.value_head, self.autocast)
+                    lp, v = forward_logprobs(model, b, value_head, self.autocast)
                 if eng is not None and lp is not None:
                     diff = (eng - lp).abs() * b.response_mask
                     mismatch_sum += float(diff.sum())
@@ -615,18 +847,21 @@ class Trainer:
 
         # 2. advantages per token
         advs, rets = [], []
+        merged = self.transitions_mode == "trajectory"
         for c, b, v in zip(chunks, batches, old_v, strict=True):
+            segs = b.segment_ids if merged else None
             if isinstance(algo, PPO):
                 rewards = torch.zeros_like(b.response_mask)
-                for i, s in enumerate(c):
-                    rewards[i, len(s.response_ids) - 1] = s.reward  # the call's credit at its last token
-                a, r = gae(rewards, v, b.response_mask, algo.gamma, algo.lam)  # type: ignore[arg-type]
+                for i, s in enumerate(c):  # each call's credit at its last token
+                    rewards[i, : len(s.response_ids)] = torch.tensor(s.token_rewards())
+                a, r = gae(rewards, v, b.response_mask, algo.gamma, algo.lam, segs)  # type: ignore[arg-type]
                 advs.append(a)
                 rets.append(r)
             else:
-                advs.append(
-                    torch.tensor([s.advantage for s in c], device=self.device)[:, None] * b.response_mask
-                )
+                tok_adv = torch.zeros_like(b.response_mask)
+                for i, s in enumerate(c):  # each call's advantage on its response tokens
+                    tok_adv[i, : len(s.response_ids)] = torch.tensor(s.token_advantages())
+                advs.append(tok_adv * b.response_mask)
                 rets.append(None)
         if isinstance(algo, PPO) and algo.whiten_advantages:
             mask_all = torch.cat([b.response_mask.flatten() for b in batches]).bool()
@@ -636,10 +871,10 @@ class Trainer:
 
         # 3. optimise: epochs x mini-batches, gradient accumulation over micro-batches
         model.train()
-        if self.value_head is not None:
-            self.value_head.train()
+        if value_head is not None:
+            value_head.train()
         clip_high = algo.clip_high if algo.clip_high is not None else algo.clip
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        params = [p for g in optimizer.param_groups for p in g["params"]]
         logs: dict[str, list[float]] = {}
         per_mini = max(1, math.ceil(mini / micro))
         order = list(range(len(chunks)))
@@ -647,11 +882,12 @@ class Trainer:
             for start in range(0, len(order), per_mini):
                 group = order[start : start + per_mini]
                 n_tokens = sum(float(batches[j].response_mask.sum()) for j in group)
-                n_seqs = sum(len(chunks[j]) for j in group)
-                self.optimizer.zero_grad(set_to_none=True)
+                n_seqs = sum(s.num_segments for j in group for s in chunks[j])
+                optimizer.zero_grad(set_to_none=True)
                 for j in group:
                     b = batches[j]
-                    lp, v = forward_logprobs(model, b, self.value_head, self.autocast)
+                    segs = b.segment_ids if merged else None
+                    lp, v = forward_logprobs(model, b, value_head, self.autocast)
                     pg, pstats = policy_loss(lp, old_lp[j], advs[j], b.response_mask, algo.clip, clip_high)
                     tok_loss = pg
                     if algo.kl_coef > 0:
@@ -670,9 +906,10 @@ class Trainer:
                     if algo.loss_agg == "token-mean":
                         weight = float(b.response_mask.sum()) / max(n_tokens, 1.0)
                     else:
-                        weight = len(chunks[j]) / max(n_seqs, 1)
+                        weight = sum(s.num_segments for s in chunks[j]) / max(n_seqs, 1)
                     loss = (
-                        aggregate(tok_loss, b.response_mask, algo.loss_agg, algo.max_response_tokens) * weight
+                        aggregate(tok_loss, b.response_mask, algo.loss_agg, algo.max_response_tokens, segs)
+                        * weight
                     )
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"non-finite loss at step {self.step}: {float(loss)}")
@@ -680,24 +917,34 @@ class Trainer:
                     logs.setdefault("train/loss", []).append(float(loss.detach()) / max(weight, 1e-12))
                     logs.setdefault("train/pg_loss", []).append(
                         float(
-                            aggregate(pg.detach(), b.response_mask, algo.loss_agg, algo.max_response_tokens)
+                            aggregate(
+                                pg.detach(), b.response_mask, algo.loss_agg, algo.max_response_tokens, segs
+                            )
                         )
                     )
                     logs.setdefault("train/clip_frac", []).append(float(pstats["clip_frac"]))
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
                 logs.setdefault("train/grad_norm", []).append(float(grad_norm))
-                self.optimizer.step()
+                optimizer.step()
         model.eval()
         out = {k: statistics.fmean(v) for k, v in logs.items()}
         out["train/logprob_mismatch_mean"] = mean_mismatch
         out["train/logprob_mismatch_max"] = mismatch_max
         out["train/ratio_from_engine_logprobs"] = 1.0 if use_engine else 0.0
-        out["train/response_tokens"] = float(sum(len(s.response_ids) for s in samples))
+        out["train/response_tokens"] = float(sum(sum(s.token_mask()) for s in samples))
+        out["train/sequences"] = float(len(samples))
+        out["train/sequence_tokens"] = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
         return out
 
     # -- saving ---------------------------------------------------------------------------
+    def _policy_states(self) -> dict[str, tuple[torch.optim.Optimizer, Any]] | None:
+        if self._plan is None:
+            return None
+        return {p.adapter: (p.optimizer, p.value_head) for p in self._policies if p.adapter is not None}
+
     def save_checkpoint(self) -> Path:
-        """Write a resumable checkpoint to ``output_dir/checkpoints/step-N``."""
+        """Write a resumable checkpoint to ``output_dir/checkpoints/step-N`` (with one adapter per
+        agent: each adapter, optimiser and value head under ``step-N/policies/<agent>/``)."""
         return save_checkpoint(
             self.output_dir / "checkpoints",
             self.step,
@@ -706,13 +953,22 @@ class Trainer:
             {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed},
             self.value_head,
             keep=self.keep_checkpoints,
+            policies=self._policy_states(),
         )
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Save the trained adapter (peft format, safetensors) to ``path`` (default ``output_dir/adapter``).
 
-        Load it later with ``agl.engines.HFEngine(model, lora=path)`` or ``peft.PeftModel.from_pretrained``.
+        With ``policies=``, each trained adapter goes to its own directory ``path/<agent>``
+        (default ``output_dir/adapters/<agent>``). Load one later with
+        ``agl.engines.HFEngine(model, lora=path)`` or ``peft.PeftModel.from_pretrained``.
         """
+        if self._plan is not None:
+            root = Path(path) if path is not None else self.output_dir / "adapters"
+            for pol in self._policies:
+                assert pol.adapter is not None
+                save_adapter(self.policy, pol.adapter, root / pol.adapter)
+            return root
         out = Path(path) if path is not None else self.output_dir / "adapter"
         self.policy.save_pretrained(str(out), safe_serialization=True)
         return out
@@ -756,6 +1012,16 @@ def _micro_batches(samples: list[Sample], most: int, max_tokens: int) -> list[li
     if cur:
         chunks.append(cur)
     return chunks
+
+
+def _adapter_params(model: Any, adapter: str) -> list[torch.nn.Parameter]:
+    """The weights of one peft adapter (``...lora_A.<adapter>.weight``...), whatever is active."""
+    out = []
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        if any(parts[i].startswith("lora_") and parts[i + 1] == adapter for i in range(len(parts) - 1)):
+            out.append(p)
+    return out
 
 
 def _has_vllm() -> bool:

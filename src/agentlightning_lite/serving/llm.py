@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,6 +30,34 @@ class LLM(BaseModel):
     api_key: str = "agl-no-key"
     rollout_id: str | None = None
     agent: str | None = None
+
+    def for_agent(self, agent: str) -> LLM:
+        """The same endpoint for one agent of a multi-agent system: its calls are recorded with
+        ``agent`` and, when the server's engine has an adapter per agent, served by that agent's.
+
+        >>> llm = LLM(base_url="http://127.0.0.1:8000/rollout/r1/v1", model="smollm2-135m", rollout_id="r1")
+        >>> writer = llm.for_agent("writer")
+        >>> writer.base_url, writer.agent
+        ('http://127.0.0.1:8000/rollout/r1/agent/writer/v1', 'writer')
+        >>> LLM(base_url="http://127.0.0.1:8000/v1", model="smollm2-135m").for_agent("writer").model
+        'smollm2-135m@writer'
+        """
+        if not agent:
+            raise ValueError("for_agent needs an agent name")
+        base = self.base_url.rstrip("/")
+        model = (
+            self.model.rpartition("@")[0]
+            if self.agent and self.model.endswith(f"@{self.agent}")
+            else self.model
+        )
+        if base.endswith("/v1") and "/rollout/" in base and "/" not in agent:
+            root = base[: -len("/v1")]
+            if "/agent/" in root:
+                root = root[: root.rindex("/agent/")]
+            return self.model_copy(
+                update={"base_url": f"{root}/agent/{quote(agent, safe='')}/v1", "agent": agent}
+            )
+        return self.model_copy(update={"model": f"{model}@{agent}", "agent": agent})
 
     def openai_client(self, **kwargs: Any) -> Any:
         """An ``openai.OpenAI`` client for this endpoint (needs the ``openai`` package).

@@ -50,9 +50,11 @@ class PolicyServer:
     ``/v1/completions``), ``output`` = the assistant message dict (the text for completions),
     the engine's own ``prompt_token_ids``/``response_token_ids``/``response_logprobs``, and
     attributes ``policy``, ``server``, ``usage``, ``params``, ``tools``, ``finish_reason``,
-    ``prompt_text`` and ``weights_version``. The agent comes from the URL
+    ``prompt_text``, ``weights_version`` and ``adapter`` (the LoRA adapter that served the call,
+    ``None`` for the base model). The agent comes from the URL
     (``/rollout/<id>/agent/<name>/v1``), else the ``X-Agl-Agent`` header, else a model name
-    ``<model>@<agent>``. Calls to plain ``/v1`` (no rollout; also settable with the
+    ``<model>@<agent>``; an engine with several adapters serves each agent with its own
+    (``engine.set_routes``). Calls to plain ``/v1`` (no rollout; also settable with the
     ``X-Agl-Rollout-Id`` header) each get their own implicit rollout of mode ``trace``
     (metadata ``{"implicit": True}``), or are not recorded with ``record_unrouted=False``.
     Spans are written before the response is sent; ``flush=True`` also commits them at once

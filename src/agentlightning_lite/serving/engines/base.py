@@ -13,7 +13,7 @@ import concurrent.futures
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,8 @@ class GenRequest:
 
     ``temperature == 0`` means greedy. ``top_logprobs`` asks for that many alternatives per
     token. ``messages``/``tools`` carry the chat request (a scripted engine answers from them).
+    ``agent`` is the calling agent (the engine serves it with its adapter, see
+    :meth:`Engine.set_routes`); ``adapter`` names the adapter explicitly instead.
 
     >>> GenRequest(prompt_token_ids=[1, 2, 3], max_tokens=8, temperature=0.0).stop
     []
@@ -44,6 +46,8 @@ class GenRequest:
     tools: list[dict[str, Any]] | None = None
     prompt: str | None = None
     request_id: str = ""
+    agent: str | None = None
+    adapter: str | None = None
 
 
 @dataclass
@@ -54,7 +58,8 @@ class GenResult:
     reply is included; text cut at a stop string keeps the tokens that were sampled);
     ``logprobs[i]`` is the log-probability of ``token_ids[i]``; ``text`` is the decoded reply
     without special tokens and without a matched stop string. ``finish_reason`` is
-    ``"stop"`` (EOS or stop string) or ``"length"``.
+    ``"stop"`` (EOS or stop string) or ``"length"``. ``adapter`` is the LoRA adapter that
+    generated it (``None``: the base model).
 
     >>> r = GenResult(prompt_token_ids=[1], token_ids=[5, 2], logprobs=[-0.1, -0.2], text="hi",
     ...               finish_reason="stop")
@@ -70,6 +75,7 @@ class GenResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     stop_reason: str | int | None = None
     weights_version: int = 0
+    adapter: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -110,6 +116,9 @@ class Engine(abc.ABC):
         }
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        self.routes: dict[str, str | None] = {}
+        self.route_default: str | None = None
+        self._routed = False
 
     # -- text <-> tokens ------------------------------------------------------------------
     def apply_chat_template(
@@ -163,6 +172,50 @@ class Engine(abc.ABC):
                         max_workers=4, thread_name_prefix=f"agl-{type(self).__name__}"
                     )
         return self._executor.submit(lambda: self.generate([request])[0])
+
+    # -- adapters -------------------------------------------------------------------------
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the LoRA adapters this engine can serve (none for a plain model)."""
+        return []
+
+    def _own_adapter(self) -> str | None:
+        """The adapter serving calls while no routes are set (the engine's single adapter, if any)."""
+        return None
+
+    def set_routes(self, routes: Mapping[str, str | None], default: str | None = None) -> None:
+        """Serve each agent's calls with its own adapter: ``routes`` maps agent names to adapter
+        names (``None``: the base model); other agents, and calls that name no agent, get ``default``.
+
+        >>> from agentlightning_lite.serving.engines import ScriptedEngine
+        >>> engine = ScriptedEngine(["hi"], tokenizer="bytes")
+        >>> engine.set_routes({"checker": None})
+        >>> engine.adapter_for("checker"), engine.adapter_for("writer")
+        (None, None)
+        >>> engine.set_routes({"writer": "writer"})
+        Traceback (most recent call last):
+        ...
+        KeyError: "unknown adapter(s) ['writer']: this engine serves []"
+        """
+        wanted = {*routes.values(), default} - {None}
+        unknown = sorted(a for a in wanted if a not in self.adapters)  # type: ignore[misc]
+        if unknown:
+            raise KeyError(f"unknown adapter(s) {unknown}: this engine serves {sorted(self.adapters)}")
+        with self.lock:
+            self.routes = dict(routes)
+            self.route_default = default
+            self._routed = True
+
+    def adapter_for(self, agent: str | None) -> str | None:
+        """The adapter that serves ``agent``'s calls (``None``: the base model)."""
+        if not self._routed:
+            return self._own_adapter()
+        if agent is not None and agent in self.routes:
+            return self.routes[agent]
+        return self.route_default
+
+    def _adapter_of(self, request: GenRequest) -> str | None:
+        return request.adapter if request.adapter is not None else self.adapter_for(request.agent)
 
     # -- weights --------------------------------------------------------------------------
     def expect(self, n: int, wait_s: float = 2.0) -> None:

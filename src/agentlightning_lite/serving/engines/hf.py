@@ -7,8 +7,9 @@ A trainer can update the (optionally peft-wrapped) model in place between steps.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from ... import models
@@ -44,6 +45,13 @@ class HFEngine(BatchingEngine):
         seed: seeds the sampler of requests that bring no ``seed`` of their own.
         num_threads: calls ``torch.set_num_threads`` (process-wide) when given; on a CPU shared
             with other busy processes, fewer threads than cores avoid oversubscription.
+        adapters: named LoRA adapters on the same base model, e.g. one per agent:
+            ``{"writer": agl.LoRA(r=16), "rewriter": agl.LoRA(r=8), "checker": "adapters/checker"}``
+            (settings give a fresh trainable adapter; a directory, a saved adapter served frozen).
+            See :meth:`add_adapter`.
+        routes: which adapter serves which agent (``{"writer": "writer", "checker": None}``,
+            ``None`` for the base model); see :meth:`set_routes`. A batch holding several
+            agents' requests is decoded one adapter at a time.
 
     ``engine.model`` is the module (peft-wrapped with ``lora``), ``engine.tokenizer`` its
     tokenizer, ``engine.lock`` is held during each batch (hold it while changing weights) and
@@ -71,6 +79,8 @@ class HFEngine(BatchingEngine):
         seed: int | None = None,
         trust_remote_code: bool = False,
         num_threads: int | None = None,
+        adapters: Mapping[str, Any] | None = None,
+        routes: Mapping[str, str | None] | None = None,
     ) -> None:
         super().__init__(max_batch_size, batch_window_s, regroup_wait_s)
         import torch
@@ -123,6 +133,10 @@ class HFEngine(BatchingEngine):
         self.pad_token_id = int(pad) if pad is not None else (min(self._eos) if self._eos else 0)
         self._rng = torch.Generator(device=self.device)
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        for name, spec in (adapters or {}).items():
+            self.add_adapter(name, spec)
+        if routes is not None:
+            self.set_routes(routes)
 
     # -- weights --------------------------------------------------------------------------
     @staticmethod
@@ -146,15 +160,88 @@ class HFEngine(BatchingEngine):
         """Whether the model carries a peft adapter."""
         return hasattr(self.model, "peft_config")
 
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the model's peft adapters (``["default"]`` with ``lora=``)."""
+        return list(self.model.peft_config) if self.is_peft else []
+
+    def _own_adapter(self) -> str | None:
+        return str(self.model.active_adapter) if self.is_peft else None
+
+    def add_adapter(self, name: str, lora: Any, trainable: bool | None = None) -> None:
+        """Add adapter ``name`` beside the model's others, on the same base weights (peft multi-adapter).
+
+        ``lora`` is adapter settings (``agl.LoRA(...)``, a ``peft.LoraConfig``): a fresh adapter,
+        trainable; or a directory holding a saved peft adapter: loaded frozen (``trainable=True``
+        to train it on). Which agent it serves is set with :meth:`set_routes`.
+
+        >>> engine.add_adapter("rewriter", agl.LoRA(r=8))  # doctest: +SKIP
+        >>> engine.set_routes({"writer": "default", "rewriter": "rewriter"})  # doctest: +SKIP
+        """
+        import peft
+
+        if not name or "." in name:
+            raise ValueError(f"an adapter name must be non-empty and have no '.', got {name!r}")
+        with self.lock:
+            if name in self.adapters:
+                raise ValueError(f"adapter {name!r} already exists")
+            if isinstance(lora, (str, os.PathLike)):
+                path = str(lora)
+                if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+                    raise FileNotFoundError(
+                        f"{path} is not a peft adapter directory (no adapter_config.json)"
+                    )
+                if self.is_peft:
+                    self.model.load_adapter(path, adapter_name=name, is_trainable=bool(trainable))
+                else:
+                    self.model = peft.PeftModel.from_pretrained(
+                        self.model, path, adapter_name=name, is_trainable=bool(trainable)
+                    )
+            else:
+                config = lora.to_peft_config() if hasattr(lora, "to_peft_config") else lora
+                if not isinstance(config, peft.PeftConfig):
+                    raise TypeError(
+                        f"an adapter is LoRA settings or a saved adapter directory, got {type(lora).__name__}"
+                    )
+                if self.is_peft:
+                    self.model.add_adapter(name, config)
+                else:
+                    self.model = peft.get_peft_model(self.model, config, adapter_name=name)
+            self.model.eval()
+
+    @contextlib.contextmanager
+    def using_adapter(self, name: str | None) -> Iterator[Any]:
+        """Run the model with adapter ``name`` active (``None``: the base model, adapters off); yields
+        the model. Hold ``lock`` around it when other threads may generate.
+
+        >>> with engine.lock, engine.using_adapter("rewriter") as model:  # doctest: +SKIP
+        ...     logits = model(input_ids=ids).logits
+        """
+        if name is None:
+            if self.is_peft:
+                with self.model.disable_adapter():
+                    yield self.model
+            else:
+                yield self.model
+            return
+        if name not in self.adapters:
+            raise KeyError(f"unknown adapter {name!r}: this engine serves {sorted(self.adapters)}")
+        if self.model.active_adapter != name:
+            self.model.set_adapter(name)
+        yield self.model
+
     def update_weights(
-        self, source: Mapping[str, Any] | Callable[[Any], Any] | str | os.PathLike[str]
+        self,
+        source: Mapping[str, Any] | Callable[[Any], Any] | str | os.PathLike[str],
+        adapter: str | None = None,
     ) -> int:
         """Change the policy weights under ``lock`` and bump ``version`` (returned).
 
         ``source`` is a callable ``fn(model)`` (e.g. an optimiser step on the same module),
         a state dict (the adapter's, as ``peft.get_peft_model_state_dict`` returns, when the
         model has a LoRA adapter; else a full or partial model state dict), or a directory
-        holding a saved peft adapter.
+        holding a saved peft adapter. ``adapter`` names which adapter a state dict or directory
+        is for (default: the active one).
 
         >>> engine.update_weights(lambda model: None)  # doctest: +SKIP
         1
@@ -165,7 +252,7 @@ class HFEngine(BatchingEngine):
             else:
                 if isinstance(source, (str, os.PathLike)):
                     source = self._read_adapter(str(source))
-                self._load_state(source)
+                self._load_state(source, adapter)
             self.version += 1
             return self.version
 
@@ -178,11 +265,12 @@ class HFEngine(BatchingEngine):
             return load_file(st)
         raise FileNotFoundError(f"no adapter_model.safetensors in {path}")
 
-    def _load_state(self, state: Mapping[str, Any]) -> None:
+    def _load_state(self, state: Mapping[str, Any], adapter: str | None = None) -> None:
         if self.is_peft:
             from peft import set_peft_model_state_dict
 
-            result = set_peft_model_state_dict(self.model, dict(state))
+            name = adapter or str(self.model.active_adapter)
+            result = set_peft_model_state_dict(self.model, dict(state), adapter_name=name)
             unexpected = getattr(result, "unexpected_keys", None) or []
             if unexpected:
                 raise KeyError(f"adapter weights not in the model: {unexpected[:5]}")
@@ -204,7 +292,20 @@ class HFEngine(BatchingEngine):
             if was_training:
                 self.model.eval()
             try:
-                return self._decode(requests, self.version)
+                names = [self._adapter_of(r) for r in requests]
+                if len(set(names)) == 1:
+                    with self.using_adapter(names[0]):
+                        return self._decode(requests, self.version, names[0])
+                # several agents' adapters: decode one adapter's requests at a time
+                results: list[GenResult | None] = [None] * len(requests)
+                for name in dict.fromkeys(names):
+                    idx = [i for i, n in enumerate(names) if n == name]
+                    with self.using_adapter(name):
+                        for i, res in zip(
+                            idx, self._decode([requests[i] for i in idx], self.version, name), strict=True
+                        ):
+                            results[i] = res
+                return results  # type: ignore[return-value]
             finally:
                 if was_training:
                     self.model.train()
@@ -248,7 +349,9 @@ class HFEngine(BatchingEngine):
         lps = report.gather(-1, tokens[:, None]).squeeze(-1)
         return tokens.tolist(), lps.tolist()
 
-    def _decode(self, requests: Sequence[GenRequest], version: int) -> list[GenResult]:
+    def _decode(
+        self, requests: Sequence[GenRequest], version: int, adapter: str | None = None
+    ) -> list[GenResult]:
         import torch
 
         device = self.device
@@ -350,6 +453,7 @@ class HFEngine(BatchingEngine):
                     top_logprobs=tops[i] if r.top_logprobs else None,
                     stop_reason=stop_reason[i],
                     weights_version=version,
+                    adapter=adapter,
                 )
             )
         return results

@@ -132,6 +132,7 @@ class ScriptedEngine(Engine):
             top_logprobs=[[(t, self.logprob)] for t in ids] if req.top_logprobs else None,
             stop_reason=stop_reason,
             weights_version=self.version,
+            adapter=self._adapter_of(req),
         )
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:

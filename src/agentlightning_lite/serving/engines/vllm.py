@@ -54,12 +54,18 @@ class VLLMEngine(BatchingEngine):
         enable_lora: reserve LoRA slots even without an initial adapter (default: True).
         max_lora_rank: the largest adapter rank vLLM must accept.
         adapter_dir: where adapter versions given as state dicts are written (default: a temp dir).
+        adapters: named adapters, each a directory holding a peft adapter, e.g. one per agent
+            (``{"writer": "runs/init/writer", "rewriter": "runs/init/rewriter"}``); vLLM's
+            multi-LoRA serves them together (``max_loras`` defaults to their number).
+        routes: which adapter serves which agent (``None``: the base model); see
+            :meth:`~agentlightning_lite.serving.engines.base.Engine.set_routes`.
         **llm_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``,
             ``logprobs_mode``...). vLLM reports raw logprobs (before temperature) by default.
 
     Requests that arrive together are passed to one ``LLM.generate`` call (vLLM batches them
-    continuously inside). After :meth:`update_weights` the next batch uses a new
-    ``LoRARequest`` (a fresh id per version), so vLLM loads the new adapter without a restart.
+    continuously inside), each with its agent's ``LoRARequest``. After :meth:`update_weights`
+    the next batch uses a new ``LoRARequest`` (a fresh id per version), so vLLM loads the new
+    adapter without a restart.
 
     >>> engine = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct", lora="runs/adapter-0")  # doctest: +SKIP
     >>> engine.update_weights("runs/adapter-1")  # doctest: +SKIP
@@ -76,6 +82,8 @@ class VLLMEngine(BatchingEngine):
         max_batch_size: int = 256,
         batch_window_s: float = 0.005,
         adapter_dir: str | None = None,
+        adapters: Mapping[str, str | os.PathLike[str]] | None = None,
+        routes: Mapping[str, str | None] | None = None,
         **llm_kwargs: Any,
     ) -> None:
         vllm, lora_request_cls = _import_vllm()
@@ -85,20 +93,46 @@ class VLLMEngine(BatchingEngine):
         spec = models.KNOWN_MODELS.get(str(model).lower())
         target = spec.hf_id if spec is not None else str(model)
         self.model_name = model_name or str(model)
-        self.enable_lora = bool(enable_lora or lora is not None)
+        named = dict(adapters or {})
+        if lora is not None:
+            if "default" in named:
+                raise ValueError("lora= is the adapter named 'default': do not name another one so")
+            named = {"default": lora, **named}
+        self.enable_lora = bool(enable_lora or named)
         kwargs = dict(llm_kwargs)
         if self.enable_lora:
             kwargs.setdefault("enable_lora", True)
             kwargs.setdefault("max_lora_rank", max_lora_rank)
-            kwargs.setdefault("max_loras", 1)
+            kwargs.setdefault("max_loras", max(1, len(named)))  # every adapter resident at once
         self.llm = vllm.LLM(model=target, **kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_context = self._max_model_len(kwargs.get("max_model_len"))
         self._adapter_dir = adapter_dir
-        self._lora_path: str | None = None
-        self.lora_request: Any = None
-        if lora is not None:
-            self._set_adapter(str(lora))
+        self._lora_paths: dict[str, str] = {}
+        self.lora_requests: dict[str, Any] = {}
+        self._next_lora_id = 1
+        for name, path in named.items():
+            self._set_adapter(str(path), name)
+        if routes is not None:
+            self.set_routes(routes)
+
+    @property
+    def adapters(self) -> list[str]:
+        return list(self.lora_requests)
+
+    def _own_adapter(self) -> str | None:
+        return next(iter(self.lora_requests), None)
+
+    @property
+    def lora_request(self) -> Any:
+        """The ``LoRARequest`` of the engine's first (or only) adapter, or ``None``."""
+        name = self._own_adapter()
+        return None if name is None else self.lora_requests[name]
+
+    @property
+    def _lora_path(self) -> str | None:
+        name = self._own_adapter()
+        return None if name is None else self._lora_paths[name]
 
     def _max_model_len(self, given: int | None) -> int:
         if given:
@@ -109,53 +143,61 @@ class VLLMEngine(BatchingEngine):
             return 8192
 
     # -- LoRA -----------------------------------------------------------------------------
-    def _set_adapter(self, path: str) -> None:
+    def _set_adapter(self, path: str, name: str) -> None:
         if not self.enable_lora:
             raise RuntimeError("this VLLMEngine was built with enable_lora=False")
         if not os.path.isfile(os.path.join(path, "adapter_config.json")):
             raise FileNotFoundError(f"{path} is not a peft adapter directory (no adapter_config.json)")
-        old = self.lora_request
-        lora_id = self.version + 1  # vLLM caches adapters by id: a new id per version forces a reload
-        self.lora_request = self._lora_request_cls(f"policy-v{self.version}", lora_id, path)
-        self._lora_path = path
+        old = self.lora_requests.get(name)
+        lora_id = self._next_lora_id  # vLLM caches adapters by id: a new id per version forces a reload
+        self._next_lora_id += 1
+        label = "policy" if name == "default" else name
+        self.lora_requests[name] = self._lora_request_cls(f"{label}-v{self.version}", lora_id, path)
+        self._lora_paths[name] = path
         if old is not None:
             try:  # free the old slot; vLLM would evict it anyway
                 self.llm.llm_engine.remove_lora(old.lora_int_id)
             except Exception:
                 pass
 
-    def _write_adapter(self, state: Mapping[str, Any]) -> str:
-        if self._lora_path is None:
+    def _write_adapter(self, state: Mapping[str, Any], name: str) -> str:
+        if name not in self._lora_paths:
             raise RuntimeError(
-                "a state dict needs an initial adapter (lora=...) to take its adapter_config.json from"
+                f"a state dict needs an initial adapter {name!r} (lora=... or adapters=...) to take its "
+                "adapter_config.json from"
             )
         from safetensors.torch import save_file
 
         root = self._adapter_dir or tempfile.mkdtemp(prefix="agl-vllm-lora-")
         self._adapter_dir = root
-        path = os.path.join(root, f"v{self.version + 1}")
+        sub = f"v{self.version + 1}" if name == "default" else os.path.join(name, f"v{self.version + 1}")
+        path = os.path.join(root, sub)
         os.makedirs(path, exist_ok=True)
-        shutil.copy(os.path.join(self._lora_path, "adapter_config.json"), path)
+        shutil.copy(os.path.join(self._lora_paths[name], "adapter_config.json"), path)
         tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
         save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
         return path
 
-    def update_weights(self, source: str | os.PathLike[str] | Mapping[str, Any]) -> int:
+    def update_weights(
+        self, source: str | os.PathLike[str] | Mapping[str, Any], adapter: str | None = None
+    ) -> int:
         """Serve new adapter weights from the next batch on; returns the new ``version``.
 
         ``source`` is a directory holding a saved peft adapter (``model.save_pretrained(dir)``)
         or the adapter's state dict (written next to a copy of the first adapter's config).
+        ``adapter`` names which adapter it replaces (default: the engine's first).
         """
         with self.lock:
+            name = adapter or self._own_adapter() or "default"
             if isinstance(source, Mapping):
-                path = self._write_adapter(source)
+                path = self._write_adapter(source, name)
             elif isinstance(source, (str, os.PathLike)):
                 path = str(source)
             else:
                 raise TypeError("VLLMEngine.update_weights takes an adapter directory or a state dict")
             self.version += 1
             try:
-                self._set_adapter(path)
+                self._set_adapter(path, name)
             except BaseException:
                 self.version -= 1
                 raise
@@ -177,14 +219,21 @@ class VLLMEngine(BatchingEngine):
 
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         with self.lock:
-            lora, version = self.lora_request, self.version
+            names = [self._adapter_of(r) for r in requests]
+            unknown = sorted({n for n in names if n is not None and n not in self.lora_requests})
+            if unknown:
+                raise KeyError(f"unknown adapter(s) {unknown}: this engine serves {self.adapters}")
+            loras = [None if n is None else self.lora_requests[n] for n in names]
+            version = self.version
         prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
         params = [self.sampling_params(r) for r in requests]
+        # one LoRARequest for the whole batch, or a list with one per prompt (vLLM's multi-LoRA)
+        lora = loras[0] if len(set(map(id, loras))) == 1 else loras
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
-        return [self._result(r, o, version) for r, o in zip(requests, outputs, strict=True)]
+        return [self._result(r, o, version, n) for r, o, n in zip(requests, outputs, names, strict=True)]
 
     @staticmethod
-    def _result(req: GenRequest, output: Any, version: int) -> GenResult:
+    def _result(req: GenRequest, output: Any, version: int, adapter: str | None = None) -> GenResult:
         c = output.outputs[0]
         token_ids = [int(t) for t in c.token_ids]
         logprobs: list[float] = []
@@ -206,8 +255,16 @@ class VLLMEngine(BatchingEngine):
             top_logprobs=tops if req.top_logprobs else None,
             stop_reason=getattr(c, "stop_reason", None),
             weights_version=version,
+            adapter=adapter,
         )
 
     def describe(self) -> str:
         """A one-line description: model, adapter and version."""
-        return json.dumps({"model": self.model_name, "lora": self._lora_path, "version": self.version})
+        return json.dumps(
+            {
+                "model": self.model_name,
+                "lora": self._lora_path,
+                "adapters": self._lora_paths,
+                "version": self.version,
+            }
+        )

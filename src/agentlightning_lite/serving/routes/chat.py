@@ -63,7 +63,14 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
     }
     task = task_of(messages)
     reqs = gen_requests(
-        prompt_ids, p, max_tokens, request_id, messages=messages, tools=offered or None, prompt=prompt_text
+        prompt_ids,
+        p,
+        max_tokens,
+        request_id,
+        messages=messages,
+        tools=offered or None,
+        prompt=prompt_text,
+        agent=call.agent,
     )
     try:
         results = await generate(server, reqs)
@@ -105,6 +112,7 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
                     "usage": usage(len(prompt_ids), [res]),
                     "request_usage": total,
                     "weights_version": res.weights_version,
+                    "adapter": res.adapter,
                 },
                 output=message,
                 prompt_token_ids=res.prompt_token_ids,

@@ -51,7 +51,7 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     attrs: dict[str, Any] = {"api": "completions", "request_id": request_id, "engine": type(engine).__name__}
     reqs: list[GenRequest] = []
     for (text, ids), n_new in zip(encoded, budgets, strict=True):
-        reqs += gen_requests(ids, p, n_new, request_id, prompt=text)
+        reqs += gen_requests(ids, p, n_new, request_id, prompt=text, agent=call.agent)
     inputs = [text if text is not None else {"prompt_token_ids": ids} for text, ids in encoded]
     task = inputs[0] if len(inputs) == 1 else inputs
     try:
@@ -91,6 +91,7 @@ async def completions(server: PolicyServer, request: Request) -> Response:
                     "usage": usage(len(res.prompt_token_ids), [res]),
                     "request_usage": total,
                     "weights_version": res.weights_version,
+                    "adapter": res.adapter,
                 },
                 output=res.text,
                 prompt_token_ids=res.prompt_token_ids,
