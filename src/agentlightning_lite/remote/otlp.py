@@ -137,9 +137,9 @@ def _json_value(v: Any) -> Any:
         except (TypeError, ValueError):
             raise OTLPError(f"doubleValue must be a number, got {v['doubleValue']!r}") from None
     if "arrayValue" in v:
-        return [_json_value(x) for x in (v["arrayValue"] or {}).get("values") or []]
+        return [_json_value(x) for x in _obj(v["arrayValue"], "arrayValue").get("values") or []]
     if "kvlistValue" in v:
-        return _json_attrs((v["kvlistValue"] or {}).get("values"))
+        return _json_attrs(_obj(v["kvlistValue"], "kvlistValue").get("values"))
     if "bytesValue" in v:
         return str(v["bytesValue"])
     return None
@@ -167,13 +167,30 @@ def _list(obj: Any, key: str) -> list[Any]:
     return value
 
 
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise OTLPError(f"{what} must be an object, got {value!r}"[:300])
+    return value
+
+
 def decode_json(body: Any) -> list[OTelLike]:
     """The spans of an OTLP/JSON ``ExportTraceServiceRequest`` (already JSON-decoded)."""
+    try:
+        return _decode_json(body)
+    except (AttributeError, TypeError, KeyError, OverflowError) as exc:  # a shape not caught below
+        raise OTLPError(f"malformed OTLP/JSON document: {type(exc).__name__}: {exc}") from None
+
+
+def _decode_json(body: Any) -> list[OTelLike]:
     if not isinstance(body, dict):
         raise OTLPError("an OTLP/JSON body is an object with 'resourceSpans'")
     out = []
     for rs in _list(body, "resourceSpans"):
-        resource = _json_attrs(((rs or {}).get("resource") or {}).get("attributes"))
+        resource = _json_attrs(
+            _obj(_obj(rs, "a resourceSpans entry").get("resource"), "resource").get("attributes")
+        )
         for ss in _list(rs, "scopeSpans") or _list(rs, "instrumentationLibrarySpans"):
             for sp in _list(ss, "spans"):
                 if not isinstance(sp, dict):
@@ -182,7 +199,7 @@ def decode_json(body: Any) -> list[OTelLike]:
                 trace_id = _json_id(sp.get("traceId"), "traceId", 16)
                 if span_id is None or trace_id is None:
                     raise OTLPError("each span needs a traceId and a spanId")
-                status = sp.get("status") or {}
+                status = _obj(sp.get("status"), "status")
                 end = sp.get("endTimeUnixNano")
                 out.append(
                     OTelLike(

@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Route
 
 from .._json import dumps
 from ..serving.errors import APIError, JSONResponse
-from ..serving.routes.calls import ROLLOUT_HEADER, check_auth
+from ..serving.routes.calls import ROLLOUT_HEADER, check_auth, parse_json_object, read_body
 from ..serving.server import PolicyServer
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
 from .otlp import OTLPError, TraceRollouts, decode_json, decode_protobuf, spans_from_otlp
@@ -43,39 +43,8 @@ def _bad(message: str, param: str | None = None, code: str | None = None, status
     return APIError(status, message, param=param, code=code)
 
 
-async def _raw_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with a 413 as soon as it passes ``limit`` bytes."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise _too_large(int(length), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit: int) -> APIError:
-    return APIError(
-        413, f"The request body is {size} bytes; this server takes at most {limit}.", code="body_too_large"
-    )
-
-
 async def _json_body(request: Request, limit: int) -> dict[str, Any]:
-    raw = await _raw_body(request, limit)
-    if not raw:
-        return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _bad(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
-    except RecursionError:
-        raise _bad("The JSON body of your request is nested too deeply.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object.", code="invalid_json")
-    return body
+    return parse_json_object(await read_body(request, limit), empty={})
 
 
 def _str(body: dict[str, Any], key: str, default: str | None = None, required: bool = False) -> Any:
@@ -299,7 +268,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
 
     @endpoint
     async def otlp(request: Request) -> Response:
-        raw = await _raw_body(request, limit)
+        raw = await read_body(request, limit)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         default = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
         proto = ctype in ("application/x-protobuf", "application/protobuf")
@@ -311,6 +280,8 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
                     body = json.loads(raw) if raw else {}
                 except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                     raise OTLPError(f"invalid JSON: {exc}") from None
+                except RecursionError:
+                    raise OTLPError("invalid JSON: nested too deeply") from None
                 decoded = decode_json(body)
             else:
                 raise APIError(

@@ -77,15 +77,38 @@ async def rollout_of(server: PolicyServer, request: Request) -> str | None:
     return rid
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request's JSON object body: 413 past ``limit`` bytes, 400 for anything that is not an object."""
-    raw = await request.body()
-    if len(raw) > limit:
-        raise APIError(
-            413,
-            f"The request body is {len(raw)} bytes; this server takes at most {limit}.",
-            code="body_too_large",
-        )
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with a 413 as soon as it passes ``limit`` bytes."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(int(length), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(
+        413, f"The request body is {size} bytes; this server takes at most {limit}.", code="body_too_large"
+    )
+
+
+def parse_json_object(raw: bytes, empty: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON object from a request body; 400 for anything else (``empty`` stands for no body).
+
+    >>> parse_json_object(b'{"n": 1}')
+    {'n': 1}
+    >>> parse_json_object(b'[1]').status
+    Traceback (most recent call last):
+    ...
+    agentlightning_lite.serving.errors.APIError: The request body must be a JSON object.
+    """
+    if not raw and empty is not None:
+        return empty
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -107,6 +130,11 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             code="invalid_unicode",
         ) from None
     return body
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object body: 413 past ``limit`` bytes, 400 for anything that is not an object."""
+    return parse_json_object(await read_body(request, limit))
 
 
 async def resolve_call(server: PolicyServer, request: Request) -> Call:
