@@ -51,6 +51,7 @@ def test_old_samples_are_dropped(max_staleness: int | None, kept: int) -> None:
         max_seq_len=100,
         max_staleness=max_staleness,
         engine=SimpleNamespace(version=5),
+        _plan=None,
     )
     samples, stats = agl.Trainer._samples(trainer, results)  # type: ignore[arg-type]
     assert len(samples) == kept
