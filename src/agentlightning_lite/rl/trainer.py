@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..air import AIRRule, as_rules
 from ..credit import CreditRule
 from ..store.base import Store
 from ..store.sqlite import SQLiteStore
@@ -65,7 +66,8 @@ class Trainer:
         store: where rollouts and spans go (default: ``SQLiteStore(output_dir/"runs.db")``).
         agents: train only these agents' LLM calls; the others' stay frozen (not trained).
         credit: credit rule over an episode's calls (default ``credit.FinalReward()``).
-        air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``).
+        air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``): one
+            rule or a list of them.
         output_dir: metrics, reward curve, checkpoints, the final adapter.
         batch_size: tasks per step (each run ``algorithm.group_size`` times).
         concurrency: rollouts run at once (threads); default: a whole step's rollouts
@@ -106,7 +108,7 @@ class Trainer:
         store: Store | None = None,
         agents: Sequence[str] | None = None,
         credit: CreditRule | None = None,
-        air: Sequence[Any] | None = None,
+        air: AIRRule | Sequence[AIRRule] | None = None,
         output_dir: str | os.PathLike[str] = "runs/agl",
         batch_size: int = 8,
         concurrency: int | None = None,
@@ -140,7 +142,7 @@ class Trainer:
         self.tracer = Tracer(self.store)
         self.agents = list(agents) if agents is not None else None
         self.credit = credit
-        self.air = list(air) if air is not None else None
+        self.air = as_rules(air)
         self.batch_size = batch_size
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
