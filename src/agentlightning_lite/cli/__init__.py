@@ -2,7 +2,8 @@
 
 ``agl-lite serve`` serves the policy model; ``agl-lite train`` runs ``Trainer.fit`` on an agent
 given as ``module:function``; ``runs``, ``show``, ``transitions``, ``export-sft`` and ``plot`` read
-an existing SQLite store without ever creating or changing it.
+an existing SQLite store without ever creating or changing it; ``recover`` marks the rollouts that a
+dead process left ``running`` as ``failed`` (error ``"interrupted"``).
 
 >>> parser = build_parser()
 >>> args = parser.parse_args(["serve", "--model", "smollm2-135m", "--port", "0"])
@@ -19,7 +20,7 @@ import argparse
 from collections.abc import Sequence
 
 from ..store.sqlite import NotOurDatabase
-from . import plot, runs, serve, train, transitions
+from . import plot, recover, runs, serve, train, transitions
 from ._common import (
     _EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_parsers(sub)
     transitions.add_parsers(sub)
     plot.add_parser(sub)
+    recover.add_parser(sub)
     return parser
 
 
@@ -78,6 +80,7 @@ _COMMANDS = {
     "transitions": transitions.transitions_cmd,
     "export-sft": transitions.export_sft_cmd,
     "plot": plot.plot,
+    "recover": recover.recover,
 }
 
 

@@ -24,6 +24,7 @@ import torch
 from ..air import AIRRule, as_rules
 from ..credit import CreditRule
 from ..store.base import Store
+from ..store.recovery import INTERRUPTED, recover_interrupted
 from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from ..transitions import transitions
@@ -243,7 +244,9 @@ class Trainer:
 
         ``agent`` is a function ``(task, llm) -> float | None`` (sync or async) or an
         ``agl.LitAgent``. With ``resume=True`` the newest checkpoint in ``output_dir`` is loaded
-        (adapter, optimiser, RNG, data position, step) and training continues from there.
+        (adapter, optimiser, RNG, data position, step) and training continues from there; rollouts
+        that a process which died left ``running`` in the store are first marked ``failed`` with
+        error ``"interrupted"`` (see :func:`agentlightning_lite.store.recovery.recover_interrupted`).
         Returns the final metrics (with the last validation scores when ``val_dataset`` is given).
         """
         if len(train_dataset) == 0:
@@ -251,6 +254,13 @@ class Trainer:
         per_epoch = math.ceil(len(train_dataset) / self.batch_size)
         total = steps if steps is not None else per_epoch * epochs
         if resume:
+            interrupted = recover_interrupted(self.store)
+            if interrupted:
+                logger.warning(
+                    "marked %d rollout(s) left running by a process that died as failed (%s)",
+                    len(interrupted),
+                    INTERRUPTED,
+                )
             ckpt = latest_checkpoint(self.output_dir / "checkpoints")
             if ckpt is None:
                 logger.warning(
