@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -108,3 +109,83 @@ def test_trainer_takes_a_single_air_rule(engine: Any, tmp_path: Path) -> None:
             make(engine, tmp_path, air=["not a rule"])
     finally:
         trainer.close()
+
+
+def test_hung_agents_time_out_free_their_engine_slots_and_do_not_pile_up(
+    tiny_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import threading
+    import time
+
+    import httpx
+
+    # the rollouts module the trainer runs (a doctest run may have imported a second copy of it)
+    rollouts = SimpleNamespace(**agl.Trainer._run.__globals__["run_rollouts"].__globals__)
+
+    engine = tiny_engine(step_delay_s=0.005, no_eos=True, lora=agl.LoRA(r=2, alpha=4))
+    release = threading.Event()
+    before = set(rollouts.hung_threads())
+
+    def agent(task: dict, llm: agl.LLM) -> Any:
+        body = {"model": llm.model, "messages": [{"role": "user", "content": "hi"}], "temperature": 1.0}
+        if task["kind"] == "sleep":  # a sync agent stuck for good
+            release.wait(10**6)
+            return 1.0
+        if task["kind"] == "llm":  # blocked on a call that would decode for 15 s or more
+            httpx.post(llm.base_url + "/chat/completions", json={**body, "max_tokens": 3000}, timeout=None)
+            return 1.0
+        if task["kind"] == "async":
+
+            async def forever() -> float:
+                await asyncio.sleep(10**6)
+                return 1.0
+
+            return forever()
+        return 0.5  # quick (a short call would share the long call's batch and wait for it)
+
+    tasks = [{"kind": k} for k in ("sleep", "llm", "async", "ok")]
+    trainer = make(engine, tmp_path, rollout_timeout=1.5, failed_reward=0.0, batch_size=4)
+    try:
+        t0 = time.monotonic()
+        out = trainer.fit(agent, tasks, steps=2)
+        assert time.monotonic() - t0 < 30
+        assert trainer.step == 2 and out["train/timeout_rollouts"] == 6  # training went on
+        by_kind: dict[str, list[str]] = {}
+        for r in trainer.store.rollouts(mode="train"):
+            by_kind.setdefault(r.task["kind"], []).append(r.status)
+        assert by_kind == {
+            "sleep": ["timeout"] * 4,
+            "llm": ["timeout"] * 4,
+            "async": ["timeout"] * 4,
+            "ok": ["succeeded"] * 4,
+        }
+        # the blocked calls were stopped in the engine, not decoded to their 3000 tokens
+        assert engine.stats["aborted"] >= 1 and engine.stats["generated_tokens"] < 4 * 3000 // 2
+        # the async agents were cancelled and the blocked callers answered: only the 4 sleepers hang on,
+        # as daemon threads
+        assert wait_for(lambda: len(set(rollouts.hung_threads()) - before) == 4)
+        left = set(rollouts.hung_threads()) - before
+        assert all(t.daemon and t.is_alive() for t in left)
+        # past the cap, no more rollouts start: a clear error instead of threads piling up
+        cap = len(rollouts.hung_threads()) - 1
+        monkeypatch.setitem(agl.Trainer._run.__globals__["run_rollouts"].__globals__, "MAX_HUNG_THREADS", cap)
+        with pytest.raises(
+            RuntimeError, match="agent threads are still running after their rollouts timed out"
+        ):
+            trainer.fit(agent, tasks, steps=3)
+    finally:
+        release.set()
+        trainer.close()
+    assert wait_for(lambda: not (set(rollouts.hung_threads()) - before))
+
+
+def wait_for(cond: Any, timeout: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())

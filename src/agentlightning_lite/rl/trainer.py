@@ -74,7 +74,9 @@ class Trainer:
         concurrency: rollouts run at once (threads); default: a whole step's rollouts
             (``batch_size * group_size``), so that the engine decodes a step's first turns as
             one batch (the trainer announces them with ``engine.expect(n)``).
-        rollout_timeout: seconds a rollout may take before it is marked ``timeout``.
+        rollout_timeout: seconds a rollout may take before it is marked ``timeout``; its engine
+            requests are then cancelled and an ``async`` agent is cancelled. A sync agent's thread
+            cannot be stopped: it is left running as a daemon thread (see ``rollouts.hung_threads``).
         failed_reward: what a failed or timed-out rollout counts for: ``"drop"`` (left out of the
             update) or a number (its calls are trained with that reward).
         success_threshold: a rollout succeeds when its reward is at least this.
@@ -409,6 +411,7 @@ class Trainer:
                 concurrency=self.concurrency,
                 timeout=self.rollout_timeout,
                 on_done=(lambda _r: bar.update(1)) if bar is not None else None,
+                on_timeout=lambda rid: self._server.cancel_rollout(rid),
             )
         finally:
             if bar is not None:
