@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,3 +79,56 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     monkeypatch.setitem(sys.modules, "vllm.lora", lora_mod)
     monkeypatch.setitem(sys.modules, "vllm.lora.request", req_mod)
     return types.SimpleNamespace(calls=calls)
+
+
+def tiny_hf_engine(step_delay_s: float = 0.0, no_eos: bool = False, **kw: Any) -> Any:
+    """An HFEngine over a one-layer random-init Llama with the byte tokenizer: loads in well under a
+    second. ``step_delay_s`` makes every forward pass (one decoding step) that slow; ``no_eos`` keeps
+    it from ever ending a reply early, so a request runs to its ``max_tokens``."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from agentlightning_lite.serving.engines import HFEngine
+
+    tok = ByteTokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+
+    def hook(module: Any, args: Any, output: Any) -> Any:
+        if step_delay_s:
+            time.sleep(step_delay_s)
+        if no_eos:
+            output.logits[..., tok.eos_token_id] = float("-inf")
+        return output
+
+    model.register_forward_hook(hook)
+    options: dict[str, Any] = {"model_name": "tiny", "seed": 0, "num_threads": 1}
+    options.update(kw)
+    return HFEngine(model, tokenizer=tok, **options)
+
+
+@pytest.fixture
+def tiny_engine() -> Iterator[Any]:
+    """A factory of :func:`tiny_hf_engine` engines, closed after the test."""
+    made: list[Any] = []
+
+    def make(**kw: Any) -> Any:
+        engine = tiny_hf_engine(**kw)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()

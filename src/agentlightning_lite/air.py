@@ -7,13 +7,13 @@ call it belongs to. :func:`agentlightning_lite.transitions` hands them to the cr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .types import Span, check_reward
 
-__all__ = ["AIRRule", "IntermediateReward", "Rule", "ToolStatus", "call_before"]
+__all__ = ["AIRRule", "IntermediateReward", "Rule", "ToolStatus", "as_rules", "call_before"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,29 @@ class IntermediateReward:
 
 
 AIRRule = Callable[[Sequence[Span], Sequence[Span]], "list[IntermediateReward]"]
+
+
+def as_rules(air: AIRRule | Iterable[AIRRule] | None) -> list[AIRRule] | None:
+    """``air=`` as a list: a single rule, a list (or any iterable) of rules, or ``None``.
+
+    >>> import agentlightning_lite as agl
+    >>> agl.air.as_rules(agl.air.ToolStatus(success=0.1))
+    [ToolStatus(success=0.1, error=0.0, tools=None)]
+    """
+    if air is None:
+        return None
+    if callable(air):
+        return [air]
+    if isinstance(air, (str, bytes)) or not isinstance(air, Iterable):
+        raise TypeError(f"air= takes a rule or a list of rules, got {type(air).__name__}")
+    rules = list(air)
+    for i, rule in enumerate(rules):
+        if not callable(rule):
+            raise TypeError(
+                f"air= rule {i} is a {type(rule).__name__}, not a rule: "
+                "use agl.air.ToolStatus(...), agl.air.Rule(...) or a function (spans, calls) -> rewards"
+            )
+    return rules
 
 
 def call_before(calls: Sequence[Span], span: Span, agent: str | None = None) -> int | None:

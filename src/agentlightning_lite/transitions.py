@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 
 from . import join
-from .air import AIRRule, call_before
+from .air import AIRRule, as_rules, call_before
 from .credit import CreditRule, FinalReward, Step
 from .store.base import Store
 from .types import Rollout, Span, Transition
@@ -74,12 +74,12 @@ def rollout_transitions(
     spans: Sequence[Span],
     agents: Iterable[str] | None = None,
     credit: CreditRule | None = None,
-    air: Sequence[AIRRule] | None = None,
+    air: AIRRule | Iterable[AIRRule] | None = None,
     models: Iterable[str] | None = None,
 ) -> list[Transition]:
     """Transitions of one rollout from its spans; see :func:`transitions`."""
     skipped: dict[str, int] = {}
-    out = _rollout_transitions(rollout, spans, agents, credit, air, models, skipped)
+    out = _rollout_transitions(rollout, spans, agents, credit, as_rules(air), models, skipped)
     _warn_untokenized(skipped, stacklevel=3)
     return out
 
@@ -145,7 +145,7 @@ def transitions(
     rollout_ids: Iterable[str] | None = None,
     agents: Iterable[str] | None = None,
     credit: CreditRule | None = None,
-    air: Sequence[AIRRule] | None = None,
+    air: AIRRule | Iterable[AIRRule] | None = None,
     models: Iterable[str] | None = None,
     mode: str | None = None,
     require_tokens: bool = False,
@@ -158,7 +158,8 @@ def transitions(
         agents: keep only these agents' calls; the others stay in the trace but are not trained.
             Credit is still assigned over the whole episode.
         credit: a credit rule (default ``credit.FinalReward()``: the episode's reward on every call).
-        air: automatic intermediate reward rules (``air.ToolStatus``, ``air.Rule``, callables).
+        air: automatic intermediate reward rules (``air.ToolStatus``, ``air.Rule``, callables):
+            one rule or a list of them.
         models: count only LLM calls made by these model names as policy calls.
         mode: with no ``rollout_ids``, take only rollouts of this mode (``train``/``val``/``trace``).
         require_tokens: drop calls without exact token ids (with a warning saying how many).
@@ -188,10 +189,12 @@ def transitions(
             rollouts.append(ro)
     agents = None if agents is None else list(agents)
     models = None if models is None else list(models)
+    rules = as_rules(air)
     out: list[Transition] = []
     skipped: dict[str, int] = {}
     for ro in rollouts:
-        out.extend(_rollout_transitions(ro, store.spans(ro.rollout_id), agents, credit, air, models, skipped))
+        spans = store.spans(ro.rollout_id)
+        out.extend(_rollout_transitions(ro, spans, agents, credit, rules, models, skipped))
     _warn_untokenized(skipped, stacklevel=3)
     if require_tokens:
         kept = [t for t in out if t.prompt_token_ids is not None and t.response_token_ids is not None]

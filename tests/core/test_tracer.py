@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
+import os
+import socket
 import threading
 
 import pytest
@@ -235,7 +237,13 @@ def test_attach_to_existing_rollout(tracer: agl.Tracer) -> None:
             pass
         handle.reward(0.5)
     got = tracer.store.get_rollout(ro.rollout_id)
-    assert (got.mode, got.status, got.reward, got.metadata) == ("val", "succeeded", 0.5, {"step": 3})
+    owner = {"pid": os.getpid(), "host": socket.gethostname()}  # every rollout records its process
+    assert (got.mode, got.status, got.reward, got.metadata) == (
+        "val",
+        "succeeded",
+        0.5,
+        {"step": 3, "agl.owner": owner},
+    )
     assert len(tracer.store.rollouts()) == 1
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite import air, credit
+from agentlightning_lite.transitions import rollout_transitions
 
 
 def tool_call(call_id: str, name: str) -> dict:
@@ -206,3 +207,21 @@ def test_export_sft(tracer: agl.Tracer, tmp_path: Path) -> None:
     ]
     assert {x["reward"] for x in lines} == {1.0}
     assert agl.export_sft(tracer.store, out) == 8  # everything, including the 0-reward episode
+
+
+def test_air_takes_a_single_rule_as_well_as_a_list(tracer: agl.Tracer) -> None:
+    sql_episode(tracer)
+    rule = air.ToolStatus(success=0.1, error=-0.5)
+    kw: dict = dict(models=["policy"], credit=credit.Discounted(0.9))
+    single = agl.transitions(tracer.store, air=rule, **kw)
+    listed = agl.transitions(tracer.store, air=[rule], **kw)
+    assert [t.reward for t in single] == [t.reward for t in listed] == pytest.approx([0.49, 1.1, 1.0])
+    assert single[0].metadata["intermediate_rewards"] == [("tool_error:run_sql", -0.5)]
+    ro = tracer.store.rollouts()[0]
+    one = rollout_transitions(ro, tracer.store.spans(ro.rollout_id), air=rule, **kw)
+    assert [t.reward for t in one] == pytest.approx([0.49, 1.1, 1.0])
+    assert air.as_rules(r for r in [rule]) == [rule] and air.as_rules(None) is None
+    with pytest.raises(TypeError, match="air= rule 1 is a float"):
+        agl.transitions(tracer.store, air=[rule, 0.5], **kw)
+    with pytest.raises(TypeError, match="air= takes a rule or a list of rules, got int"):
+        agl.transitions(tracer.store, air=3, **kw)

@@ -118,7 +118,9 @@ def test_otlp_any_bytes(client: httpx.Client, raw: bytes, ctype: str) -> None:
 
 @given(rows=st.lists(st.lists(json_values, max_size=18), max_size=3))
 def test_span_rows(client: httpx.Client, rows: Any) -> None:
-    raw = json.dumps({"rows": rows}).encode()  # NaN/Infinity literals and \u escapes, as a sloppy client sends
+    raw = json.dumps(
+        {"rows": rows}
+    ).encode()  # NaN/Infinity literals and \u escapes, as a sloppy client sends
     _check(client.post("/agl/v1/spans", content=raw, headers={"content-type": "application/json"}))
 
 

@@ -3,7 +3,8 @@
 ``agl-lite serve`` serves the policy model; ``agl-lite train`` runs ``Trainer.fit`` on an agent
 given as ``module:function``; ``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``,
 ``show``, ``transitions``, ``export-sft`` and ``plot`` read an existing SQLite store without ever
-creating or changing it.
+creating or changing it; ``recover`` marks the rollouts that a dead process left ``running`` as
+``failed`` (error ``"interrupted"``).
 
 >>> parser = build_parser()
 >>> args = parser.parse_args(["serve", "--model", "smollm2-135m", "--port", "0"])
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from ..store.sqlite import NotOurDatabase
-from . import plot, runner, runs, serve, train, transitions
+from . import plot, recover, runner, runs, serve, train, transitions
 from ._common import (
     _EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_parsers(sub)
     transitions.add_parsers(sub)
     plot.add_parser(sub)
+    recover.add_parser(sub)
     return parser
 
 
@@ -83,6 +85,7 @@ _COMMANDS = {
     "transitions": transitions.transitions_cmd,
     "export-sft": transitions.export_sft_cmd,
     "plot": plot.plot,
+    "recover": recover.recover,
 }
 
 

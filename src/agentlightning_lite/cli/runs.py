@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from ..store.recovery import INTERRUPTED, stale_running
 from ..types import Span
 from ._common import (
     EXIT_NOT_FOUND,
@@ -58,6 +59,7 @@ def runs(args: argparse.Namespace) -> int:
         return EXIT_NOT_FOUND
     if args.limit and args.limit > 0:
         rollouts = rollouts[-args.limit :]
+    gone = {r.rollout_id for r in stale_running(rollouts)}
     items = []
     for r in rollouts:
         s = summary.get(r.rollout_id, {"spans": 0, "llm_calls": 0, "agents": []})
@@ -66,9 +68,13 @@ def runs(args: argparse.Namespace) -> int:
                 "rollout_id": r.rollout_id,
                 "mode": r.mode,
                 "status": r.status,
+                "process_gone": r.rollout_id in gone,
                 "reward": r.reward,
                 "start_time": r.start_time,
-                "duration_s": None if r.end_time is None else r.end_time - r.start_time,
+                # an interrupted rollout ended at an unknown time (before it was marked)
+                "duration_s": None
+                if r.end_time is None or r.error == INTERRUPTED
+                else r.end_time - r.start_time,
                 "agents": s["agents"],
                 "spans": s["spans"],
                 "llm_calls": s["llm_calls"],
@@ -83,7 +89,7 @@ def runs(args: argparse.Namespace) -> int:
     rows = [
         [
             i["rollout_id"],
-            i["status"],
+            _status_cell(i),
             i["mode"],
             _fmt_num(i["reward"]),
             _fmt_dur(i["duration_s"]),
@@ -105,7 +111,22 @@ def runs(args: argparse.Namespace) -> int:
     rewards = [r.reward for r in rollouts if r.reward is not None]
     mean = f", mean reward {sum(rewards) / len(rewards):.4g}" if rewards else ""
     o.line(", ".join(f"{n} {s}" for s, n in sorted(by_status.items())) + mean)
+    if gone:
+        o.line(
+            f"{len(gone)} running? = left running by a process that is gone; "
+            f"`agl-lite recover {args.db}` marks them failed ({INTERRUPTED})",
+            style="yellow",
+        )
     return EXIT_OK
+
+
+def _status_cell(item: dict[str, Any]) -> str:
+    """``running?`` for a rollout whose process is gone, ``failed (interrupted)`` once recovered."""
+    if item["process_gone"]:
+        return "running?"
+    if item["status"] == "failed" and item["error"] == INTERRUPTED:
+        return f"failed ({INTERRUPTED})"
+    return str(item["status"])
 
 
 def _resolve(store: ReadOnlyStore, prefix: str) -> str:

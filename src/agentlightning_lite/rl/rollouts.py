@@ -7,10 +7,11 @@ neither stops the others. The agent's return value (or the reward it emitted) is
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import inspect
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 from ..tracer import Tracer
 from ..types import check_reward
 
-__all__ = ["LitAgent", "RolloutResult", "RolloutSpec", "run_rollouts"]
+__all__ = ["MAX_HUNG_THREADS", "LitAgent", "RolloutResult", "RolloutSpec", "hung_threads", "run_rollouts"]
 
 logger = logging.getLogger("agentlightning_lite.rollouts")
 
@@ -73,18 +74,43 @@ class RolloutResult:
     duration: float
 
 
-def _call_agent(agent: Callable[..., Any], task: Any, llm: Any, mode: str) -> Any:
+def _call_agent(
+    agent: Callable[..., Any], task: Any, llm: Any, mode: str, on_loop: Callable[[Any], None] | None = None
+) -> Any:
     if isinstance(agent, LitAgent):
         result = agent(task, llm, mode=mode)
     else:
         result = agent(task, llm)
     if inspect.isawaitable(result):
-        result = asyncio.run(_await(result))
+        loop = asyncio.new_event_loop()
+        try:
+            main = loop.create_task(_await(result))
+            if on_loop is not None:
+                on_loop(lambda: loop.call_soon_threadsafe(main.cancel))
+            result = loop.run_until_complete(main)
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
     return result
 
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
+
+
+#: most agent threads left hanging past their timeout (process-wide) before ``run_rollouts`` refuses
+#: to start more rollouts: a sync thread cannot be killed, so each one keeps its memory and sockets
+MAX_HUNG_THREADS = 64
+
+_hung_lock = threading.Lock()
+_hung: set[threading.Thread] = set()
+
+
+def hung_threads() -> list[threading.Thread]:
+    """The agent threads still running after their rollout timed out (daemon threads)."""
+    with _hung_lock:
+        _hung.difference_update([t for t in _hung if not t.is_alive()])
+        return list(_hung)
 
 
 def run_rollouts(
@@ -95,66 +121,118 @@ def run_rollouts(
     concurrency: int = 8,
     timeout: float | None = None,
     on_done: Callable[[RolloutResult], None] | None = None,
+    on_timeout: Callable[[str], None] | None = None,
 ) -> list[RolloutResult]:
     """Run ``agent`` once per spec, ``concurrency`` at a time; results in spec order.
 
     Each rollout is created in ``tracer.store`` first, then the agent runs inside
     ``tracer.rollout(rollout_id=...)`` (so ``agl.emit_reward`` lands in it) with
-    ``llm_for(rollout_id)`` as its model endpoint.
+    ``llm_for(rollout_id)`` as its model endpoint, in a daemon thread of its own.
+
+    A rollout past ``timeout`` seconds is marked ``timeout`` and ``on_timeout(rollout_id)`` is
+    called (the trainer cancels its engine requests there); the others go on. An ``async`` agent
+    is cancelled (``CancelledError`` at its current ``await``) and its thread ends. A sync agent's
+    thread cannot be killed: it is left running as a daemon thread (it never keeps the process
+    from exiting), a free slot takes its place, its late result is ignored, and it is counted in
+    :func:`hung_threads`; past ``MAX_HUNG_THREADS`` of them, ``RuntimeError`` is raised.
     """
+    if len(hung_threads()) > MAX_HUNG_THREADS:
+        raise RuntimeError(
+            f"{len(hung_threads())} agent threads are still running after their rollouts timed out "
+            f"(at most {MAX_HUNG_THREADS}): the agent hangs; fix it (or give its blocking calls a timeout)"
+        )
     store = tracer.store
     started = [store.start_rollout(s.task, mode=s.mode, metadata=s.metadata) for s in specs]
     results: list[RolloutResult | None] = [None] * len(specs)
     began: dict[int, float] = {}
+    cancel_async: dict[int, Callable[[], None]] = {}
+    threads: dict[int, threading.Thread] = {}
+    done_q: queue.Queue[tuple[int, RolloutResult]] = queue.Queue()
 
-    def one(i: int) -> RolloutResult:
+    def one(i: int) -> None:
         spec, rid = specs[i], started[i].rollout_id
-        began[i] = time.monotonic()
         t0 = time.perf_counter()
         status, reward, error = "succeeded", None, None
         try:
             with tracer.rollout(rollout_id=rid) as ro:
-                value = _call_agent(agent, spec.task, llm_for(rid), spec.mode)
+                value = _call_agent(
+                    agent, spec.task, llm_for(rid), spec.mode, lambda c: cancel_async.__setitem__(i, c)
+                )
                 if value is not None:
                     ro.reward(check_reward(value, "the agent's returned reward"))  # type: ignore[arg-type]
             reward = store.get_rollout(rid).reward  # type: ignore[union-attr]
         except BaseException as exc:  # the tracer marked the rollout failed/timeout already
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            status = "timeout" if isinstance(exc, TimeoutError) else "failed"
+            status = "timeout" if isinstance(exc, (TimeoutError, asyncio.CancelledError)) else "failed"
             error = f"{type(exc).__name__}: {exc}"
-            logger.warning("rollout %s %s: %s", rid, status, error)
-        return RolloutResult(rid, spec, status, reward, error, time.perf_counter() - t0)
+            if not isinstance(exc, asyncio.CancelledError):
+                logger.warning("rollout %s %s: %s", rid, status, error)
+        done_q.put((i, RolloutResult(rid, spec, status, reward, error, time.perf_counter() - t0)))
 
-    pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=max(1, concurrency), thread_name_prefix="agl-rollout"
-    )
-    try:
-        futures = {pool.submit(contextvars.copy_context().run, one, i): i for i in range(len(specs))}
-        pending = set(futures)
-        while pending:
-            done, _ = concurrent.futures.wait(
-                pending,
-                timeout=None if timeout is None else 0.25,
-                return_when=concurrent.futures.FIRST_COMPLETED,
-            )
-            finished = [(futures[f], f.result()) for f in done]
-            pending -= done
-            if timeout is not None:  # a thread cannot be killed: mark its rollout and move on
-                now = time.monotonic()
-                for fut in list(pending):
-                    i = futures[fut]
-                    t0 = began.get(i)
-                    if t0 is not None and now - t0 > timeout:
-                        pending.discard(fut)
-                        rid = started[i].rollout_id
-                        msg = f"TimeoutError: no result within {timeout} s"
-                        store.finish_rollout(rid, status="timeout", error=msg, only_if_running=True)
-                        finished.append((i, RolloutResult(rid, specs[i], "timeout", None, msg, now - t0)))
-            for i, res in finished:
-                results[i] = res
-                if on_done is not None:
-                    on_done(res)
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    ctx = contextvars.copy_context()
+    waiting = list(range(len(specs)))
+    waiting.reverse()
+    running: set[int] = set()
+    finished = 0
+    while finished < len(specs):
+        while waiting and len(running) < max(1, concurrency):
+            i = waiting.pop()
+            began[i] = time.monotonic()
+            t = threading.Thread(target=ctx.copy().run, args=(one, i), name=f"agl-rollout-{i}", daemon=True)
+            threads[i] = t
+            running.add(i)
+            t.start()
+        try:
+            item: tuple[int, RolloutResult] | None = done_q.get(timeout=None if timeout is None else 0.1)
+        except queue.Empty:
+            item = None
+        ready = [item] if item is not None else []
+        if item is not None:
+            running.discard(item[0])
+        if timeout is not None:
+            now = time.monotonic()
+            for i in list(running):
+                if now - began[i] > timeout:
+                    rid = started[i].rollout_id
+                    msg = f"TimeoutError: no result within {timeout} s"
+                    store.finish_rollout(rid, status="timeout", error=msg, only_if_running=True)
+                    ready.append((i, RolloutResult(rid, specs[i], "timeout", None, msg, now - began[i])))
+                    running.discard(i)
+                    _give_up(i, rid, threads[i], cancel_async.get(i), on_timeout)
+        for i, res in ready:
+            if results[i] is not None:
+                continue  # a timed-out rollout's late result: ignored
+            running.discard(i)
+            results[i] = res
+            finished += 1
+            if on_done is not None:
+                on_done(res)
     return [r for r in results if r is not None]
+
+
+def _give_up(
+    i: int,
+    rid: str,
+    thread: threading.Thread,
+    cancel: Callable[[], None] | None,
+    on_timeout: Callable[[str], None] | None,
+) -> None:
+    """A rollout timed out: cancel its engine requests, cancel an async agent, count a hung thread."""
+    if on_timeout is not None:
+        try:
+            on_timeout(rid)
+        except Exception:
+            logger.exception("rollout %s: cancelling its requests failed", rid)
+    if cancel is not None:
+        cancel()
+        thread.join(1.0)
+    if thread.is_alive():
+        with _hung_lock:
+            _hung.add(thread)
+        n = len(hung_threads())
+        logger.warning(
+            "rollout %s timed out; its agent thread is still running (a sync thread cannot be stopped): "
+            "%d such thread(s) in this process%s",
+            rid,
+            n,
+            " -- the agent hangs: give its blocking calls a timeout" if n > 1 else "",
+        )

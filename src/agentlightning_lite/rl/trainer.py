@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 
+from ..air import AIRRule, as_rules
 from ..credit import CreditRule
 from ..store.base import Store
+from ..store.recovery import INTERRUPTED, recover_interrupted
 from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from ..transitions import transitions
@@ -156,13 +158,16 @@ class Trainer:
             the ``X-Agl-Agent`` header) and records it in the span's ``adapter`` attribute. Not
             combined with ``lora=`` or ``agents=``.
         credit: credit rule over an episode's calls (default ``credit.FinalReward()``).
-        air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``).
+        air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``): one
+            rule or a list of them.
         output_dir: metrics, reward curve, checkpoints, the final adapter.
         batch_size: tasks per step (each run ``algorithm.group_size`` times).
         concurrency: rollouts run at once (threads); default: a whole step's rollouts
             (``batch_size * group_size``), so that the engine decodes a step's first turns as
             one batch (the trainer announces them with ``engine.expect(n)``).
-        rollout_timeout: seconds a rollout may take before it is marked ``timeout``.
+        rollout_timeout: seconds a rollout may take before it is marked ``timeout``; its engine
+            requests are then cancelled and an ``async`` agent is cancelled. A sync agent's thread
+            cannot be stopped: it is left running as a daemon thread (see ``rollouts.hung_threads``).
         failed_reward: what a failed or timed-out rollout counts for: ``"drop"`` (left out of the
             update) or a number (its calls are trained with that reward).
         success_threshold: a rollout succeeds when its reward is at least this.
@@ -220,7 +225,7 @@ class Trainer:
         store: Store | None = None,
         agents: Sequence[str] | None = None,
         credit: CreditRule | None = None,
-        air: Sequence[Any] | None = None,
+        air: AIRRule | Sequence[AIRRule] | None = None,
         output_dir: str | os.PathLike[str] = "runs/agl",
         batch_size: int = 8,
         concurrency: int | None = None,
@@ -275,7 +280,7 @@ class Trainer:
         self.tracer = Tracer(self.store)
         self.agents = list(agents) if agents is not None else None
         self.credit = credit
-        self.air = list(air) if air is not None else None
+        self.air = as_rules(air)
         self.batch_size = batch_size
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -452,7 +457,9 @@ class Trainer:
 
         ``agent`` is a function ``(task, llm) -> float | None`` (sync or async) or an
         ``agl.LitAgent``. With ``resume=True`` the newest checkpoint in ``output_dir`` is loaded
-        (adapter, optimiser, RNG, data position, step) and training continues from there.
+        (adapter, optimiser, RNG, data position, step) and training continues from there; rollouts
+        that a process which died left ``running`` in the store are first marked ``failed`` with
+        error ``"interrupted"`` (see :func:`agentlightning_lite.store.recovery.recover_interrupted`).
         Returns the final metrics (with the last validation scores when ``val_dataset`` is given).
         """
         if len(train_dataset) == 0:
@@ -460,6 +467,13 @@ class Trainer:
         per_epoch = math.ceil(len(train_dataset) / self.batch_size)
         total = steps if steps is not None else per_epoch * epochs
         if resume:
+            interrupted = recover_interrupted(self.store)
+            if interrupted:
+                logger.warning(
+                    "marked %d rollout(s) left running by a process that died as failed (%s)",
+                    len(interrupted),
+                    INTERRUPTED,
+                )
             ckpt = latest_checkpoint(self.output_dir / "checkpoints")
             if ckpt is None:
                 logger.warning(
@@ -622,6 +636,7 @@ class Trainer:
                 concurrency=self.concurrency,
                 timeout=self.rollout_timeout,
                 on_done=(lambda _r: bar.update(1)) if bar is not None else None,
+                on_timeout=lambda rid: self._server.cancel_rollout(rid),
             )
         finally:
             if bar is not None:

@@ -8,6 +8,7 @@ life cycle and the app.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import socket
@@ -110,6 +111,9 @@ class PolicyServer:
         self.log_level = log_level
         self.max_body_bytes = int(max_body_bytes)
         self._known_rollouts: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self._inflight: dict[str, set[concurrent.futures.Future[Any]]] = {}  # rollout id -> engine futures
+        self._cancelled: set[str] = set()  # rollouts whose requests are refused (cancel_rollout)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -251,6 +255,35 @@ class PolicyServer:
             rollout_id=rollout_id,
             agent=agent,
         )
+
+    def cancel_rollout(self, rollout_id: str) -> int:
+        """Cancel the engine requests of ``rollout_id`` in flight now (its rollout timed out).
+
+        Requests still queued are dropped and those decoding stop at their next step (``HFEngine``);
+        their clients get a 409 ``rollout_cancelled``, and so do later requests of the rollout.
+        Returns how many requests were cancelled.
+        """
+        with self._inflight_lock:
+            self._cancelled.add(rollout_id)
+            futures = list(self._inflight.get(rollout_id, ()))
+        return sum(1 for f in futures if self.engine.cancel(f))
+
+    def _track(self, rollout_id: str | None, futures: list[Any], add: bool) -> bool:
+        """Register (or forget) a rollout's engine futures; ``False`` when the rollout was cancelled."""
+        if rollout_id is None:
+            return True
+        with self._inflight_lock:
+            if add:
+                if rollout_id in self._cancelled:
+                    return False
+                self._inflight.setdefault(rollout_id, set()).update(futures)
+            else:
+                held = self._inflight.get(rollout_id)
+                if held is not None:
+                    held.difference_update(futures)
+                    if not held:
+                        del self._inflight[rollout_id]
+        return True
 
     # -- app ------------------------------------------------------------------------------
     def _handler(self, fn: Handler) -> Callable[[Request], Awaitable[Response]]:

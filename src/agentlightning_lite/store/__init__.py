@@ -3,6 +3,6 @@
 from ..ids import new_rollout_id
 from .base import Store
 from .memory import MemoryStore
-from .sqlite import NotOurDatabase, SQLiteStore
+from .sqlite import NotOurDatabase, SQLiteStore, StoreFullError
 
-__all__ = ["MemoryStore", "NotOurDatabase", "SQLiteStore", "Store", "new_rollout_id"]
+__all__ = ["MemoryStore", "NotOurDatabase", "SQLiteStore", "Store", "StoreFullError", "new_rollout_id"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import abc
+import functools
+import os
+import socket
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -10,6 +13,19 @@ from typing import Any
 from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
 from .rows import SpanRow, row_to_span
+
+#: the metadata key under which a rollout records the process that started it
+OWNER_KEY = "agl.owner"
+
+
+@functools.lru_cache(maxsize=1)
+def _host() -> str:
+    return socket.gethostname()
+
+
+def owner() -> dict[str, Any]:
+    """This process as a rollout's owner: ``{"pid": ..., "host": ...}``."""
+    return {"pid": os.getpid(), "host": _host()}
 
 
 class Store(abc.ABC):
@@ -26,7 +42,12 @@ class Store(abc.ABC):
         metadata: dict[str, Any] | None = None,
         rollout_id: str | None = None,
     ) -> Rollout:
-        """Create a ``running`` rollout for ``task`` and return it."""
+        """Create a ``running`` rollout for ``task`` and return it.
+
+        The process that starts it is recorded in ``metadata["agl.owner"]`` (pid and host name),
+        unless the metadata names an owner already: a rollout left ``running`` by a process that
+        died can then be told apart (see :mod:`agentlightning_lite.store.recovery`).
+        """
         if mode not in ROLLOUT_MODES:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         if rollout_id is not None and self.get_rollout(rollout_id) is not None:
@@ -37,7 +58,7 @@ class Store(abc.ABC):
             mode=mode,  # type: ignore[arg-type]
             status="running",
             start_time=time.time(),
-            metadata=metadata or {},
+            metadata={**(metadata or {}), OWNER_KEY: (metadata or {}).get(OWNER_KEY) or owner()},
         )
         self._insert_rollout(rollout)
         return rollout

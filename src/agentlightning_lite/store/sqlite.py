@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sqlite3
 import sys
@@ -18,6 +19,8 @@ from .._json import dumps, loads, utf8_safe
 from ..types import TRUSTED, Rollout, Span
 from .base import Store
 from .rows import SpanRow, floats_to_blob, ids_to_blob, row_to_span, span_to_row
+
+logger = logging.getLogger("agentlightning_lite.store")
 
 #: ``PRAGMA application_id`` of files written by this package ("AGLL").
 APPLICATION_ID = 0x41474C4C
@@ -94,6 +97,32 @@ def check_schema(conn: sqlite3.Connection, path: Any) -> None:
 def _text_columns(r: SpanRow) -> tuple[Any, ...]:
     """The row's first 14 columns, with text that SQLite's UTF-8 cannot hold escaped."""
     return tuple(utf8_safe(v) if type(v) is str else v for v in r[:14])
+
+
+class StoreFullError(sqlite3.OperationalError):
+    """A write to a :class:`SQLiteStore` failed: its disk is full, or its file reached a size limit.
+
+    What was committed before stays in the file. While the store is open, the writes that could not
+    be committed are kept in memory and retried on the next flush (new writes are refused until one
+    succeeds); on ``close()`` they are lost, and the message says how many.
+    """
+
+
+_SQLITE_FULL, _SQLITE_IOERR = 13, 10
+
+
+def _is_full(exc: BaseException) -> str | None:
+    """What went wrong when ``exc`` means the file could not grow (full disk, size limit), else None."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF
+    text = str(exc)
+    if primary == _SQLITE_FULL or "disk is full" in text:
+        return "the disk is full, or the file reached its size limit"
+    if primary == _SQLITE_IOERR or "disk I/O error" in text:
+        return "a disk I/O error: is the disk full, or the file over a size limit?"
+    return None
 
 
 if sys.byteorder == "little":
@@ -211,6 +240,7 @@ class SQLiteStore(Store):
         self._rows: list[SpanRow] = []
         self._updates: list[tuple[Any, ...]] = []
         self._live: dict[str, Rollout] = {}  # rollouts started here and still running
+        self._error: BaseException | None = None  # the background flush's last failure
         self._open()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -247,7 +277,16 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA synchronous = NORMAL")  # durable across process crashes in WAL mode
         conn.execute("PRAGMA cache_size = -16384")  # 16 MiB of page cache for batched writes
         if app_id == 0:
-            self._transaction(conn, lambda c: self._create_schema(c))
+            try:
+                self._transaction(conn, lambda c: self._create_schema(c))
+            except sqlite3.Error as exc:
+                conn.close()
+                full = _is_full(exc)
+                if full is None:
+                    raise
+                raise StoreFullError(
+                    f"cannot create a store in {self.path}: {full} (sqlite3: {exc})"
+                ) from exc
         self._conn = conn
 
     @staticmethod
@@ -281,10 +320,15 @@ class SQLiteStore(Store):
                 raise
             try:
                 fn(conn)
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                # SQLite may have rolled back already (a full disk does): keep the original error
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
                 raise
-            conn.execute("COMMIT")
             return
 
     def _start_flusher(self) -> None:
@@ -300,8 +344,10 @@ class SQLiteStore(Store):
                     return
                 try:
                     store.flush()
-                except Exception:  # kept queued; the next flush, a read or close() raises it
-                    pass
+                except Exception as exc:  # kept queued; the next write, flush, read or close() raises it
+                    if store._error is None:
+                        logger.error("%s", exc)
+                    store._error = exc
                 del store
 
         self._flusher = threading.Thread(target=loop, name="agl-sqlite-writer", daemon=True)
@@ -321,6 +367,7 @@ class SQLiteStore(Store):
                 inserts, spans, updates = self._inserts, self._rows, self._updates
                 self._inserts, self._rows, self._updates = [], [], []
             if not (inserts or spans or updates):
+                self._error = None
                 return
 
             inserts, updates = _merge_updates(inserts, updates)
@@ -335,10 +382,20 @@ class SQLiteStore(Store):
 
             try:
                 self._transaction(conn, tx)
-            except BaseException:
+            except BaseException as exc:
                 with self._lock:  # nothing is lost: the batch goes back to the front of the queues
                     self._inserts[:0], self._rows[:0], self._updates[:0] = inserts, spans, updates
-                raise
+                    pending = len(self._inserts) + len(self._rows) + len(self._updates)
+                full = _is_full(exc)
+                if full is None:
+                    raise
+                raise StoreFullError(
+                    f"cannot write to {self.path}: {full} (sqlite3: {exc}); "
+                    f"what was committed before is kept; {pending} write(s) not committed are kept in "
+                    "memory and retried on the next flush "
+                    "(free some space, or close() to give them up)"
+                ) from exc
+            self._error = None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -346,6 +403,8 @@ class SQLiteStore(Store):
         if self._forked:
             with self._wlock:
                 self._connection()
+        if self._error is not None:  # the background flush failed: retry now, refuse the write if it fails
+            self.flush()
 
     def add_spans(self, spans: Iterable[Span]) -> None:
         self._add_rows([span_to_row(s) for s in spans])
@@ -426,6 +485,15 @@ class SQLiteStore(Store):
             try:
                 if not self._forked:
                     self.flush()
+            except StoreFullError as exc:
+                with self._lock:
+                    lost = len(self._inserts) + len(self._rows) + len(self._updates)
+                    self._inserts, self._rows, self._updates = [], [], []
+                reason = _is_full(exc.__cause__ or exc) or "it is full"
+                raise StoreFullError(
+                    f"cannot write to {self.path}: {reason} (sqlite3: {exc.__cause__}); "
+                    f"what was committed before is kept; closing it lost {lost} write(s) not committed"
+                ) from exc.__cause__
             finally:
                 self._closed = True
                 if self._conn is not None and not self._forked:  # a child never touches the parent's
@@ -456,5 +524,5 @@ def _flush_all_at_exit() -> None:
     for store in list(_open_stores):
         try:
             store.close()
-        except Exception:  # the interpreter is exiting; nothing left to report to
-            pass
+        except Exception as exc:  # the interpreter is exiting: say what was lost, on stderr
+            print(f"agentlightning_lite: {exc}", file=sys.stderr, flush=True)

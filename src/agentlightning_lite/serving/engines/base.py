@@ -58,8 +58,8 @@ class GenResult:
     reply is included; text cut at a stop string keeps the tokens that were sampled);
     ``logprobs[i]`` is the log-probability of ``token_ids[i]``; ``text`` is the decoded reply
     without special tokens and without a matched stop string. ``finish_reason`` is
-    ``"stop"`` (EOS or stop string) or ``"length"``. ``adapter`` is the LoRA adapter that
-    generated it (``None``: the base model).
+    ``"stop"`` (EOS or stop string), ``"length"``, or ``"abort"`` (stopped by ``Engine.cancel``).
+    ``adapter`` is the LoRA adapter that generated it (``None``: the base model).
 
     >>> r = GenResult(prompt_token_ids=[1], token_ids=[5, 2], logprobs=[-0.1, -0.2], text="hi",
     ...               finish_reason="stop")
@@ -113,6 +113,7 @@ class Engine(abc.ABC):
             "prompt_tokens": 0,
             "generated_tokens": 0,
             "busy_s": 0.0,
+            "aborted": 0,
         }
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
@@ -172,6 +173,15 @@ class Engine(abc.ABC):
                         max_workers=4, thread_name_prefix=f"agl-{type(self).__name__}"
                     )
         return self._executor.submit(lambda: self.generate([request])[0])
+
+    def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool:
+        """Give up a request made with :meth:`submit` (its client is gone, or its rollout timed out).
+
+        A request still waiting is dropped. One already generating stops at its next decoding step
+        in engines that support it (``HFEngine``): its future then gets the tokens so far, with
+        ``finish_reason="abort"``. Returns whether the request was dropped or marked to stop.
+        """
+        return future.cancel()
 
     # -- adapters -------------------------------------------------------------------------
     @property
@@ -239,11 +249,13 @@ class Engine(abc.ABC):
             s["prompt_tokens"] += sum(len(r.prompt_token_ids) for r in requests)
             s["generated_tokens"] += sum(r.num_tokens for r in results)
             s["busy_s"] += busy
+            s["aborted"] += sum(r.finish_reason == "abort" for r in results)
 
     @property
     def stats(self) -> dict[str, Any]:
         """Counters: ``requests``, ``batches``, ``max_batch_size``, ``batch_sizes`` (size -> count),
-        ``prompt_tokens``, ``generated_tokens``, ``busy_s`` (seconds spent generating)."""
+        ``prompt_tokens``, ``generated_tokens``, ``busy_s`` (seconds spent generating), ``aborted``
+        (requests stopped mid-generation by :meth:`cancel`)."""
         with self._stats_lock:
             out = dict(self._stats)
             out["batch_sizes"] = dict(self._stats["batch_sizes"])
@@ -302,10 +314,31 @@ class BatchingEngine(Engine):
         self._queue: queue.Queue[Any] = queue.Queue()
         self._loop_thread: threading.Thread | None = None
         self._loop_lock = threading.Lock()
+        self._abort_lock = threading.Lock()
+        self._aborted: set[int] = set()  # id()s of running requests to stop at the next step
+        self._running: dict[int, GenRequest] = {}  # id(future) -> its request, while in a batch
 
     @abc.abstractmethod
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        """Generate for one batch (called from the batching loop only)."""
+        """Generate for one batch (called from the batching loop only).
+
+        A subclass that decodes step by step calls :meth:`_should_abort` for each unfinished row
+        and stops that row (``finish_reason="abort"``) when it says so.
+        """
+
+    def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool:
+        if future.cancel():
+            return True
+        with self._abort_lock:
+            request = self._running.get(id(future))
+            if request is None or future.done():
+                return False
+            self._aborted.add(id(request))
+            return True
+
+    def _should_abort(self, request: GenRequest) -> bool:
+        """Whether :meth:`cancel` asked a running request to stop (cheap: call it every step)."""
+        return bool(self._aborted) and id(request) in self._aborted
 
     def expect(self, n: int, wait_s: float = 2.0) -> None:
         """Announce that ``n`` requests are about to arrive together (``n`` agents starting).
@@ -388,6 +421,8 @@ class BatchingEngine(Engine):
             if not live:
                 continue
             requests = [r for r, _ in live]
+            with self._abort_lock:
+                self._running.update((id(f), r) for r, f in live)
             t0 = time.perf_counter()
             try:
                 results = self._generate_batch(requests)
@@ -396,10 +431,18 @@ class BatchingEngine(Engine):
             except BaseException as exc:  # every waiting caller gets the error; the loop goes on
                 for _, f in live:
                     f.set_exception(exc)
+                self._forget(live)
                 continue
             self._record_batch(requests, results, time.perf_counter() - t0)
             for (_, f), res in zip(live, results, strict=True):
                 f.set_result(res)
+            self._forget(live)
+
+    def _forget(self, live: list[tuple[GenRequest, concurrent.futures.Future[GenResult]]]) -> None:
+        with self._abort_lock:
+            for r, f in live:
+                self._running.pop(id(f), None)
+                self._aborted.discard(id(r))
 
     def close(self) -> None:
         if self._closed:

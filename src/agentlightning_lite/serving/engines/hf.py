@@ -400,6 +400,8 @@ class HFEngine(BatchingEngine):
             step_tokens = []
             batch_tok, batch_lp = self._sample_rows(logits, temps, greedy) if any(fast) else (None, None)
             for i, r in enumerate(requests):
+                if not done[i] and self._should_abort(r):  # cancelled: its client is gone
+                    done[i], finish[i] = True, "abort"
                 if done[i]:
                     step_tokens.append(self.pad_token_id)
                     continue

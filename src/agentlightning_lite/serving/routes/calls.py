@@ -212,19 +212,64 @@ def gen_requests(
     ]
 
 
-async def generate(server: PolicyServer, requests: list[GenRequest]) -> list[GenResult]:
+async def generate(
+    server: PolicyServer,
+    requests: list[GenRequest],
+    rollout_id: str | None = None,
+    request: Request | None = None,
+) -> list[GenResult]:
     """Submit the requests to the engine and wait for all of them.
 
-    If the client goes away (the request task is cancelled), the requests still queued are
-    cancelled too, so they do not hold a slot in the engine's batch.
+    If the client goes away (it disconnects while waiting, when ``request`` is given, or the request
+    task is cancelled), the requests are cancelled in the engine: those still queued are dropped and
+    those decoding stop at their next step, so they do not hold a slot in the engine's batch. The
+    requests of ``rollout_id`` are also cancelled by ``server.cancel_rollout`` (a 409 then).
     """
-    futures = [server.engine.submit(r) for r in requests]
-    try:
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
-    except asyncio.CancelledError:
+    engine = server.engine
+    if rollout_id is not None and rollout_id in server._cancelled:
+        raise _cancelled(rollout_id)
+    futures = [engine.submit(r) for r in requests]
+    if not server._track(rollout_id, futures, add=True):  # cancelled meanwhile
         for f in futures:
-            f.cancel()
-        raise
+            engine.cancel(f)
+        raise _cancelled(rollout_id)
+    waiting = asyncio.ensure_future(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+    waiting.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if abandoned
+    watch = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+    try:
+        if watch is not None:
+            await asyncio.wait({waiting, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():  # the client is gone
+                raise APIError(499, "The client closed the request.", code="client_closed_request")
+        return list(await waiting)
+    except asyncio.CancelledError:
+        if not any(f.cancelled() for f in futures):
+            raise  # this request's own task is being cancelled: the finally cancels the engine work
+        raise _cancelled(rollout_id) from None
+    finally:
+        server._track(rollout_id, futures, add=False)
+        if not waiting.done():
+            for f in futures:
+                engine.cancel(f)
+            waiting.cancel()
+        if watch is not None:
+            watch.cancel()
+
+
+def _cancelled(rollout_id: str | None) -> APIError:
+    return APIError(
+        409,
+        f"The requests of rollout {rollout_id!r} were cancelled (the rollout timed out or was stopped).",
+        code="rollout_cancelled",
+    )
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client disconnects (the body has been read: only a disconnect is left)."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
 
 
 def record(server: PolicyServer, call: Call, task: Any, spans: list[Span], failed: bool) -> None:

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ..chat import ChatFormatError, parse_tool_calls, select_tools
 from ..engines.base import GenResult
-from ..errors import JSONResponse, bad_request
+from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params, parse_params
 from .calls import (
     budget,
@@ -73,7 +73,9 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         agent=call.agent,
     )
     try:
-        results = await generate(server, reqs)
+        results = await generate(server, reqs, call.rollout_id, request)
+    except APIError:
+        raise
     except Exception as exc:
         raise await engine_failed(
             server, call, "chat.completions", start, messages, attrs, prompt_ids, task, exc

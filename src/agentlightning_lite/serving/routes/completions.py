@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..engines.base import GenRequest, GenResult
-from ..errors import JSONResponse, bad_request
+from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params, parse_params, parse_prompts
 from .calls import (
     budget,
@@ -55,7 +55,9 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     inputs = [text if text is not None else {"prompt_token_ids": ids} for text, ids in encoded]
     task = inputs[0] if len(inputs) == 1 else inputs
     try:
-        results = await generate(server, reqs)
+        results = await generate(server, reqs, call.rollout_id, request)
+    except APIError:
+        raise
     except Exception as exc:
         raise await engine_failed(
             server, call, "completions", start, task, attrs | {"params": p.record()}, encoded[0][1], task, exc
