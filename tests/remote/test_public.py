@@ -39,3 +39,16 @@ def test_cli_runner_parses() -> None:
 
     args = build_parser().parse_args(["runner", "m:agent", "--server", "http://h:1", "--workers", "3"])
     assert (args.command, args.agent, args.server, args.workers) == ("runner", "m:agent", "http://h:1", 3)
+
+
+def test_cli_train_runners_takes_host_and_port(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from agentlightning_lite.cli import build_parser, main
+
+    args = build_parser().parse_args(["train", "m:agent", "--runners", "0.0.0.0:8765", "--api-key", "k"])
+    assert (args.runners, args.api_key) == ("0.0.0.0:8765", "k")
+    agent = tmp_path / "a.py"
+    agent.write_text("def agent(task, llm):\n    return 1.0\n")
+    data = tmp_path / "t.jsonl"
+    data.write_text('{"q": 1}\n')
+    assert main(["train", f"{agent}:agent", "--data", str(data), "--runners", "somewhere"]) == 2
+    assert "--runners takes [HOST:]PORT" in capsys.readouterr().err

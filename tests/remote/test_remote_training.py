@@ -1,4 +1,4 @@
-"""End to end: a trainer process and two ``agl-lite runner`` processes train an agent for 2 steps.
+"""End to end: ``agl-lite train --runners`` and two ``agl-lite runner`` processes train an agent, 2 steps.
 
 Real processes, real HTTP on 127.0.0.1, the embedded model: every rollout ends up in the trainer's
 store with token-level transitions, and the LoRA weights are updated twice.
@@ -24,30 +24,6 @@ pytestmark = pytest.mark.slow
 
 KEY = "test-key"
 
-TRAINER = """
-import json, logging, sys
-import agentlightning_lite as agl
-
-logging.basicConfig(level=logging.WARNING)
-port, out = int(sys.argv[1]), sys.argv[2]
-tasks = [{"q": f"Say something about the number {i}."} for i in range(4)]
-trainer = agl.Trainer(
-    model="smollm2-135m",
-    engine="hf",
-    engine_options={"num_threads": 1},
-    algorithm=agl.GRPO(group_size=2, lr=5e-3),
-    lora=agl.LoRA(r=4, alpha=8),
-    batch_size=2,
-    output_dir=out,
-    loggers=[],
-    runners=agl.RemoteRunners(port=port, api_key="test-key", lease_timeout=20.0),
-)
-metrics = trainer.fit("chatty", tasks, steps=2)
-print(json.dumps({"step": trainer.step, "version": trainer.engine.version,
-                  "rollouts": metrics.get("train/rollouts"), "samples": metrics.get("train/samples")}))
-trainer.close()
-"""
-
 AGENT = '''
 def agent(task, llm):
     """Rewards longer, more varied replies: a reward with spread, so GRPO has a gradient."""
@@ -65,8 +41,11 @@ def free_port() -> int:
 
 
 def test_two_cli_runners_train_an_agent_in_another_process(tmp_path: Path) -> None:
-    (tmp_path / "trainer.py").write_text(textwrap.dedent(TRAINER))
     (tmp_path / "chatty.py").write_text(textwrap.dedent(AGENT))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"q": f"Say something about the number {i}."}) + "\n" for i in range(4))
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # the runners start first: they wait for the trainer and connect when it is up
@@ -77,21 +56,19 @@ def test_two_cli_runners_train_an_agent_in_another_process(tmp_path: Path) -> No
         for i in range(2)
     ]
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    trainer = [sys.executable, "-m", "agentlightning_lite.cli", "train", f"{tmp_path / 'chatty.py'}:agent",
+               "--data", str(tasks), "--steps", "2", "--batch-size", "2", "--group-size", "2", "--lr", "5e-3",
+               "--lora-r", "4", "--engine", "hf", "--runners", f"127.0.0.1:{port}", "--api-key", KEY,
+               "--output-dir", str(tmp_path / "out"), "--json"]  # fmt: skip
     try:
-        proc = subprocess.run(
-            [sys.executable, str(tmp_path / "trainer.py"), str(port), str(tmp_path / "out")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        proc = subprocess.run(trainer, env=env, capture_output=True, text=True, timeout=300)
     finally:
         for r in runners:
             r.terminate()
         logs = [r.communicate(timeout=30)[0] for r in runners]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["step"] == 2 and result["rollouts"] == 4.0 and result["version"] >= 2
+    result = json.loads(proc.stdout)
+    assert result["steps"] == 2 and result["last_metrics"]["train/rollouts"] == 4.0
     assert all(r.returncode == 0 for r in runners), logs
     with agl.SQLiteStore(tmp_path / "out" / "runs.db") as store:
         ros = store.rollouts(mode="train")

@@ -73,6 +73,18 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0 = never)")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     train.add_argument("--no-baseline", action="store_true", help="skip the evaluation before training")
+    train.add_argument(
+        "--runners",
+        default=None,
+        metavar="[HOST:]PORT",
+        help="queue rollouts for remote runners (agl-lite runner ... --server http://HOST:PORT) instead of "
+        "running the agent in this process; HOST defaults to 127.0.0.1",
+    )
+    train.add_argument(
+        "--api-key",
+        default=os.environ.get("AGL_API_KEY"),
+        help="with --runners: the key runners must send (default: $AGL_API_KEY, else none)",
+    )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--output-dir", default="runs/agl", help="runs.db, metrics, curve, adapter")
     train.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -182,8 +194,18 @@ def train(args: argparse.Namespace) -> int:
         f"training {args.agent} on {len(tasks)} tasks: {args.model}, {args.algorithm.upper()}, "
         f"group {args.group_size}, batch {args.batch_size}, lr {args.lr:g}, output in {args.output_dir}"
     )
+    runners = None
+    if args.runners is not None:
+        host, _, port = args.runners.rpartition(":")
+        if not port.isdigit():
+            raise CLIError(f"--runners takes [HOST:]PORT, got {args.runners!r}", EXIT_USAGE)
+        runners = agl.RemoteRunners(
+            host=host.strip("[]") or "127.0.0.1", port=int(port), api_key=args.api_key
+        )
+        _err(f"rollouts are queued for runners: agl-lite runner {args.agent} --server http://{args.runners}")
     t0 = time.time()
     trainer = agl.Trainer(
+        runners=runners,
         model=args.model,
         algorithm=algo_cls(group_size=args.group_size, lr=args.lr),
         lora=agl.LoRA(r=args.lora_r, alpha=2 * args.lora_r, load_in_4bit=args.qlora),
