@@ -298,6 +298,9 @@ def run_grpo(size: str, settings: Settings, checkpointing: bool) -> dict[str, An
                 lr=1e-5,
                 kl_coef=0.0,
                 micro_batch_size=settings.micro_batch,
+                # micro-batches of exactly micro_batch sequences (as TRL's per-device batch), not fewer
+                # by the default token bound
+                micro_batch_tokens=settings.micro_batch * (settings.prompt_tokens + settings.max_tokens + 64),
                 loss_agg="token-mean",
             ),
             batch_size=settings.tasks,
