@@ -325,7 +325,7 @@ class HFEngine(BatchingEngine):
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         import torch
 
-        with self.lock, torch.inference_mode():
+        with self.lock, torch.inference_mode(), self._autocast():
             was_training = self.model.training
             if was_training:
                 self.model.eval()
@@ -347,6 +347,15 @@ class HFEngine(BatchingEngine):
             finally:
                 if was_training:
                     self.model.train()
+
+    def _autocast(self) -> Any:
+        """bf16 autocast on CUDA with bf16 weights, as the trainer's forward pass uses: the fp32 LoRA weights
+        (and, with QLoRA, the fp32 norms) then compute in the same precision as the recomputed logprobs."""
+        import torch
+
+        if self.device.type == "cuda" and self.dtype == torch.bfloat16:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _sample(self, logits: Any, req: GenRequest, gen: Any) -> tuple[Any, Any, tuple[Any, Any] | None]:
         """Pick the next token for one row: its id and logprob as 0-d tensors on the model's device,
