@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import sys
 import types
 from collections.abc import Iterator
@@ -38,9 +39,15 @@ class _Logprob:
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     calls: list[dict[str, Any]] = []
 
+    class RequestOutputKind(enum.Enum):
+        CUMULATIVE = 0
+        DELTA = 1
+        FINAL_ONLY = 2
+
     class SamplingParams:
         def __init__(self, **kw: Any) -> None:
             self.kw = kw
+            self.output_kind = RequestOutputKind.CUMULATIVE
 
     class LoRARequest:
         def __init__(self, lora_name: str, lora_int_id: int, lora_path: str) -> None:
@@ -76,7 +83,8 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     class AsyncLLMEngine:
         """vLLM's async engine API (0.8-0.11): ``generate(prompt, sampling_params, request_id,
         lora_request=...)`` is an async generator of cumulative ``RequestOutput``s, one per engine step;
-        ``abort(request_id)``; ``get_tokenizer()`` (a coroutine); ``remove_lora(id)``; ``shutdown()``.
+        ``SamplingParams.output_kind`` (``FINAL_ONLY``: only the last); ``abort(request_id)``;
+        ``get_tokenizer()`` (a coroutine); ``remove_lora(id)``; ``shutdown()``.
 
         Each step takes ``step_s`` seconds of the event loop; requests decode concurrently, as vLLM's
         scheduler interleaves them. ``events`` records (``"start"``/``"token"``/``"finish"``/``"abort"``,
@@ -127,7 +135,8 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
                     finish_reason=finish,
                     stop_reason=None,
                 )
-                yield types.SimpleNamespace(request_id=request_id, outputs=[comp], finished=last)
+                if last or sampling_params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                    yield types.SimpleNamespace(request_id=request_id, outputs=[comp], finished=last)
             self.events.append(("finish", request_id))
 
         async def abort(self, request_id: str) -> None:
@@ -145,6 +154,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     vllm = types.ModuleType("vllm")
     vllm.LLM, vllm.SamplingParams = LLM, SamplingParams  # type: ignore[attr-defined]
     vllm.AsyncLLMEngine, vllm.AsyncEngineArgs = AsyncLLMEngine, AsyncEngineArgs  # type: ignore[attr-defined]
+    vllm.sampling_params = types.SimpleNamespace(RequestOutputKind=RequestOutputKind)  # type: ignore[attr-defined]
     lora_mod = types.ModuleType("vllm.lora")
     req_mod = types.ModuleType("vllm.lora.request")
     req_mod.LoRARequest = LoRARequest  # type: ignore[attr-defined]

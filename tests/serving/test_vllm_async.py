@@ -57,6 +57,7 @@ def test_a_request_joins_while_another_is_decoding(fake_vllm: Any, tmp_path: Pat
     sent = [c for c in fake_vllm.calls if "id" in c]
     assert sent[0]["prompt"] == {"prompt_token_ids": [1, 2]} and sent[0]["lora"].lora_int_id == 1
     assert sent[0]["params"].kw["logprobs"] == 0 and sent[0]["params"].kw["max_tokens"] == 40
+    assert sent[0]["params"].output_kind.name == "FINAL_ONLY"  # one output per request, not one per step
     engine.close()
     assert fake_vllm.shutdowns == 1
 

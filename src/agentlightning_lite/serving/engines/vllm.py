@@ -173,7 +173,10 @@ class VLLMEngine(BatchingEngine):
             return int(given)
         try:
             if self.async_engine is not None:
-                return int(self.async_engine.model_config.max_model_len)
+                config = getattr(self.async_engine, "model_config", None)  # V1 AsyncLLM
+                if config is None:  # the V0 AsyncLLMEngine wraps an LLMEngine
+                    config = self.async_engine.engine.model_config
+                return int(config.max_model_len)
             return int(self.llm.llm_engine.model_config.max_model_len)
         except AttributeError:
             return 8192
@@ -181,6 +184,9 @@ class VLLMEngine(BatchingEngine):
     # -- the async engine -----------------------------------------------------------------
     def _start_async(self, vllm: Any, target: str, kwargs: dict[str, Any]) -> None:
         """Build ``vllm.AsyncLLMEngine`` on an event loop of its own (a daemon thread)."""
+        # only the final output of each request (not one cumulative copy per step) where vLLM offers it
+        kinds = getattr(getattr(vllm, "sampling_params", None), "RequestOutputKind", None)
+        self._final_only = getattr(kinds, "FINAL_ONLY", None)
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="agl-vllm-async", daemon=True)
         thread.start()
@@ -239,10 +245,13 @@ class VLLMEngine(BatchingEngine):
         request_id = f"{req.request_id or 'agl'}-{uuid.uuid4().hex[:12]}"
         t0 = time.perf_counter()
         final = None
+        params = self.sampling_params(req)
+        if self._final_only is not None:
+            params.output_kind = self._final_only
         try:
             async for output in self.async_engine.generate(
                 {"prompt_token_ids": list(req.prompt_token_ids)},
-                self.sampling_params(req),
+                params,
                 request_id,
                 lora_request=lora,
             ):
