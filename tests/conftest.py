@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import sys
 import time
 import types
@@ -39,9 +40,15 @@ class _Logprob:
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     calls: list[dict[str, Any]] = []
 
+    class RequestOutputKind(enum.Enum):
+        CUMULATIVE = 0
+        DELTA = 1
+        FINAL_ONLY = 2
+
     class SamplingParams:
         def __init__(self, **kw: Any) -> None:
             self.kw = kw
+            self.output_kind = RequestOutputKind.CUMULATIVE
 
     class LoRARequest:
         def __init__(self, lora_name: str, lora_int_id: int, lora_path: str) -> None:
@@ -70,15 +77,92 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
                 outs.append(types.SimpleNamespace(outputs=[comp]))
             return outs
 
+    class AsyncEngineArgs:
+        def __init__(self, model: str, **kw: Any) -> None:
+            self.model, self.kw = model, kw
+
+    class AsyncLLMEngine:
+        """vLLM's async engine API (0.8-0.11): ``generate(prompt, sampling_params, request_id,
+        lora_request=...)`` is an async generator of cumulative ``RequestOutput``s, one per engine step;
+        ``SamplingParams.output_kind`` (``FINAL_ONLY``: only the last); ``abort(request_id)``;
+        ``get_tokenizer()`` (a coroutine); ``remove_lora(id)``; ``shutdown()``.
+
+        Each step takes ``step_s`` seconds of the event loop; requests decode concurrently, as vLLM's
+        scheduler interleaves them. ``events`` records (``"start"``/``"token"``/``"finish"``/``"abort"``,
+        request_id) in order."""
+
+        step_s = 0.01
+        reply = (104, 105, 257)  # "hi" then <|im_end|>, as the sync stand-in
+
+        def __init__(self, args: AsyncEngineArgs) -> None:
+            self.args, self.model, self.kw = args, args.model, args.kw
+            self.model_config = types.SimpleNamespace(max_model_len=args.kw.get("max_model_len", 4096))
+            self.events: list[tuple[str, str]] = []
+            self.removed: list[int] = []
+
+        @classmethod
+        def from_engine_args(cls, engine_args: AsyncEngineArgs) -> AsyncLLMEngine:
+            engine = cls(engine_args)
+            state.async_engines.append(engine)
+            return engine
+
+        async def get_tokenizer(self, lora_request: Any = None) -> Any:
+            return ByteTokenizer()
+
+        async def generate(
+            self, prompt: Any, sampling_params: Any, request_id: str, lora_request: Any = None
+        ) -> Any:
+            import asyncio
+
+            calls.append(
+                {"prompt": prompt, "params": sampling_params, "lora": lora_request, "id": request_id}
+            )
+            self.events.append(("start", request_id))
+            kw = sampling_params.kw
+            n = kw["max_tokens"]
+            # up to 3 tokens: "hi<|im_end|>" cut by max_tokens; more: "hi" then "x"s to max_tokens (no EOS)
+            ids = list(self.reply[:n]) if n <= len(self.reply) else [104, 105] + [120] * (n - 2)
+            lps: list[dict[int, _Logprob]] = []
+            for k, tok in enumerate(ids):
+                await asyncio.sleep(self.step_s)
+                lps.append({tok: _Logprob(-0.25 * (k + 1)), 1: _Logprob(-9.0)})
+                self.events.append(("token", request_id))
+                last = k == len(ids) - 1
+                finish = ("stop" if tok == 257 else "length") if last else None
+                comp = types.SimpleNamespace(
+                    text="hi" if k >= 1 else "h",
+                    token_ids=list(ids[: k + 1]),
+                    logprobs=list(lps),
+                    finish_reason=finish,
+                    stop_reason=None,
+                )
+                if last or sampling_params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                    yield types.SimpleNamespace(request_id=request_id, outputs=[comp], finished=last)
+            self.events.append(("finish", request_id))
+
+        async def abort(self, request_id: str) -> None:
+            self.events.append(("abort", request_id))
+
+        async def remove_lora(self, lora_id: int) -> bool:
+            self.removed.append(lora_id)
+            calls.append({"rm": lora_id})
+            return True
+
+        def shutdown(self) -> None:
+            state.shutdowns += 1
+
+    state = types.SimpleNamespace(calls=calls, async_engines=[], shutdowns=0, AsyncLLMEngine=AsyncLLMEngine)
     vllm = types.ModuleType("vllm")
     vllm.LLM, vllm.SamplingParams = LLM, SamplingParams  # type: ignore[attr-defined]
+    vllm.AsyncLLMEngine, vllm.AsyncEngineArgs = AsyncLLMEngine, AsyncEngineArgs  # type: ignore[attr-defined]
+    vllm.sampling_params = types.SimpleNamespace(RequestOutputKind=RequestOutputKind)  # type: ignore[attr-defined]
     lora_mod = types.ModuleType("vllm.lora")
     req_mod = types.ModuleType("vllm.lora.request")
     req_mod.LoRARequest = LoRARequest  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.lora", lora_mod)
     monkeypatch.setitem(sys.modules, "vllm.lora.request", req_mod)
-    return types.SimpleNamespace(calls=calls)
+    return state
 
 
 def tiny_hf_engine(step_delay_s: float = 0.0, no_eos: bool = False, **kw: Any) -> Any:

@@ -185,9 +185,10 @@ def test_vllm_engine_gets_the_training_copys_adapter(fake_vllm: Any, tmp_path: P
         output_dir=tmp_path,
         loggers=[],
     )
-    llm = trainer.engine.llm
-    assert llm.kw["enable_lora"] is True and llm.kw["max_lora_rank"] == 16
-    assert llm.kw["gpu_memory_utilization"] == 0.45 and llm.kw["max_model_len"] == 1024
+    kw = trainer.engine.llm_kwargs  # what vLLM's (async) engine was built with
+    assert trainer.engine.continuous_batching and fake_vllm.async_engines[0].kw == kw
+    assert kw["enable_lora"] is True and kw["max_lora_rank"] == 16
+    assert kw["gpu_memory_utilization"] == 0.45 and kw["max_model_len"] == 1024
     init = tmp_path / "adapter-init"
     assert (init / "adapter_config.json").is_file() and trainer.engine.lora_request.lora_path == str(init)
 

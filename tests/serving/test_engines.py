@@ -156,7 +156,9 @@ def _adapter(path: Path) -> str:
 def test_vllm_engine_maps_requests_and_hot_swaps_lora(fake_vllm: Any, tmp_path: Path):
     from agentlightning_lite.serving.engines import VLLMEngine
 
-    engine = VLLMEngine("smollm2-135m", lora=_adapter(tmp_path / "a0"), max_model_len=2048)
+    engine = VLLMEngine(
+        "smollm2-135m", lora=_adapter(tmp_path / "a0"), max_model_len=2048, continuous_batching=False
+    )
     assert engine.llm.model == "HuggingFaceTB/SmolLM2-135M-Instruct"  # vLLM gets the unquantised weights
     assert engine.llm.kw["enable_lora"] is True and engine.max_context == 2048
     req = GenRequest([1, 2, 3], max_tokens=5, temperature=0.5, top_p=0.8, stop=["\n"], seed=7, top_logprobs=2)
@@ -203,6 +205,7 @@ def test_vllm_engine_serves_one_lora_per_agent(fake_vllm: Any, tmp_path: Path):
         "smollm2-135m",
         adapters={"writer": _adapter(tmp_path / "w0"), "rewriter": _adapter(tmp_path / "r0")},
         routes={"writer": "writer", "rewriter": "rewriter", "checker": None},
+        continuous_batching=False,
     )
     assert engine.llm.kw["max_loras"] == 2 and engine.llm.kw["enable_lora"] is True
     assert engine.adapters == ["writer", "rewriter"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LoRA", "attach_lora", "check_4bit_available"]
+__all__ = ["LoRA", "attach_lora", "check_4bit_available", "prepare_4bit"]
 
 
 @dataclass
@@ -41,6 +41,23 @@ class LoRA:
         if not 0 <= self.dropout < 1:
             raise ValueError("dropout must be in [0, 1)")
 
+    def quantization_config(self, compute_dtype: Any = None) -> Any:
+        """The ``transformers.BitsAndBytesConfig`` that QLoRA loads the base model with: 4-bit NF4
+        weights, double quantisation, matmuls in ``compute_dtype`` (default bfloat16).
+
+        >>> agl.LoRA(load_in_4bit=True).quantization_config().bnb_4bit_quant_type  # doctest: +SKIP
+        'nf4'
+        """
+        import torch
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype or torch.bfloat16,
+        )
+
     def to_peft_config(self) -> Any:
         """The equivalent ``peft.LoraConfig``."""
         from peft import LoraConfig
@@ -55,26 +72,54 @@ class LoRA:
         )
 
 
-def check_4bit_available() -> None:
-    """Raise a clear error unless 4-bit QLoRA can run here (CUDA GPU and bitsandbytes)."""
+def check_4bit_available(device: Any = None) -> None:
+    """Raise a clear error unless 4-bit QLoRA can run here: a CUDA GPU, ``bitsandbytes``, and (when
+    given) ``device`` a CUDA device.
+
+    >>> import torch
+    >>> try:
+    ...     check_4bit_available("cpu")  # the weights would have to go to a CUDA device
+    ... except RuntimeError as exc:
+    ...     print("CUDA" in str(exc))
+    True
+    """
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError(
-            "LoRA(load_in_4bit=True) is QLoRA, which needs a CUDA GPU (bitsandbytes 4-bit kernels); "
-            "on a CPU use LoRA(load_in_4bit=False)"
+            "LoRA(load_in_4bit=True) is QLoRA, which needs a CUDA GPU (bitsandbytes' 4-bit kernels) and none "
+            "is visible to torch (torch.cuda.is_available() is False; a CPU-only torch build, or no driver). "
+            "On a CPU use LoRA(load_in_4bit=False); on a GPU machine install the CUDA build of torch"
+        )
+    if device is not None and torch.device(device).type != "cuda":
+        raise RuntimeError(
+            "LoRA(load_in_4bit=True) puts the 4-bit base weights on a CUDA device, "
+            f"got device={str(device)!r}: use device='auto' or 'cuda'"
         )
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise RuntimeError("QLoRA needs bitsandbytes: pip install bitsandbytes") from None
+        raise RuntimeError(
+            "LoRA(load_in_4bit=True) is QLoRA, which needs bitsandbytes: pip install bitsandbytes "
+            "(or pip install 'agentlightning-lite[qlora]'); without it use LoRA(load_in_4bit=False) "
+            "(bf16 base weights: about 4x the weight memory)"
+        ) from None
+
+
+def prepare_4bit(model: Any) -> Any:
+    """Make a 4-bit (bitsandbytes) model trainable through LoRA: norms and the head in float32, the
+    base frozen (peft's ``prepare_model_for_kbit_training``). Gradient checkpointing is left to
+    ``Trainer(gradient_checkpointing=...)``."""
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
 def attach_lora(model: Any, lora: LoRA) -> Any:
     """Wrap ``model`` with a fresh trainable adapter (a ``peft.PeftModel``)."""
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model
 
     if lora.load_in_4bit:
         check_4bit_available()
-        model = prepare_model_for_kbit_training(model)
+        model = prepare_4bit(model)
     return get_peft_model(model, lora.to_peft_config())

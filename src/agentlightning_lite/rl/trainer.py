@@ -194,6 +194,15 @@ class Trainer:
             episode instead of one per call); only the generated tokens are trained and each keeps
             its own call's reward and advantage. A call whose prompt does not extend the previous
             one stays a separate sample (``trajectory/prefix_mismatches`` in the metrics).
+        gradient_checkpointing: recompute each decoder layer's activations in the backward pass
+            instead of keeping them (transformers' gradient checkpointing, non-reentrant, so it
+            works with peft's frozen base): activation memory of the update falls from one set per
+            layer to about one layer's, for roughly one more forward pass of time. Generation is
+            unaffected (the engine runs the model in eval mode, where checkpointing is off).
+
+    On CUDA the update runs under bf16 autocast (when ``torch.cuda.is_bf16_supported()``), the
+    HF engine serves bf16 weights, and the CUDA allocator's cached blocks are returned between a
+    step's generation and its update (the KV caches of the rollouts are no longer needed).
 
     >>> import agentlightning_lite as agl
     >>> def agent(task, llm):  # any function (task, llm) -> reward, or an agl.LitAgent
@@ -245,6 +254,7 @@ class Trainer:
         max_staleness: int | None = None,
         transitions: str = "call",
         policies: Mapping[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         if transitions not in ("call", "trajectory"):
             raise ValueError(f"transitions must be 'call' or 'trajectory', got {transitions!r}")
@@ -316,6 +326,9 @@ class Trainer:
         self.autocast = (
             torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
         )
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        if self.gradient_checkpointing:
+            _enable_gradient_checkpointing(self.policy)
         self.value_head: ValueHead | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._policies: list[_Policy] = []
@@ -542,6 +555,7 @@ class Trainer:
             results = self._run(agent, specs)
             t_roll = time.perf_counter() - t0
             samples, sample_stats = self._samples(results)
+            _release_cuda_cache(self.device)  # the rollouts' KV caches: give their blocks back first
             t1 = time.perf_counter()
             update_stats = self._update(samples) if samples else {"train/skipped_update": 1.0}
             t_update = time.perf_counter() - t1
@@ -836,9 +850,10 @@ class Trainer:
                 eng = None
                 engine_lps = [s.token_engine_logprobs() for s in c]
                 if all(lps is not None for lps in engine_lps):
-                    eng = torch.zeros(b.response_mask.shape, device=self.device)
+                    eng = torch.zeros(b.response_mask.shape)  # filled on the host, copied once
                     for i, lps in enumerate(engine_lps):
                         eng[i, : len(lps)] = torch.tensor(lps)  # type: ignore[arg-type]
+                    eng = eng.to(self.device)
                 trust = eng is not None and (self.old_logprobs == "engine" or agree is True)
                 needs_values = isinstance(algo, PPO)
                 lp = v = None
@@ -866,17 +881,18 @@ class Trainer:
         for c, b, v in zip(chunks, batches, old_v, strict=True):
             segs = b.segment_ids if merged else None
             if isinstance(algo, PPO):
-                rewards = torch.zeros_like(b.response_mask)
+                rewards = torch.zeros(b.response_mask.shape)  # filled on the host, copied once
                 for i, s in enumerate(c):  # each call's credit at its last token
                     rewards[i, : len(s.response_ids)] = torch.tensor(s.token_rewards())
+                rewards = rewards.to(self.device)
                 a, r = gae(rewards, v, b.response_mask, algo.gamma, algo.lam, segs)  # type: ignore[arg-type]
                 advs.append(a)
                 rets.append(r)
             else:
-                tok_adv = torch.zeros_like(b.response_mask)
+                tok_adv = torch.zeros(b.response_mask.shape)  # filled on the host, copied once
                 for i, s in enumerate(c):  # each call's advantage on its response tokens
                     tok_adv[i, : len(s.response_ids)] = torch.tensor(s.token_advantages())
-                advs.append(tok_adv * b.response_mask)
+                advs.append(tok_adv.to(self.device) * b.response_mask)
                 rets.append(None)
         if isinstance(algo, PPO) and algo.whiten_advantages:
             mask_all = torch.cat([b.response_mask.flatten() for b in batches]).bool()
@@ -1037,6 +1053,35 @@ def _adapter_params(model: Any, adapter: str) -> list[torch.nn.Parameter]:
         if any(parts[i].startswith("lora_") and parts[i + 1] == adapter for i in range(len(parts) - 1)):
             out.append(p)
     return out
+
+
+def _enable_gradient_checkpointing(model: Any) -> None:
+    """Turn on transformers' gradient checkpointing under a peft model, non-reentrant: the reentrant
+    variant needs an input that requires grad, which a frozen embedding of a LoRA model is not."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _is_checkpointing(model: Any) -> bool:
+    """Whether gradient (activation) checkpointing is on in ``model`` (a peft model or not)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(base), name):
+            return bool(getattr(base, name))
+    return False
+
+
+def _release_cuda_cache(device: torch.device) -> None:
+    """Return the CUDA caching allocator's free blocks (no-op elsewhere): after generation, the KV
+    caches' blocks are of many sizes; giving them back lets the update allocate large contiguous ones."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _has_vllm() -> bool:

@@ -1,5 +1,8 @@
 """Policy serving: an OpenAI-compatible server that records every call with exact tokens, and its engines.
 
+The engines load without the server's web stack (starlette, uvicorn): ``PolicyServer`` and ``LLM``
+are imported on first use.
+
 >>> import agentlightning_lite as agl
 >>> from agentlightning_lite.serving import PolicyServer, engines
 >>> store = agl.MemoryStore()
@@ -9,8 +12,25 @@
 True
 """
 
+from typing import TYPE_CHECKING, Any
+
 from . import engines
-from .llm import LLM
-from .server import PolicyServer
+
+if TYPE_CHECKING:
+    from .llm import LLM
+    from .server import PolicyServer
+
+_LAZY = {"LLM": ".llm", "PolicyServer": ".server"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["LLM", "PolicyServer", "engines"]

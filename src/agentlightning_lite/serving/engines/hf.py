@@ -100,6 +100,13 @@ class HFEngine(BatchingEngine):
         elif isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self.dtype = dtype
+        # QLoRA: any adapter asking for 4-bit base weights quantises the shared base model
+        specs = [lora, *(adapters or {}).values()]
+        self.load_in_4bit = any(bool(getattr(spec, "load_in_4bit", False)) for spec in specs)
+        if self.load_in_4bit:
+            from ...rl.lora import check_4bit_available
+
+            check_4bit_available(self.device)
 
         if isinstance(model, (str, os.PathLike)):
             resolved = models.resolve(model)
@@ -109,13 +116,26 @@ class HFEngine(BatchingEngine):
             kwargs = {"trust_remote_code": trust_remote_code, **resolved.from_pretrained_kwargs()}
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(resolved.path, **kwargs)
+            if self.load_in_4bit:
+                kwargs.update(self._4bit_kwargs(resolved))
             module = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, **kwargs)
         else:
             if tokenizer is None:
                 raise ValueError("pass tokenizer= with an already loaded model")
             module = model
             self.model_name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "model")
-        module = module.to(self.device)
+            if self.load_in_4bit and not getattr(module, "is_loaded_in_4bit", False):
+                raise ValueError(
+                    "LoRA(load_in_4bit=True) with an already loaded model needs that model loaded in 4-bit "
+                    "(from_pretrained(..., quantization_config=agl.LoRA(load_in_4bit=True)"
+                    ".quantization_config())); or pass the model's name or path and the engine loads it so"
+                )
+        if self.load_in_4bit:
+            from ...rl.lora import prepare_4bit
+
+            module = prepare_4bit(module)  # already on its GPU (bitsandbytes weights cannot be moved)
+        else:
+            module = module.to(self.device)
         module.eval()
         self.tokenizer = tokenizer
         if lora is not None:
@@ -139,6 +159,24 @@ class HFEngine(BatchingEngine):
             self.set_routes(routes)
 
     # -- weights --------------------------------------------------------------------------
+    def _4bit_kwargs(self, resolved: Any) -> dict[str, Any]:
+        """``from_pretrained`` arguments that load the base weights in 4-bit NF4 on this engine's GPU."""
+        import torch
+
+        from ...rl.lora import LoRA
+
+        if resolved.gguf_file is not None:
+            raise ValueError(
+                "LoRA(load_in_4bit=True) quantises safetensors weights with bitsandbytes; "
+                f"{resolved.name!r} is a GGUF file, which transformers de-quantises instead. Pass the "
+                "Hugging Face id "
+                f"({resolved.hf_id or 'of the original model'}) or a local safetensors directory"
+            )
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        compute = self.dtype if self.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        config = LoRA(load_in_4bit=True).quantization_config(compute)
+        return {"quantization_config": config, "device_map": {"": index}}
+
     @staticmethod
     def _attach_lora(module: Any, lora: Any) -> Any:
         try:
@@ -287,7 +325,7 @@ class HFEngine(BatchingEngine):
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         import torch
 
-        with self.lock, torch.inference_mode():
+        with self.lock, torch.inference_mode(), self._autocast():
             was_training = self.model.training
             if was_training:
                 self.model.eval()
@@ -310,15 +348,23 @@ class HFEngine(BatchingEngine):
                 if was_training:
                     self.model.train()
 
-    def _sample(
-        self, logits: Any, req: GenRequest, gen: Any
-    ) -> tuple[int, float, list[tuple[int, float]] | None]:
-        """Pick the next token for one row; return it, its logprob and the top alternatives."""
+    def _autocast(self) -> Any:
+        """bf16 autocast on CUDA with bf16 weights, as the trainer's forward pass uses: the fp32 LoRA weights
+        (and, with QLoRA, the fp32 norms) then compute in the same precision as the recomputed logprobs."""
+        import torch
+
+        if self.device.type == "cuda" and self.dtype == torch.bfloat16:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _sample(self, logits: Any, req: GenRequest, gen: Any) -> tuple[Any, Any, tuple[Any, Any] | None]:
+        """Pick the next token for one row: its id and logprob as 0-d tensors on the model's device,
+        and the top alternatives as ``(ids, logprobs)`` tensors (no host copy: the caller batches them)."""
         import torch
 
         raw = torch.log_softmax(logits, dim=-1)
         if req.temperature <= 1e-5:
-            token = int(torch.argmax(logits))
+            token = torch.argmax(logits)
             report = raw
         else:
             scaled = torch.log_softmax(logits / req.temperature, dim=-1)
@@ -329,16 +375,17 @@ class HFEngine(BatchingEngine):
                 drop_sorted = (cum - sorted_lp.exp()) >= req.top_p  # keep the smallest set reaching top_p
                 drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
                 processed = torch.log_softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
-            token = int(torch.multinomial(processed.exp(), 1, generator=gen))
+            token = torch.multinomial(processed.exp(), 1, generator=gen)[0]
             report = {"scaled": scaled, "raw": raw, "processed": processed}[self.logprobs_mode]
         top = None
         if req.top_logprobs:
             vals, idx = torch.topk(report, req.top_logprobs)
-            top = [(int(i), float(v)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
-        return token, float(report[token]), top
+            top = (idx, vals)
+        return token, report[token], top
 
-    def _sample_rows(self, logits: Any, temps: Any, greedy: Any) -> tuple[list[int], list[float]]:
-        """Sample every row at once (same semantics as :meth:`_sample` without top-p or seeds)."""
+    def _sample_rows(self, logits: Any, temps: Any, greedy: Any) -> tuple[Any, Any]:
+        """Sample every row at once (same semantics as :meth:`_sample` without top-p or seeds); the
+        token ids and their logprobs stay on the model's device."""
         import torch
 
         raw = torch.log_softmax(logits, dim=-1)
@@ -347,7 +394,7 @@ class HFEngine(BatchingEngine):
         tokens = torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
         report = torch.where(greedy[:, None], raw, raw if self.logprobs_mode == "raw" else scaled)
         lps = report.gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens.tolist(), lps.tolist()
+        return tokens, lps
 
     def _decode(
         self, requests: Sequence[GenRequest], version: int, adapter: str | None = None
@@ -382,8 +429,8 @@ class HFEngine(BatchingEngine):
         next_pos = positions[:, -1:] + 1
 
         tokens: list[list[int]] = [[] for _ in requests]
-        lps: list[list[float]] = [[] for _ in requests]
-        tops: list[list[list[tuple[int, float]]]] = [[] for _ in requests]
+        step_lps: list[Any] = []  # per step, the rows' logprobs [n] on the device: one host copy at the end
+        row_tops: list[list[tuple[Any, Any]]] = [[] for _ in requests]
         done = [False] * n
         finish = ["length"] * n
         stop_reason: list[str | int | None] = [None] * n
@@ -396,24 +443,31 @@ class HFEngine(BatchingEngine):
         ]
         temps = torch.tensor([max(r.temperature, 1e-5) for r in requests], device=device)[:, None]
         greedy = torch.tensor([r.temperature <= 1e-5 for r in requests], device=device)
+        pad = torch.full((n,), self.pad_token_id, dtype=torch.long, device=device)
+        done_rows, finished = None, 0  # ``done`` on the device, rebuilt only when a row finishes
         for _step in range(max_new):
-            step_tokens = []
-            batch_tok, batch_lp = self._sample_rows(logits, temps, greedy) if any(fast) else (None, None)
+            if any(fast):
+                step_tok, step_lp = self._sample_rows(logits, temps, greedy)
+            else:
+                step_tok, step_lp = pad.clone(), torch.zeros(n, device=device)
+            for i, r in enumerate(requests):
+                if not (done[i] or fast[i]):
+                    tok, lp, top = self._sample(logits[i], r, gens[i])
+                    step_tok[i], step_lp[i] = tok, lp
+                    if top is not None:
+                        row_tops[i].append(top)
+            if done_rows is not None:  # finished rows feed padding
+                step_tok = torch.where(done_rows, pad, step_tok)
+            step_lps.append(step_lp)
+            # the one device-to-host copy per step: the sampled ids (EOS, stop strings, budgets)
+            step_ids = step_tok.tolist()
             for i, r in enumerate(requests):
                 if not done[i] and self._should_abort(r):  # cancelled: its client is gone
                     done[i], finish[i] = True, "abort"
                 if done[i]:
-                    step_tokens.append(self.pad_token_id)
                     continue
-                if fast[i]:
-                    tok, lp, top = batch_tok[i], batch_lp[i], None  # type: ignore[index]
-                else:
-                    tok, lp, top = self._sample(logits[i], r, gens[i])
+                tok = step_ids[i]
                 tokens[i].append(tok)
-                lps[i].append(lp)
-                if top is not None:
-                    tops[i].append(top)
-                step_tokens.append(tok)
                 if tok in self._eos:
                     done[i], finish[i], stop_reason[i] = True, "stop", tok
                 elif r.stop:
@@ -429,10 +483,11 @@ class HFEngine(BatchingEngine):
                     done[i] = True
             if all(done):
                 break
+            if any(done) and (done_rows is None or int(sum(done)) != finished):
+                done_rows, finished = torch.tensor(done, device=device), int(sum(done))
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-            step = torch.tensor(step_tokens, dtype=torch.long, device=device).unsqueeze(1)
             out = self.model(
-                input_ids=step,
+                input_ids=step_tok.unsqueeze(1),
                 attention_mask=mask,
                 position_ids=next_pos,
                 past_key_values=past,
@@ -441,6 +496,18 @@ class HFEngine(BatchingEngine):
             logits = out.logits[:, -1, :].float()
             past = out.past_key_values
             next_pos = next_pos + 1
+
+        # row i's k-th token was sampled at step k: its logprob is column k
+        all_lps = torch.stack(step_lps, dim=1).tolist() if step_lps else [[] for _ in requests]
+        lps = [all_lps[i][: len(tokens[i])] for i in range(n)]
+        tops: list[list[list[tuple[int, float]]]] = []
+        for i in range(n):
+            if not row_tops[i]:
+                tops.append([])
+                continue
+            idx = torch.stack([t[0] for t in row_tops[i]]).tolist()
+            vals = torch.stack([t[1] for t in row_tops[i]]).tolist()
+            tops.append([list(zip(a, b, strict=True)) for a, b in zip(idx, vals, strict=True)])
 
         results = []
         for i, r in enumerate(requests):

@@ -1,21 +1,33 @@
 """The vLLM engine (GPU, optional): token ids and logprobs from vLLM itself, LoRA hot-swapped per version.
 
+By default each request goes to vLLM's async engine as it arrives (continuous batching: a request is
+admitted while others are decoding). Written against vLLM 0.8 to 0.11 (``vllm.AsyncLLMEngine``,
+``vllm.AsyncEngineArgs``, ``vllm.LLM``, ``vllm.SamplingParams``, ``vllm.lora.request.LoRARequest``).
 vLLM is imported only when a ``VLLMEngine`` is built, so the SDK works without it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import json
 import os
 import shutil
 import tempfile
+import threading
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import models
 from .base import BatchingEngine, GenRequest, GenResult
 
-__all__ = ["VLLMEngine", "vllm_available"]
+__all__ = ["SUPPORTED_VLLM", "VLLMEngine", "vllm_available"]
+
+#: the vLLM versions this engine was written against (the ``vllm`` extra pins the same range)
+SUPPORTED_VLLM = ">=0.8,<0.12"
 
 INSTALL_HINT = (
     "VLLMEngine needs vLLM (a CUDA GPU and Linux): pip install 'agentlightning-lite[vllm]' "
@@ -59,13 +71,21 @@ class VLLMEngine(BatchingEngine):
             multi-LoRA serves them together (``max_loras`` defaults to their number).
         routes: which adapter serves which agent (``None``: the base model); see
             :meth:`~agentlightning_lite.serving.engines.base.Engine.set_routes`.
-        **llm_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``max_model_len``,
-            ``logprobs_mode``...). vLLM reports raw logprobs (before temperature) by default.
+        continuous_batching: ``True`` (default): every request goes to vLLM's async engine
+            (``vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(...))``) the moment it
+            arrives, and vLLM's scheduler admits it into the running batch at its next step, so an
+            agent's turn never waits for other agents' replies to finish. ``False``: requests that
+            arrive together go to one blocking ``vllm.LLM.generate`` call (fixed batches).
+        **llm_kwargs: passed to ``vllm.AsyncEngineArgs`` (or ``vllm.LLM``): ``gpu_memory_utilization``,
+            ``max_model_len``, ``logprobs_mode``... vLLM reports raw logprobs (before temperature)
+            by default.
 
-    Requests that arrive together are passed to one ``LLM.generate`` call (vLLM batches them
-    continuously inside), each with its agent's ``LoRARequest``. After :meth:`update_weights`
-    the next batch uses a new ``LoRARequest`` (a fresh id per version), so vLLM loads the new
-    adapter without a restart.
+    Each request carries its agent's ``LoRARequest``. After :meth:`update_weights` the requests
+    admitted from then on use a new ``LoRARequest`` (a fresh id per version), so vLLM loads the
+    new adapter without a restart; requests already decoding finish on the version they started
+    with (their result's ``weights_version`` says which), and the old adapter is removed from
+    vLLM once none of them still uses it. Token ids and logprobs are vLLM's own, exactly.
+    Written against vLLM ``SUPPORTED_VLLM`` (0.8 to 0.11).
 
     >>> engine = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct", lora="runs/adapter-0")  # doctest: +SKIP
     >>> engine.update_weights("runs/adapter-1")  # doctest: +SKIP
@@ -84,6 +104,7 @@ class VLLMEngine(BatchingEngine):
         adapter_dir: str | None = None,
         adapters: Mapping[str, str | os.PathLike[str]] | None = None,
         routes: Mapping[str, str | None] | None = None,
+        continuous_batching: bool = True,
         **llm_kwargs: Any,
     ) -> None:
         vllm, lora_request_cls = _import_vllm()
@@ -100,12 +121,25 @@ class VLLMEngine(BatchingEngine):
             named = {"default": lora, **named}
         self.enable_lora = bool(enable_lora or named)
         kwargs = dict(llm_kwargs)
+        self.continuous_batching = bool(continuous_batching)
         if self.enable_lora:
             kwargs.setdefault("enable_lora", True)
             kwargs.setdefault("max_lora_rank", max_lora_rank)
-            kwargs.setdefault("max_loras", max(1, len(named)))  # every adapter resident at once
-        self.llm = vllm.LLM(model=target, **kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
+            # every adapter resident at once; with continuous batching, during a hand-over the old and
+            # the new version of each are (requests still decoding on the old one finish on it)
+            kwargs.setdefault("max_loras", max(1, len(named)) * (2 if self.continuous_batching else 1))
+        self.model_id = target
+        self.llm_kwargs = dict(kwargs)
+        self.llm: Any = None
+        self.async_engine: Any = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._in_flight: dict[int, int] = {}  # LoRA id -> requests decoding with it
+        self._retired: dict[int, Any] = {}  # replaced LoRARequests still in use, by id
+        if self.continuous_batching:
+            self._start_async(vllm, target, kwargs)
+        else:
+            self.llm = vllm.LLM(model=target, **kwargs)
+            self.tokenizer = self.llm.get_tokenizer()
         self.max_context = self._max_model_len(kwargs.get("max_model_len"))
         self._adapter_dir = adapter_dir
         self._lora_paths: dict[str, str] = {}
@@ -138,9 +172,122 @@ class VLLMEngine(BatchingEngine):
         if given:
             return int(given)
         try:
+            if self.async_engine is not None:
+                config = getattr(self.async_engine, "model_config", None)  # V1 AsyncLLM
+                if config is None:  # the V0 AsyncLLMEngine wraps an LLMEngine
+                    config = self.async_engine.engine.model_config
+                return int(config.max_model_len)
             return int(self.llm.llm_engine.model_config.max_model_len)
         except AttributeError:
             return 8192
+
+    # -- the async engine -----------------------------------------------------------------
+    def _start_async(self, vllm: Any, target: str, kwargs: dict[str, Any]) -> None:
+        """Build ``vllm.AsyncLLMEngine`` on an event loop of its own (a daemon thread)."""
+        # only the final output of each request (not one cumulative copy per step) where vLLM offers it
+        kinds = getattr(getattr(vllm, "sampling_params", None), "RequestOutputKind", None)
+        self._final_only = getattr(kinds, "FINAL_ONLY", None)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="agl-vllm-async", daemon=True)
+        thread.start()
+        self._aloop, self._aloop_thread = loop, thread
+
+        async def build() -> tuple[Any, Any]:
+            engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(model=target, **kwargs))
+            tok = engine.get_tokenizer()
+            if inspect.isawaitable(tok):  # a coroutine in vLLM 0.8-0.10
+                tok = await tok
+            return engine, tok
+
+        try:
+            self.async_engine, self.tokenizer = self._call(build())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run ``coro`` on the engine's event loop and wait for its result."""
+        assert self._aloop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._aloop).result(timeout)
+
+    def _stop_loop(self) -> None:
+        if self._aloop is not None:
+            self._aloop.call_soon_threadsafe(self._aloop.stop)
+            self._aloop_thread.join(timeout=10)
+            self._aloop.close()
+            self._aloop = None
+
+    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+        """Start one generation; with continuous batching it joins vLLM's running batch at once.
+
+        Cancelling the returned future aborts the request in vLLM (its KV cache is freed)."""
+        if not self.continuous_batching:
+            return super().submit(request)
+        if self._closed or self._aloop is None:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        with self.lock:  # the adapter version is fixed at admission
+            name = self._adapter_of(request)
+            if name is not None and name not in self.lora_requests:
+                raise KeyError(f"unknown adapter {name!r}: this engine serves {self.adapters}")
+            lora = None if name is None else self.lora_requests[name]
+            version = self.version
+            if lora is not None:
+                self._in_flight[lora.lora_int_id] = self._in_flight.get(lora.lora_int_id, 0) + 1
+        return asyncio.run_coroutine_threadsafe(self._agenerate(request, lora, version, name), self._aloop)
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        if not self.continuous_batching:
+            return super().generate(requests)
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    async def _agenerate(self, req: GenRequest, lora: Any, version: int, name: str | None) -> GenResult:
+        request_id = f"{req.request_id or 'agl'}-{uuid.uuid4().hex[:12]}"
+        t0 = time.perf_counter()
+        final = None
+        params = self.sampling_params(req)
+        if self._final_only is not None:
+            params.output_kind = self._final_only
+        try:
+            async for output in self.async_engine.generate(
+                {"prompt_token_ids": list(req.prompt_token_ids)},
+                params,
+                request_id,
+                lora_request=lora,
+            ):
+                final = output  # cumulative: the last output holds every token and logprob
+        except asyncio.CancelledError:
+            await self.async_engine.abort(request_id)
+            raise
+        finally:
+            if lora is not None:
+                await self._release(lora)
+        if final is None:
+            raise RuntimeError(f"vLLM returned no output for request {request_id}")
+        result = self._result(req, final, version, name)
+        self._record_batch([req], [result], time.perf_counter() - t0)
+        return result
+
+    async def _release(self, lora: Any) -> None:
+        """One request is done with ``lora``; remove a replaced adapter from vLLM after its last one."""
+        with self.lock:
+            lid = lora.lora_int_id
+            self._in_flight[lid] = self._in_flight.get(lid, 1) - 1
+            done = self._in_flight[lid] <= 0 and lid in self._retired
+            if self._in_flight[lid] <= 0:
+                del self._in_flight[lid]
+            if done:
+                del self._retired[lid]
+        if done:
+            await self._remove_lora(lid)
+
+    async def _remove_lora(self, lora_int_id: int) -> None:
+        try:  # vLLM would evict it anyway: a failure here only costs a slot until then
+            result = self.async_engine.remove_lora(lora_int_id)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            pass
 
     # -- LoRA -----------------------------------------------------------------------------
     def _set_adapter(self, path: str, name: str) -> None:
@@ -154,11 +301,18 @@ class VLLMEngine(BatchingEngine):
         label = "policy" if name == "default" else name
         self.lora_requests[name] = self._lora_request_cls(f"{label}-v{self.version}", lora_id, path)
         self._lora_paths[name] = path
-        if old is not None:
-            try:  # free the old slot; vLLM would evict it anyway
-                self.llm.llm_engine.remove_lora(old.lora_int_id)
-            except Exception:
-                pass
+        if old is None:
+            return
+        if self.async_engine is not None:  # remove it now, or after the last request decoding with it
+            if self._in_flight.get(old.lora_int_id, 0) > 0:
+                self._retired[old.lora_int_id] = old
+            else:
+                asyncio.run_coroutine_threadsafe(self._remove_lora(old.lora_int_id), self._aloop)  # type: ignore[arg-type]
+            return
+        try:  # free the old slot; vLLM would evict it anyway
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+        except Exception:
+            pass
 
     def _write_adapter(self, state: Mapping[str, Any], name: str) -> str:
         if name not in self._lora_paths:
@@ -258,11 +412,38 @@ class VLLMEngine(BatchingEngine):
             adapter=adapter,
         )
 
+    def close(self) -> None:
+        """Stop the engine: requests still decoding are aborted, vLLM is shut down."""
+        if self._closed:
+            return
+        super().close()
+        if self.async_engine is not None and self._aloop is not None:
+
+            async def abort_all() -> None:  # each cancelled request aborts itself in vLLM
+                me = asyncio.current_task()
+                tasks = [t for t in asyncio.all_tasks() if t is not me]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            try:
+                self._call(abort_all(), timeout=30)
+            except Exception:
+                pass
+            shutdown = getattr(self.async_engine, "shutdown", None)
+            if callable(shutdown):
+                try:
+                    shutdown()
+                except Exception:
+                    pass
+            self._stop_loop()
+
     def describe(self) -> str:
         """A one-line description: model, adapter and version."""
         return json.dumps(
             {
                 "model": self.model_name,
+                "continuous_batching": self.continuous_batching,
                 "lora": self._lora_path,
                 "adapters": self._lora_paths,
                 "version": self.version,

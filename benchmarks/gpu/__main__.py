@@ -1,0 +1,5 @@
+"""``python -m benchmarks.gpu``: see :mod:`benchmarks.gpu.bench`."""
+
+from .bench import main
+
+main()
