@@ -15,7 +15,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def local_ray() -> Iterator[None]:
+def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # the actors are small (a runner each); Ray's memory monitor judges the whole machine, and would
+    # kill them when other programs on a shared machine hold most of its memory
+    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
