@@ -155,7 +155,7 @@ def test_load_dataset_splits() -> None:
         "aqua_rat": 23,
     }
     first = train[0]
-    assert sorted(first) == ["calc_steps", "id", "question", "result", "source_ds"]
+    assert sorted(first) == ["calc_steps", "chain", "id", "question", "result", "source_ds"]
     assert first["id"] == "ape210k__00384263" and first["result"] == "2/3" and first["calc_steps"] == 3
     assert load_dataset("test", DATA / "calcx") == test  # the folder itself works too
 
