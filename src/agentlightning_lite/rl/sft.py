@@ -45,7 +45,8 @@ class SFT:
         weight_decay: AdamW weight decay.
         epochs: passes over each step's calls.
         micro_batch_size: most samples per forward/backward (gradients accumulate over a mini batch).
-        micro_batch_tokens: most padded tokens per forward/backward.
+        micro_batch_tokens: most padded tokens per forward/backward: bounds the activation memory
+            (about 2 GiB per 1000 tokens for SmolLM2-135M in float32).
         mini_batch_size: samples per optimiser step (``None``: one optimiser step per epoch).
         max_grad_norm: gradient clipping by global norm.
         kl_coef: always 0 (no reference model is needed); present so SFT reads like GRPO/PPO.
@@ -64,8 +65,8 @@ class SFT:
     lr: float = 1e-4
     weight_decay: float = 0.0
     epochs: int = 1
-    micro_batch_size: int = 8
-    micro_batch_tokens: int = 4096
+    micro_batch_size: int = 4
+    micro_batch_tokens: int = 2048
     mini_batch_size: int | None = None
     max_grad_norm: float = 1.0
     kl_coef: float = 0.0
