@@ -125,6 +125,7 @@ def plot_air(name: str, seeds: list[list[dict[str, Any]]]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    seeds = [s for s in seeds if len(s) > 1 and s[0].get("curve") and s[1].get("curve")]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for arm, colour in ((0, "tab:blue"), (1, "tab:orange")):
         curves = [[row.get("train/reward_mean", float("nan")) for row in s[arm]["curve"]] for s in seeds]

@@ -53,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     pool = rng.sample(train, len(train))
     train = pool[: args.train_size]
     sft_train = pool[args.train_size : args.train_size + args.sft_tasks]  # disjoint from the RL tasks
-    test = rng.sample(test, min(args.test_size, len(test)))
+    # one fixed held-out sample for every seed (the seed picks the training questions and sampling)
+    test = random.Random(0).sample(test, min(args.test_size, len(test)))
     for tasks in (train, test):  # build (or load) the split's index before any rollout is timed
         get_retriever(tasks[0]["corpus"], args.retriever)
 
