@@ -351,6 +351,8 @@ def run(
             adapter = adapter_on
             curve = plot_curves(curves, out_dir / "air_ablation.png", title=f"{name}: AIR on vs off")
         else:
+            if sft_n:
+                curves["GRPO"] = trainer.metrics.rows()[n_rows:]
             curve = trainer.plot()
             adapter = trainer.save()
     finally:
@@ -389,6 +391,8 @@ def run(
         "notes": notes,
     }
     runs = [results]
+    if other is None and "GRPO" in curves:
+        results["curve"] = curves["GRPO"]
     if other is not None:
         results["variant"] = "; ".join(v for v in (variant, "AIR on") if v)
         results["curve"] = curves.get("AIR on")
@@ -415,7 +419,9 @@ def run(
 
 def _tag(results: dict[str, Any]) -> str:
     """The results file suffix of a warm-start run (``_sft_seed1``); empty for a plain run."""
-    return f"_sft_seed{results['seed']}" if results.get("sft") else ""
+    if not results.get("sft"):
+        return ""
+    return f"_sft_seed{results['seed']}" + ("_air_off" if results.get("air") is False else "")
 
 
 def _snapshot(trainer: Any) -> dict[str, Any]:
@@ -502,7 +508,7 @@ def record(results: dict[str, Any], path: Path = RESULTS_MD) -> None:
     tags = [r["variant"]] if r.get("variant") else []
     if r.get("sft"):
         tags.append(f"SFT warm start on {r['sft']['tasks']} teacher tasks")
-    if r.get("air") is False:
+    if r.get("air") is False and not any("AIR off" in t for t in tags):
         tags.append("AIR off")
     label = f"{r['benchmark']} ({'; '.join(tags)})" if tags else r["benchmark"]
     after = score(r["after"])

@@ -47,19 +47,48 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return centre - half, centre + half
 
 
+def _curve(run: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The GRPO steps' metric rows: stored in the results, else read from the run's metrics.jsonl."""
+    if run.get("curve"):
+        return run["curve"]
+    path = Path(run.get("output_dir", "")) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    skip = int((run.get("sft") or {}).get("steps", 0))
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in rows if r.get("step", 0) > skip and "train/reward_mean" in r] or None
+
+
 def load(name: str) -> list[list[dict[str, Any]]]:
-    """Each seed's runs (one, or two for an AIR ablation), in seed order."""
-    files = sorted((ROOT / name / "results").glob("results_sft_seed*.json"))
-    return [json.loads(f.read_text()) for f in files]
+    """Each seed's runs, in seed order: [AIR on] or [AIR on, AIR off] (one process with
+    ``--air-ablation``, or a second one with ``--no-air`` whose results file ends in ``_air_off``)."""
+    folder = ROOT / name / "results"
+    out = []
+    for f in sorted(folder.glob("results_sft_seed*.json")):
+        if f.stem.endswith("_air_off"):
+            continue
+        runs = json.loads(f.read_text())
+        off = f.with_name(f.stem + "_air_off.json")
+        if len(runs) == 1 and off.is_file():
+            runs = runs + json.loads(off.read_text())
+        for run in runs:
+            run["curve"] = _curve(run)
+        out.append(runs)
+    return out
 
 
-def _cell(values: list[float], n_tasks: int, fmt: str = "{:.3f}") -> str:
+def _cell(values: list[float], n_tasks: int, rate: bool = False, fmt: str = "{:.3f}") -> str:
+    """Mean ± t-interval over seeds; for a success rate also the Wilson interval of the pooled episodes."""
     mean, half = t_interval(values)
     each = ", ".join(fmt.format(v) for v in values)
+    pooled = ""
+    if rate:
+        k, n = round(sum(values) * n_tasks), n_tasks * len(values)
+        lo, hi = wilson(k, n)
+        pooled = f"; pooled {k}/{n}, Wilson 95% [{lo:.3f}, {hi:.3f}]"
     if len(values) < 2:
-        lo, hi = wilson(mean * n_tasks, n_tasks)
-        return f"{fmt.format(mean)} (one seed; Wilson 95% [{lo:.3f}, {hi:.3f}] over {n_tasks} tasks)"
-    return f"{fmt.format(mean)} ± {fmt.format(half)} (seeds: {each})"
+        return f"{fmt.format(mean)} (one seed{pooled})"
+    return f"{fmt.format(mean)} ± {fmt.format(half)} (seeds: {each}{pooled})"
 
 
 def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()) -> str:
@@ -90,9 +119,9 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         off = [s[1]["after"][key] for s in seeds if len(s) > 1]
         lo, hi = wilson(before[key] * n, n) if key == metric else (float("nan"), float("nan"))
         b = f"{before[key]:.3f}" + (f" (Wilson 95% [{lo:.3f}, {hi:.3f}])" if key == metric else "")
-        lines.append(
-            f"| {key} | {b} | {_cell(warm, n)} | {_cell(on, n)} | {_cell(off, n) if off else 'not run'} |"
-        )
+        rate = key == metric and metric == "success_rate"
+        off_cell = _cell(off, n, rate) + f" ({len(off)} seeds)" if off else "not run"
+        lines.append(f"| {key} | {b} | {_cell(warm, n, rate)} | {_cell(on, n, rate)} | {off_cell} |")
     lines += [
         "",
         "Per seed (wall time is the whole process: warm start, evaluations and both GRPO arms):",
@@ -112,7 +141,19 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         )
     if any(len(s) > 1 and s[0].get("curve") for s in seeds):
         path = plot_air(name, seeds)
-        lines += ["", f"AIR ablation, training reward per GRPO step: [{path.name}]({path.name})"]
+        lines += ["", f"AIR ablation, training reward per GRPO step: [{path.name}]({path.name})", ""]
+        lines += ["| seed | arm | train reward per step | groups without reward spread per step | updates |"]
+        lines += ["|---|---|---|---|---|"]
+        for s in seeds:
+            for arm, run in zip(("AIR on", "AIR off"), s, strict=False):
+                rows = run.get("curve") or []
+                rewards = ", ".join(f"{r.get('train/reward_mean', float('nan')):.3f}" for r in rows)
+                zero = ", ".join(
+                    f"{r.get('grpo/zero_std_groups', float('nan')):.0f}/{r.get('grpo/groups', 0):.0f}"
+                    for r in rows
+                )
+                done = sum(1 for r in rows if not r.get("train/skipped_update"))
+                lines.append(f"| {run['seed']} | {arm} | {rewards} | {zero} | {done} of {len(rows)} |")
     text = "\n".join(lines) + "\n"
     (ROOT / name / "results" / "summary.md").write_text(text)
     return text
