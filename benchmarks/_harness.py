@@ -307,7 +307,7 @@ def run(
             batch = trainer.batch_size
             trainer.batch_size = args.sft_batch_size
             sft_steps = -(-len(tasks) // args.sft_batch_size)
-            last = trainer.fit(sft_agent or train_agent, tasks, steps=sft_steps, algorithm=sft)
+            last = trainer.fit(sft_agent or train_agent, tasks, steps=trainer.step + sft_steps, algorithm=sft)
             trainer.batch_size = batch
             n_calls = agl.export_sft(
                 trainer.store, out_dir / "teacher_sft.jsonl", min_reward=1.0, mode="train"
@@ -328,7 +328,7 @@ def run(
         t_rl = time.time()
         n_rows = len(trainer.metrics.rows())
         if args.steps:
-            trainer.fit(train_agent, train, steps=args.steps)
+            trainer.fit(train_agent, train, steps=trainer.step + args.steps)
         rl_s = time.time() - t_rl
         fit_s = time.time() - t_fit
         after = evaluate(trainer, eval_agent, test) if (args.steps or warm is None) else dict(warm)
@@ -342,7 +342,7 @@ def run(
             trainer.use_algorithm(_fresh(options["algorithm"]))
             t_off = time.time()
             n_rows = len(trainer.metrics.rows())
-            trainer.fit(train_agent, train, steps=args.steps)
+            trainer.fit(train_agent, train, steps=trainer.step + args.steps)
             off_rl_s = time.time() - t_off
             after_off = evaluate(trainer, eval_agent, test)
             print(f"[{name}] AIR off, after {args.steps} steps: {_fmt(after_off)}", flush=True)

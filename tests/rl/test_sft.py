@@ -113,8 +113,8 @@ def test_sft_then_grpo_on_the_same_adapter(tiny_trainer: agl.Trainer) -> None:
     tasks = [{"q": q} for q in ANSWERS]
     tiny_trainer.fit(agent, tasks, steps=1)
     warm = lora_state(tiny_trainer.policy)
-    stats = tiny_trainer.fit(agent, tasks[:2], steps=1, algorithm=agl.GRPO(group_size=2, lr=1e-2))
-    assert tiny_trainer.step == 2  # steps count on
+    stats = tiny_trainer.fit(agent, tasks[:2], steps=2, algorithm=agl.GRPO(group_size=2, lr=1e-2))
+    assert tiny_trainer.step == 2  # the step count runs on across calls
     assert isinstance(tiny_trainer.algorithm, agl.GRPO)
     assert stats["train/rollouts"] == 8.0  # batch of 4 tasks x group 2, sampled from the policy
     runs = tiny_trainer.store.rollouts(mode="train")

@@ -56,7 +56,7 @@ class SFT:
     2
     >>> trainer = agl.Trainer(model="smollm2-135m", algorithm=agl.SFT(teacher=engine))  # doctest: +SKIP
     >>> trainer.fit(agent, tasks)  # teacher rollouts, then the policy learns them  # doctest: +SKIP
-    >>> trainer.fit(agent, tasks, steps=8, algorithm=agl.GRPO(group_size=4))  # then RL  # doctest: +SKIP
+    >>> trainer.fit(agent, tasks, steps=trainer.step + 8, algorithm=agl.GRPO())  # then RL  # doctest: +SKIP
     """
 
     teacher: Any = None

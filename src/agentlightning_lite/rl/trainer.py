@@ -136,7 +136,7 @@ class Trainer:
         model: the policy: a name from ``agl.models`` (``"smollm2-135m"``, embedded), a Hugging
             Face id or local path.
         algorithm: ``agl.GRPO(...)`` (default), ``agl.PPO(...)`` or ``agl.SFT(...)`` (supervised
-            fine-tuning on the recorded calls; ``fit(..., algorithm=...)`` switches for one call).
+            fine-tuning on the recorded calls; ``fit(..., algorithm=...)`` switches from then on).
         lora: ``agl.LoRA(...)`` adapter settings (``load_in_4bit=True`` for QLoRA on a GPU).
         engine: ``"auto"`` (vLLM on a GPU when installed, else transformers), ``"hf"``,
             ``"vllm"``, or an engine instance (``agl.engines.HFEngine(...)``).
@@ -448,7 +448,7 @@ class Trainer:
         resume: bool = False,
         algorithm: GRPO | PPO | SFT | None = None,
     ) -> dict[str, Any]:
-        """Train ``agent`` on ``train_dataset`` for ``steps`` more steps (default: ``epochs`` passes).
+        """Train ``agent`` on ``train_dataset`` until step ``steps`` (default: ``epochs`` passes).
 
         ``agent`` is a function ``(task, llm) -> float | None`` (sync or async) or an
         ``agl.LitAgent``. With ``resume=True`` the newest checkpoint in ``output_dir`` is loaded
@@ -457,8 +457,8 @@ class Trainer:
 
         ``algorithm`` switches the trainer to another algorithm from here on (a fresh optimiser
         on the same adapter): ``fit(agent, tasks, algorithm=agl.SFT(teacher=engine))`` for a
-        supervised warm start, then ``fit(agent, tasks, steps=8, algorithm=agl.GRPO())``. Steps
-        count on from the previous call: ``steps`` more are run (all of them without ``resume``).
+        supervised warm start, then ``fit(agent, tasks, steps=trainer.step + 8, algorithm=agl.GRPO())``
+        (the step count is the trainer's, across calls: ``steps`` is the step to stop at).
         """
         if len(train_dataset) == 0:
             raise ValueError("train_dataset is empty")
@@ -466,8 +466,6 @@ class Trainer:
             self.use_algorithm(algorithm)
         per_epoch = math.ceil(len(train_dataset) / self.batch_size)
         total = steps if steps is not None else per_epoch * epochs
-        if not resume:
-            total += self.step
         if resume:
             ckpt = latest_checkpoint(self.output_dir / "checkpoints")
             if ckpt is None:
