@@ -114,6 +114,12 @@ def add_arguments(
     ap.add_argument("--sft-epochs", type=int, default=1, help="passes over each warm-start step's calls")
     ap.add_argument("--sft-lr", type=float, default=5e-4, help="warm-start learning rate")
     ap.add_argument("--sft-batch-size", type=int, default=8, help="teacher tasks per warm-start step")
+    ap.add_argument(
+        "--rl-on-sft-tasks",
+        action="store_true",
+        help="GRPO on the warm start's own training tasks (instead of --train-size others): where the base "
+        "model never scores, tasks it was shown give GRPO groups with a reward spread",
+    )
     ap.add_argument("--no-air", action="store_true", help="train on the final reward only (AIR ablation)")
     ap.add_argument(
         "--air-ablation",
@@ -280,6 +286,11 @@ def run(
     sft_n = getattr(args, "sft_tasks", 0) or 0
     if sft_n and (teacher is None or not sft_train):
         raise SystemExit(f"--sft-tasks: benchmark {name} has no teacher")
+    if getattr(args, "rl_on_sft_tasks", False):
+        if not sft_n or sft_train is None:
+            raise SystemExit("--rl-on-sft-tasks needs --sft-tasks")
+        train = list(sft_train[:sft_n])
+        variant = "; ".join(v for v in (variant, "GRPO on the warm start's tasks") if v)
     print(
         f"[{name}] model {args.model}; {len(train)} train / {len(test)} held-out tasks; "
         f"{args.steps} steps of {args.batch_size} tasks x {args.group_size} rollouts",
