@@ -389,7 +389,8 @@ def run(
         "after": after,
         "warm": warm,
         "sft": sft_stats or None,
-        "air": options.get("air") is not None,
+        # AIR on / off, for a benchmark that has AIR rules (None: it has none)
+        "air": (options.get("air") is not None) if (trainer_options or {}).get("air") else None,
         "train_s": round(fit_s, 1),
         "rl_s": round(rl_s, 1),
         "wall_s": round(wall_s, 1),
