@@ -104,6 +104,36 @@ def add_arguments(
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", type=Path, default=None, help="default: runs/<benchmark>")
     ap.add_argument("--no-record", action="store_true", help="do not touch benchmarks/RESULTS.md")
+    ap.add_argument(
+        "--sft-tasks",
+        type=int,
+        default=0,
+        help="supervised warm start first: teacher traces (gold solutions through the real agent) on this "
+        "many training tasks, disjoint from the held-out ones; 0: no warm start",
+    )
+    ap.add_argument("--sft-epochs", type=int, default=1, help="passes over each warm-start step's calls")
+    ap.add_argument("--sft-lr", type=float, default=5e-4, help="warm-start learning rate")
+    ap.add_argument("--sft-batch-size", type=int, default=8, help="teacher tasks per warm-start step")
+    ap.add_argument(
+        "--rl-on-sft-tasks",
+        action="store_true",
+        help="GRPO on the warm start's own training tasks (instead of --train-size others): where the base "
+        "model never scores, tasks it was shown give GRPO groups with a reward spread",
+    )
+    ap.add_argument("--no-air", action="store_true", help="train on the final reward only (AIR ablation)")
+    ap.add_argument(
+        "--air-ablation",
+        action="store_true",
+        help="after the (shared) warm start, run GRPO twice from the same adapter, seed and steps: with "
+        "AIR and without; both held-out results are recorded and both reward curves drawn on one plot",
+    )
+    ap.add_argument(
+        "--before-cache",
+        type=Path,
+        default=None,
+        help="a JSON file holding the untrained policy's held-out scores: read when it exists (the base "
+        "model is the same for every seed), else evaluated and written",
+    )
 
 
 def cpu_model() -> str:
@@ -210,11 +240,18 @@ def run(
     argv: Sequence[str] | None = None,
     notes: str = "",
     variant: str = "",
+    teacher: Callable[[Sequence[Any]], Any] | None = None,
+    sft_train: Sequence[Any] | None = None,
+    sft_agent: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate, train, evaluate; write and record the results (see the module docstring).
 
     ``trainer_options`` go to ``agl.Trainer`` (``agents``, ``credit``, ``air``, ``success_threshold``,
-    ...) over the defaults built from ``args``. ``variant`` names the set-up in the results row
+    ...) over the defaults built from ``args``. With ``--sft-tasks N`` and a ``teacher`` (tasks ->
+    engine replying with their gold solutions), the policy is first fine-tuned with ``agl.SFT`` on
+    the teacher's successful runs of ``sft_train[:N]`` (through ``sft_agent``, default
+    ``train_agent``), evaluated ("warm"), then trained with GRPO for ``--steps`` steps.
+    ``variant`` names the set-up in the results row
     (``"policies separate"``). Returns the results dict that ``results.json`` holds.
     """
     import agentlightning_lite as agl
@@ -244,22 +281,91 @@ def run(
         "seed": args.seed,
     }
     options.update(trainer_options or {})
+    if getattr(args, "no_air", False):
+        options["air"] = None
+    sft_n = getattr(args, "sft_tasks", 0) or 0
+    if sft_n and (teacher is None or not sft_train):
+        raise SystemExit(f"--sft-tasks: benchmark {name} has no teacher")
+    if getattr(args, "rl_on_sft_tasks", False):
+        if not sft_n or sft_train is None:
+            raise SystemExit("--rl-on-sft-tasks needs --sft-tasks")
+        train = list(sft_train[:sft_n])
+        variant = "; ".join(v for v in (variant, "GRPO on the warm start's tasks") if v)
     print(
         f"[{name}] model {args.model}; {len(train)} train / {len(test)} held-out tasks; "
         f"{args.steps} steps of {args.batch_size} tasks x {args.group_size} rollouts",
         flush=True,
     )
     trainer = agl.Trainer(**options)
+    warm: dict[str, Any] | None = None
+    sft_stats: dict[str, Any] = {}
     try:
-        before = evaluate(trainer, eval_agent, test)
-        print(f"[{name}] before training: {_fmt(before)}", flush=True)
+        cache = getattr(args, "before_cache", None)
+        if cache is not None and Path(cache).is_file():
+            before = json.loads(Path(cache).read_text())
+            print(f"[{name}] before training (from {cache}): {_fmt(before)}", flush=True)
+        else:
+            before = evaluate(trainer, eval_agent, test)
+            print(f"[{name}] before training: {_fmt(before)}", flush=True)
+            if cache is not None:
+                Path(cache).parent.mkdir(parents=True, exist_ok=True)
+                Path(cache).write_text(json.dumps(before, indent=2))
         t_fit = time.time()
-        trainer.fit(train_agent, train, steps=args.steps)
+        if sft_n:
+            assert teacher is not None and sft_train is not None
+            tasks = list(sft_train[:sft_n])
+            sft = agl.SFT(teacher=teacher(tasks), min_reward=1.0, lr=args.sft_lr, epochs=args.sft_epochs)
+            batch = trainer.batch_size
+            trainer.batch_size = args.sft_batch_size
+            sft_steps = -(-len(tasks) // args.sft_batch_size)
+            last = trainer.fit(sft_agent or train_agent, tasks, steps=trainer.step + sft_steps, algorithm=sft)
+            trainer.batch_size = batch
+            n_calls = agl.export_sft(
+                trainer.store, out_dir / "teacher_sft.jsonl", min_reward=1.0, mode="train"
+            )
+            sft_stats = {"tasks": len(tasks), "steps": sft_steps, "calls": n_calls, "s": 0.0, **last}
+            sft_stats["s"] = round(time.time() - t_fit, 1)
+            print(f"[{name}] warm start: {n_calls} teacher calls, {sft_stats['s']:.0f} s", flush=True)
+            warm = evaluate(trainer, eval_agent, test)
+            print(f"[{name}] after the warm start: {_fmt(warm)}", flush=True)
+            trainer.save(out_dir / "adapter-warm")
+            if args.steps:
+                trainer.use_algorithm(options["algorithm"])
+        ablation = getattr(args, "air_ablation", False) and args.steps > 0
+        start = _snapshot(trainer) if ablation else None
+        arms: list[tuple[str, Any]] = [("AIR on", options.get("air")), ("AIR off", None)] if ablation else []
+        if ablation:
+            trainer.air = list(arms[0][1] or [])
+        t_rl = time.time()
+        n_rows = len(trainer.metrics.rows())
+        if args.steps:
+            trainer.fit(train_agent, train, steps=trainer.step + args.steps)
+        rl_s = time.time() - t_rl
         fit_s = time.time() - t_fit
-        after = evaluate(trainer, eval_agent, test)
+        after = evaluate(trainer, eval_agent, test) if (args.steps or warm is None) else dict(warm)
         print(f"[{name}] after {args.steps} steps: {_fmt(after)}", flush=True)
-        curve = trainer.plot()
-        adapter = trainer.save()
+        curves = {arms[0][0]: trainer.metrics.rows()[n_rows:]} if ablation else {}
+        other: dict[str, Any] | None = None
+        if ablation and start is not None:
+            adapter_on = trainer.save(out_dir / "adapter-air-on")
+            _restore(trainer, start)  # the same warm-start adapter, data position, step and seeds
+            trainer.air = None
+            trainer.use_algorithm(_fresh(options["algorithm"]))
+            t_off = time.time()
+            n_rows = len(trainer.metrics.rows())
+            trainer.fit(train_agent, train, steps=trainer.step + args.steps)
+            off_rl_s = time.time() - t_off
+            after_off = evaluate(trainer, eval_agent, test)
+            print(f"[{name}] AIR off, after {args.steps} steps: {_fmt(after_off)}", flush=True)
+            curves[arms[1][0]] = trainer.metrics.rows()[n_rows:]
+            other = {"after": after_off, "rl_s": round(off_rl_s, 1), "adapter": str(trainer.save())}
+            adapter = adapter_on
+            curve = plot_curves(curves, out_dir / "air_ablation.png", title=f"{name}: AIR on vs off")
+        else:
+            if sft_n:
+                curves["GRPO"] = trainer.metrics.rows()[n_rows:]
+            curve = trainer.plot()
+            adapter = trainer.save()
     finally:
         trainer.close()
     wall_s = time.time() - t0
@@ -281,7 +387,12 @@ def run(
         "threads": args.threads,
         "before": before,
         "after": after,
+        "warm": warm,
+        "sft": sft_stats or None,
+        # AIR on / off, for a benchmark that has AIR rules (None: it has none)
+        "air": (options.get("air") is not None) if (trainer_options or {}).get("air") else None,
         "train_s": round(fit_s, 1),
+        "rl_s": round(rl_s, 1),
         "wall_s": round(wall_s, 1),
         "hardware": hardware(),
         "python": platform.python_version(),
@@ -291,16 +402,93 @@ def run(
         "adapter": str(adapter),
         "notes": notes,
     }
+    runs = [results]
+    if other is None and "GRPO" in curves:
+        results["curve"] = curves["GRPO"]
+    if other is not None:
+        results["variant"] = "; ".join(v for v in (variant, "AIR on") if v)
+        results["curve"] = curves.get("AIR on")
+        off = {**results, **other, "variant": "; ".join(v for v in (variant, "AIR off") if v), "air": False}
+        off["curve"] = curves.get("AIR off")
+        off["wall_s"] = results["wall_s"]  # one process ran both arms (shared warm start)
+        runs.append(off)
+        results["air_off"] = {k: off[k] for k in ("after", "rl_s", "adapter")}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     if not args.no_record:
         keep = ROOT / name / "results"
         keep.mkdir(parents=True, exist_ok=True)
-        (keep / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        tag = _tag(results)
+        (keep / f"results{tag}.json").write_text(json.dumps(runs, indent=2, default=str))
         if curve is not None and Path(curve).exists():
-            shutil.copy(curve, keep / "reward_curve.png")
-        record(results)
+            shutil.copy(
+                curve, keep / (f"air_ablation{tag}.png" if other is not None else f"reward_curve{tag}.png")
+            )
+        for r in runs:
+            record(r)
     print(json.dumps({k: results[k] for k in ("before", "after", "wall_s")}, indent=2, default=str))
     return results
+
+
+def _tag(results: dict[str, Any]) -> str:
+    """The results file suffix of a warm-start run (``_sft_seed1``); empty for a plain run."""
+    if not results.get("sft"):
+        return ""
+    return f"_sft_seed{results['seed']}" + ("_air_off" if results.get("air") is False else "")
+
+
+def _snapshot(trainer: Any) -> dict[str, Any]:
+    import torch
+
+    return {
+        "lora": {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad},
+        "step": trainer.step,
+        "epoch": trainer._epoch,
+        "cursor": trainer._cursor,
+        "torch": torch.get_rng_state(),
+    }
+
+
+def _restore(trainer: Any, snap: dict[str, Any]) -> None:
+    import torch
+
+    with torch.no_grad():
+        for n, p in trainer.policy.named_parameters():
+            if n in snap["lora"]:
+                p.copy_(snap["lora"][n])
+    trainer.step, trainer._epoch, trainer._cursor = snap["step"], snap["epoch"], snap["cursor"]
+    torch.set_rng_state(snap["torch"])
+    rng = getattr(trainer.engine, "_rng", None)  # the HF engine's sampling generator
+    if rng is not None:
+        rng.manual_seed(trainer.seed)
+
+
+def _fresh(algorithm: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(algorithm)
+
+
+def plot_curves(curves: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path | None:
+    """One figure: each run's training reward (and success rate) per step, e.g. AIR on vs off."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, rows in curves.items():
+        steps = [i + 1 for i in range(len(rows))]
+        ax.plot(steps, [r.get("train/reward_mean", float("nan")) for r in rows], marker="o", label=label)
+    ax.set_xlabel("GRPO step (after the warm start)")
+    ax.set_ylabel("mean episode reward (training rollouts)")
+    ax.set_title(title)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _fmt(res: dict[str, Any]) -> str:
@@ -329,11 +517,19 @@ def record(results: dict[str, Any], path: Path = RESULTS_MD) -> None:
         text = path.read_text() if path.exists() else "# Benchmark results\n\n"
         path.write_text(text.rstrip() + "\n\n" + HEADER)
     r = results
-    label = f"{r['benchmark']} ({r['variant']})" if r.get("variant") else r["benchmark"]
+    tags = [r["variant"]] if r.get("variant") else []
+    if r.get("sft"):
+        tags.append(f"SFT warm start on {r['sft']['tasks']} teacher tasks")
+    if r.get("air") is False and not any("AIR off" in t for t in tags):
+        tags.append("AIR off")
+    label = f"{r['benchmark']} ({'; '.join(tags)})" if tags else r["benchmark"]
+    after = score(r["after"])
+    if r.get("warm"):
+        after = f"**warm start:** {score(r['warm'])}; **warm start + GRPO:** {after}"
     row = (
         f"| {r['date']} | {label} | {r['model']} | {r['train_size']} / {r['test_size']} | "
         f"{r['steps']} x {r['batch_size']} x {r['group_size']} | {score(r['before'])} | "
-        f"{score(r['after'])} | {r['wall_s'] / 60:.1f} min | {r['hardware']} | {r['seed']} | "
+        f"{after} | {r['wall_s'] / 60:.1f} min | {r['hardware']} | {r['seed']} | "
         f"`{r['command']}` |\n"
     )
     with path.open("a") as f:

@@ -18,6 +18,7 @@ from typing import Any
 from .. import _harness
 from .autogen_agent import AIR, CREDIT, make_agent
 from .data import load_dataset, select
+from .teacher import make_teacher
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -39,7 +40,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument("--max-tool-turns", type=int, default=3, help="calculator turns per episode")
     args = ap.parse_args(argv)
-    train = select(load_dataset("train", args.data_dir), args.train_size, args.select)
+    train_all = load_dataset("train", args.data_dir)
+    train = select(train_all, args.train_size, args.select)
+    # the warm start's tasks follow the RL tasks in the same order: disjoint from them and from the test
+    sft_train = select(train_all, args.train_size + args.sft_tasks, args.select)[args.train_size :]
     test = select(load_dataset("test", args.data_dir), args.test_size, args.select)
     sampling = {"max_tokens": args.max_tokens, "max_tool_turns": args.max_tool_turns}
     return _harness.run(
@@ -52,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         trainer_options={"air": AIR, "credit": CREDIT},
         argv=argv,
         notes=f"{args.select} questions; AIR calculator ok +0.1 / error -0.1; greedy evaluation",
+        teacher=lambda tasks: make_teacher(tasks, args.model),
+        sft_train=sft_train,
     )
 
 

@@ -67,12 +67,13 @@ def find_file(split: str, data_dir: Path) -> Path:
 def load_dataset(split: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
     """All rows of ``split`` (``"train"`` or ``"test"``) in file order, as agent tasks.
 
-    A task is ``{"id", "question", "result", "source_ds", "calc_steps"}``: ``calc_steps`` counts the
-    calculator calls of the reference solution (0 for the multiple-choice rows that solve in prose).
+    A task is ``{"id", "question", "result", "source_ds", "calc_steps", "chain"}``: ``calc_steps`` counts
+    the calculator calls of the reference solution ``chain`` (0 for the multiple-choice rows that solve
+    in prose).
 
     >>> tasks = load_dataset("test", SHARED_DATA)  # doctest: +SKIP
     >>> len(tasks), sorted(tasks[0])  # doctest: +SKIP
-    (500, ['calc_steps', 'id', 'question', 'result', 'source_ds'])
+    (500, ['calc_steps', 'chain', 'id', 'question', 'result', 'source_ds'])
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -90,6 +91,7 @@ def load_dataset(split: str, data_dir: str | Path | None = None) -> list[dict[st
                     "result": row["result"],
                     "source_ds": row.get("source_ds") or row["id"].split("__", 1)[0],
                     "calc_steps": row["chain"].count('<gadget id="calculator">'),
+                    "chain": row.get("chain") or "",
                 }
             )
     return tasks

@@ -21,6 +21,7 @@ from typing import Any
 from .. import _harness
 from . import load_dataset, make_agent
 from .retriever import get_retriever
+from .teacher import make_teacher
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -49,8 +50,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rng = random.Random(args.seed)
     train = load_dataset("train", args.data_dir)
     test = load_dataset("dev", args.data_dir)
-    train = rng.sample(train, min(args.train_size, len(train)))
-    test = rng.sample(test, min(args.test_size, len(test)))
+    pool = rng.sample(train, len(train))
+    train = pool[: args.train_size]
+    sft_train = pool[args.train_size : args.train_size + args.sft_tasks]  # disjoint from the RL tasks
+    # one fixed held-out sample for every seed (the seed picks the training questions and sampling)
+    test = random.Random(0).sample(test, min(args.test_size, len(test)))
     for tasks in (train, test):  # build (or load) the split's index before any rollout is timed
         get_retriever(tasks[0]["corpus"], args.retriever)
 
@@ -71,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         train=train,
         test=test,
         argv=argv,
+        teacher=lambda tasks: make_teacher(tasks, args.max_turns, args.model),
+        sft_train=sft_train,
         notes=(
             f"retriever {retriever}, scope {args.scope}, top-{args.top_k} x {args.words or 'all'} words, "
             f"max {args.max_turns} turns; reward 0.1*format + 0.9*F1; success = reward 1.0 (F1 = 1)"

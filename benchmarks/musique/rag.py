@@ -101,11 +101,13 @@ class AgentConfig:
 
 async def rag_agent(task: dict[str, Any], llm: agl.LLM, config: AgentConfig = AgentConfig()) -> float:
     """Answer one MuSiQue question; returns ``0.1 * format + 0.9 * F1`` and reports ``em``, ``f1``,
-    ``format`` and ``support_recall`` (the share of the supporting paragraphs the searches found)."""
+    ``format``, ``support_recall`` (the share of the supporting paragraphs the searches found) and
+    ``searches`` (search calls made)."""
     install_tracing()
     retriever = get_retriever(task["corpus"], config.retriever)
     among = task["paragraphs"] if config.scope == "question" else None
     found: set[int] = set()
+    searches: list[str] = []
 
     @function_tool
     def search(query: str) -> str:
@@ -114,6 +116,7 @@ async def rag_agent(task: dict[str, Any], llm: agl.LLM, config: AgentConfig = Ag
         Args:
             query: what to look up, e.g. a person, place or event.
         """
+        searches.append(query)
         hits = retriever.search(query, config.top_k, among)
         found.update(hits)
         return "\n".join(f"[{n}] {retriever.corpus.render(i, config.words)}" for n, i in enumerate(hits, 1))
@@ -142,6 +145,7 @@ async def rag_agent(task: dict[str, Any], llm: agl.LLM, config: AgentConfig = Ag
         f1=s.f1,
         format=s.format,
         support_recall=len(found & supporting) / len(supporting) if supporting else 0.0,
+        searches=float(len(searches)),
     )
     return s.reward
 

@@ -28,6 +28,7 @@ from typing import Any
 from .. import _harness
 from .data import load_dataset
 from .sql_agent import TRAINED_AGENTS, SpiderAgent
+from .teacher import make_teacher
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -60,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     limit = args.max_schema_chars or None
     train = load_dataset("train", args.data_dir, max_schema_chars=limit, seed=args.seed)
     test = load_dataset("test", args.data_dir, max_schema_chars=limit)  # one fixed order for every seed
+    sft_train = train[args.train_size : args.train_size + args.sft_tasks]  # disjoint from the RL tasks
     train = train[: args.train_size] if args.train_size > 0 else train
     test = test[: args.test_size] if args.test_size > 0 else test
     separate = args.policies == "separate"
@@ -78,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         trainer_options=_policy_options(args),
         argv=argv,
         variant=f"policies {args.policies}",
+        teacher=lambda tasks: make_teacher(tasks, args.model),
+        sft_train=sft_train,
         notes=(
             f"max_turns {args.max_turns}, max_tokens {args.max_tokens}, schemas <= {limit or 'any'} chars; "
             f"train dbs {', '.join(dbs[0])}; test dbs {', '.join(dbs[1])}"

@@ -27,6 +27,7 @@ _LAZY = {
     "GRPO": ".rl",
     "PPO": ".rl",
     "LoRA": ".rl",
+    "SFT": ".rl",
     "LitAgent": ".rl",
     "Trainer": ".rl",
     "PolicyServer": ".serving",
@@ -41,7 +42,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from . import models, remote
     from .remote import RayRunners, RemoteRunners
-    from .rl import GRPO, PPO, LitAgent, LoRA, Trainer
+    from .rl import GRPO, PPO, SFT, LitAgent, LoRA, Trainer
     from .serving import LLM, PolicyServer, engines
 
 
@@ -67,6 +68,7 @@ __all__ = [
     "RayRunners",
     "RemoteRunners",
     "Rollout",
+    "SFT",
     "SQLiteStore",
     "Span",
     "Store",

@@ -155,7 +155,7 @@ def test_load_dataset_splits() -> None:
         "aqua_rat": 23,
     }
     first = train[0]
-    assert sorted(first) == ["calc_steps", "id", "question", "result", "source_ds"]
+    assert sorted(first) == ["calc_steps", "chain", "id", "question", "result", "source_ds"]
     assert first["id"] == "ape210k__00384263" and first["result"] == "2/3" and first["calc_steps"] == 3
     assert load_dataset("test", DATA / "calcx") == test  # the folder itself works too
 
@@ -320,3 +320,31 @@ def test_benchmark_one_step_on_the_embedded_model(tmp_path: Path) -> None:
         assert res["n"] == 2 and res["failed"] == 0
         assert 0.0 <= res["mean_reward"] <= 1.0 and 0.0 <= res["success_rate"] <= 1.0
         assert 0.0 <= res["answer_format"] <= 1.0 and 0.0 <= res["tool_calls"] <= 1.0
+
+
+# -- the teacher (SFT warm start): the gold chain through the real agent ------------------------------
+def test_teacher_replays_the_gold_chain_through_the_agent() -> None:
+    from benchmarks.calc_x.teacher import teacher_reply
+
+    task = next(t for t in load_dataset("train", DATA) if t["calc_steps"] == 2 and t["result"].isdigit())
+    script = teacher_reply({task["question"]: task})
+    assert script([{"role": "user", "content": "an unknown question"}]) == "### ANSWER: 0 ###"
+    replies: list[Any] = []
+
+    def reply(messages: list[dict[str, Any]]) -> Any:
+        out = script(messages)
+        replies.append(out)
+        return out
+
+    store = agl.MemoryStore()
+    tracer = agl.Tracer(store)
+    with PolicyServer(engines.ScriptedEngine(reply, tokenizer="bytes"), store) as server:
+        with tracer.rollout(task) as ro:
+            got = asyncio.run(agent(task, server.llm(ro.id)))
+            ro.reward(got)
+    assert got == 1.0
+    calls = [s for s in store.spans(ro.id) if s.kind == "tool"]
+    assert [s.status for s in calls] == ["ok", "ok"]  # both gold calculator steps ran
+    assert replies[-1] == f"### ANSWER: {calls[-1].output} ###"
+    ts = agl.transitions(store, rollout_ids=[ro.id])
+    assert len(ts) == 3 and all(t.response_token_ids for t in ts)

@@ -314,3 +314,24 @@ def test_smoke_one_step_with_the_embedded_model(tmp_path, sdk_processors):
     assert saved["after"] == res["after"]
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics and metrics[-1]["train/samples"] > 0
+
+
+@needs_data
+def test_teacher_searches_the_supporting_titles_then_answers(sdk_processors):
+    from benchmarks.musique.teacher import teacher_reply
+
+    task = next(t for t in load_dataset("dev", DATA) if t["id"] == "2hop__574419_270105")
+    titles = load_corpus(task["corpus"]).titles
+    script = teacher_reply({task["question"]: task}, titles, max_searches=2)
+    store = agl.MemoryStore()
+    tracer = agl.Tracer(store)
+    run = make_agent(retriever="bm25", scope="question", top_k=2, temperature=0.0, max_tokens=256)
+    sink: list[dict[str, float]] = []
+    with PolicyServer(engines.ScriptedEngine(script, tokenizer="bytes"), store) as server:
+        with tracer.rollout(task) as ro:
+            got = asyncio.run(_harness._with_metrics(run, sink, threading.Lock())(task, server.llm(ro.id)))
+            ro.reward(got)
+    assert got == 1.0 and sink[0]["searches"] == 2.0 and sink[0]["support_recall"] == 1.0
+    queries = [s.input["query"] for s in store.spans(ro.id) if s.kind == "tool"]
+    assert queries == [titles[i] for i in task["supporting"]][:2]
+    assert len(agl.transitions(store, rollout_ids=[ro.id])) == 3

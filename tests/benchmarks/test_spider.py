@@ -401,3 +401,14 @@ def test_smoke_one_step_with_an_adapter_per_role(tmp_path: Path) -> None:
     record(saved, md)
     assert md.read_text().startswith("# Benchmark results") and HEADER in md.read_text()
     assert "| spider (policies separate) |" in md.read_text()
+
+
+@needs_data
+def test_teacher_writes_the_gold_query_and_only_the_writer_is_trained() -> None:
+    from benchmarks.spider.teacher import teacher_reply
+
+    store, rid, reward = run_episode(teacher_reply({QUESTION: {"question": QUESTION, "query": GOLD}}))
+    assert reward == 1.0
+    ts = agl.transitions(store, rollout_ids=[rid], agents=list(sql_agent.TRAINED_AGENTS))
+    assert [t.agent for t in ts] == ["writer"]  # the checker accepted: no rewrite; its call is not trained
+    assert ts[0].response["content"] == "```sql\n" + GOLD  # cut at the writer's stop string, ";"

@@ -37,6 +37,7 @@ from .lora import LoRA, check_4bit_available
 from .metrics import MetricsLogger, plot_reward_curve
 from .ppo import PPO, ValueHead, gae, value_loss
 from .rollouts import RolloutResult, RolloutSpec, run_rollouts
+from .sft import SFT, sft_update
 from .trajectory import merge_trajectories
 
 __all__ = ["Trainer"]
@@ -136,7 +137,8 @@ class Trainer:
     Args:
         model: the policy: a name from ``agl.models`` (``"smollm2-135m"``, embedded), a Hugging
             Face id or local path.
-        algorithm: ``agl.GRPO(...)`` (default) or ``agl.PPO(...)``.
+        algorithm: ``agl.GRPO(...)`` (default), ``agl.PPO(...)`` or ``agl.SFT(...)`` (supervised
+            fine-tuning on the recorded calls; ``fit(..., algorithm=...)`` switches from then on).
         lora: ``agl.LoRA(...)`` adapter settings (``load_in_4bit=True`` for QLoRA on a GPU).
         engine: ``"auto"`` (vLLM on a GPU when installed, else transformers), ``"hf"``,
             ``"vllm"``, or an engine instance (``agl.engines.HFEngine(...)``).
@@ -227,7 +229,7 @@ class Trainer:
     def __init__(
         self,
         model: Any = "smollm2-135m",
-        algorithm: GRPO | PPO | None = None,
+        algorithm: GRPO | PPO | SFT | None = None,
         lora: LoRA | None = None,
         engine: Any = "auto",
         engine_options: dict[str, Any] | None = None,
@@ -274,10 +276,7 @@ class Trainer:
             self._plan = _plan_policies(policies)
             lora = next(iter(self._plan.trained.values()))
         self.algorithm = algorithm if algorithm is not None else GRPO()
-        if not isinstance(self.algorithm, (GRPO, PPO)):
-            raise TypeError(
-                f"algorithm must be agl.GRPO(...) or agl.PPO(...), got {type(self.algorithm).__name__}"
-            )
+        _check_algorithm(self.algorithm)
         if failed_reward != "drop" and not isinstance(failed_reward, (int, float)):
             raise ValueError(f"failed_reward must be 'drop' or a number, got {failed_reward!r}")
         if old_logprobs not in ("auto", "engine", "recompute"):
@@ -465,8 +464,9 @@ class Trainer:
         steps: int | None = None,
         epochs: int = 1,
         resume: bool = False,
+        algorithm: GRPO | PPO | SFT | None = None,
     ) -> dict[str, Any]:
-        """Train ``agent`` on ``train_dataset`` for ``steps`` steps (default: ``epochs`` passes).
+        """Train ``agent`` on ``train_dataset`` until step ``steps`` (default: ``epochs`` passes).
 
         ``agent`` is a function ``(task, llm) -> float | None`` (sync or async) or an
         ``agl.LitAgent``. With ``resume=True`` the newest checkpoint in ``output_dir`` is loaded
@@ -474,9 +474,16 @@ class Trainer:
         that a process which died left ``running`` in the store are first marked ``failed`` with
         error ``"interrupted"`` (see :func:`agentlightning_lite.store.recovery.recover_interrupted`).
         Returns the final metrics (with the last validation scores when ``val_dataset`` is given).
+
+        ``algorithm`` switches the trainer to another algorithm from here on (a fresh optimiser
+        on the same adapter): ``fit(agent, tasks, algorithm=agl.SFT(teacher=engine))`` for a
+        supervised warm start, then ``fit(agent, tasks, steps=trainer.step + 8, algorithm=agl.GRPO())``
+        (the step count is the trainer's, across calls: ``steps`` is the step to stop at).
         """
         if len(train_dataset) == 0:
             raise ValueError("train_dataset is empty")
+        if algorithm is not None:
+            self.use_algorithm(algorithm)
         per_epoch = math.ceil(len(train_dataset) / self.batch_size)
         total = steps if steps is not None else per_epoch * epochs
         if resume:
@@ -552,7 +559,14 @@ class Trainer:
                 for idx, task in tasks
                 for k in range(group_size)
             ]
-            results = self._run(agent, specs)
+            teacher = getattr(self.algorithm, "teacher", None)
+            if teacher is not None:  # SFT: the teacher plays the policy; its calls are recorded alike
+                from ..serving import PolicyServer
+
+                with PolicyServer(teacher, self.store, **self.server_options) as server:
+                    results = self._run(agent, specs, llm_for=server.llm)
+            else:
+                results = self._run(agent, specs)
             t_roll = time.perf_counter() - t0
             samples, sample_stats = self._samples(results)
             _release_cuda_cache(self.device)  # the rollouts' KV caches: give their blocks back first
@@ -628,12 +642,16 @@ class Trainer:
         return _Ctx()
 
     def _run(
-        self, agent: Callable[..., Any], specs: list[RolloutSpec], desc: str = ""
+        self,
+        agent: Callable[..., Any],
+        specs: list[RolloutSpec],
+        desc: str = "",
+        llm_for: Callable[[str], Any] | None = None,
     ) -> list[RolloutResult]:
         bar = _progress(len(specs), desc) if desc else None
         # the agents start together: let a batching engine wait for their first requests
         expect = getattr(self.engine, "expect", None)
-        if expect is not None:
+        if expect is not None and llm_for is None:
             expect(min(len(specs), self.concurrency))
         if self.runners is not None:
             try:
@@ -646,7 +664,7 @@ class Trainer:
                 agent,
                 specs,
                 self.tracer,
-                lambda rid: self._server.llm(rid),
+                llm_for or (lambda rid: self._server.llm(rid)),
                 concurrency=self.concurrency,
                 timeout=self.rollout_timeout,
                 on_done=(lambda _r: bar.update(1)) if bar is not None else None,
@@ -695,6 +713,9 @@ class Trainer:
         for r in results:
             if not r.rollout_id:  # never ran (a remote rollout given up before any runner took it)
                 continue
+            min_reward = getattr(self.algorithm, "min_reward", None)
+            if min_reward is not None and (r.reward is None or r.reward < min_reward):
+                continue  # SFT trains on good episodes only
             if r.status == "succeeded" and r.reward is not None:
                 keep.append(r)
             elif r.status != "succeeded" and self.failed_reward != "drop":
@@ -775,6 +796,8 @@ class Trainer:
     def _update_policy(self, policy: _Policy, samples: list[Sample]) -> dict[str, float]:
         algo = self.algorithm
         stats: dict[str, float] = {}
+        if isinstance(algo, SFT):
+            return self._sft_update(policy, samples)
         if isinstance(algo, GRPO):
             adv, gstats = group_advantages(
                 [s.reward for s in samples],
@@ -805,6 +828,45 @@ class Trainer:
             self._push_weights(policy)
         stats.update(result)
         return stats
+
+    def _sft_update(self, policy: _Policy, samples: list[Sample]) -> dict[str, float]:
+        algo = self.algorithm
+        assert isinstance(algo, SFT)
+        if self.transitions_mode == "trajectory":
+            samples, stats = merge_trajectories(samples)
+        else:
+            stats = {}
+
+        def step(model: Any) -> None:
+            if policy.adapter is not None and model.active_adapter != policy.adapter:
+                model.set_adapter(policy.adapter)
+            seed = self.seed * 1_000_003 + self.step
+            stats.update(
+                sft_update(model, policy.optimizer, samples, algo, self._pad_id(), seed, self.autocast)
+            )
+
+        if self._trains_in_place():
+            self.engine.update_weights(step)
+        else:
+            step(self.policy)
+            self._push_weights(policy)
+        return stats
+
+    def use_algorithm(self, algorithm: GRPO | PPO | SFT) -> None:
+        """Train with ``algorithm`` from now on: same adapter(s), a fresh optimiser for each.
+
+        >>> trainer.use_algorithm(agl.GRPO(group_size=8))  # doctest: +SKIP
+        """
+        _check_algorithm(algorithm)
+        self.algorithm = algorithm
+        for pol in self._policies:
+            if pol.adapter is None:
+                params = [p for p in self.policy.parameters() if p.requires_grad]
+            else:
+                params = _adapter_params(self.policy, pol.adapter)
+            pol.optimizer, pol.value_head = self._make_optimizer(params)
+        if self._plan is None:
+            self.optimizer, self.value_head = self._policies[0].optimizer, self._policies[0].value_head
 
     def _trains_in_place(self) -> bool:
         return getattr(self.engine, "model", None) is self.policy
@@ -1026,6 +1088,13 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_algorithm(algorithm: Any) -> None:
+    if not isinstance(algorithm, (GRPO, PPO, SFT)):
+        raise TypeError(
+            f"algorithm must be agl.GRPO(...), agl.PPO(...) or agl.SFT(...), got {type(algorithm).__name__}"
+        )
 
 
 def _micro_batches(samples: list[Sample], most: int, max_tokens: int) -> list[list[Sample]]:

@@ -1,0 +1,204 @@
+"""Summarise the warm-start runs of a benchmark over seeds: means, 95% intervals, the AIR ablation plot.
+
+Reads ``benchmarks/<name>/results/results_sft_seed*.json`` (written by ``--sft-tasks N``), writes
+``benchmarks/<name>/results/summary.md`` and, when the runs hold an AIR ablation, ``air_ablation.png``
+(mean training reward per GRPO step, AIR on and off, one line per seed and their mean)::
+
+    python -m benchmarks.summarize calc_x
+
+>>> round(t_interval([0.5, 0.6, 0.7])[1], 3)
+0.248
+>>> [round(x, 3) for x in wilson(32, 64)]
+[0.381, 0.619]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+#: two-sided 97.5% quantiles of Student's t by degrees of freedom
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% Student-t interval over ``values`` (seeds); nan width for one."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    t = _T975.get(len(values) - 1, 1.96)
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate (``successes`` of ``n``)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return centre - half, centre + half
+
+
+def _curve(run: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The GRPO steps' metric rows: stored in the results, else read from the run's metrics.jsonl."""
+    if run.get("curve"):
+        return run["curve"]
+    path = Path(run.get("output_dir", "")) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    skip = int((run.get("sft") or {}).get("steps", 0))
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in rows if r.get("step", 0) > skip and "train/reward_mean" in r] or None
+
+
+def load(name: str) -> list[list[dict[str, Any]]]:
+    """Each seed's runs, in seed order: [AIR on] or [AIR on, AIR off] (one process with
+    ``--air-ablation``, or a second one with ``--no-air`` whose results file ends in ``_air_off``)."""
+    folder = ROOT / name / "results"
+    out = []
+    for f in sorted(folder.glob("results_sft_seed*.json")):
+        if f.stem.endswith("_air_off"):
+            continue
+        runs = json.loads(f.read_text())
+        off = f.with_name(f.stem + "_air_off.json")
+        if len(runs) == 1 and off.is_file():
+            runs = runs + json.loads(off.read_text())
+        for run in runs:
+            run["curve"] = _curve(run)
+        out.append(runs)
+    return out
+
+
+def _cell(values: list[float], n_tasks: int, rate: bool = False, fmt: str = "{:.3f}") -> str:
+    """Mean ± t-interval over seeds; for a success rate also the Wilson interval of the pooled episodes."""
+    mean, half = t_interval(values)
+    each = ", ".join(fmt.format(v) for v in values)
+    pooled = ""
+    if rate:
+        k, n = round(sum(values) * n_tasks), n_tasks * len(values)
+        lo, hi = wilson(k, n)
+        pooled = f"; pooled {k}/{n}, Wilson 95% [{lo:.3f}, {hi:.3f}]"
+    if len(values) < 2:
+        return f"{fmt.format(mean)} (one seed{pooled})"
+    return f"{fmt.format(mean)} ± {fmt.format(half)} (seeds: {each}{pooled})"
+
+
+def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()) -> str:
+    """The Markdown summary of ``name``'s warm-start runs (and the AIR plot, when there is one)."""
+    seeds = load(name)
+    if not seeds:
+        raise SystemExit(f"no results_sft_seed*.json under benchmarks/{name}/results")
+    first = seeds[0][0]
+    n = int(first["test_size"])
+    lines = [
+        f"# {name}: warm start (SFT on teacher traces) and GRPO, held-out results over seeds",
+        "",
+        f"Held-out tasks: {n} (never trained on), greedy decoding; seeds "
+        f"{', '.join(str(s[0]['seed']) for s in seeds)}; model {first['model']}; {first['hardware']}.",
+        f"Warm start: `agl.SFT` on the teacher's successful runs of {first['sft']['tasks']} training tasks "
+        f"({first['sft']['calls']} calls); then GRPO, {first['steps']} steps x {first['batch_size']} tasks x "
+        f"group {first['group_size']}. Means ± the half-width of the 95% Student-t interval over seeds.",
+        "",
+        "| measure | before | warm start (SFT) | warm start + GRPO | warm start + GRPO, AIR off |",
+        "|---|---|---|---|---|",
+    ]
+    before = first["before"]
+    for key in [metric, "mean_reward", *extra]:
+        if key not in before:
+            continue
+        warm = [s[0]["warm"][key] for s in seeds]
+        on = [s[0]["after"][key] for s in seeds]
+        off = [s[1]["after"][key] for s in seeds if len(s) > 1]
+        lo, hi = wilson(before[key] * n, n) if key == metric else (float("nan"), float("nan"))
+        b = f"{before[key]:.3f}" + (f" (Wilson 95% [{lo:.3f}, {hi:.3f}])" if key == metric else "")
+        rate = key == metric and metric == "success_rate"
+        off_cell = _cell(off, n, rate) + f" ({len(off)} seeds)" if off else "not run"
+        lines.append(f"| {key} | {b} | {_cell(warm, n, rate)} | {_cell(on, n, rate)} | {off_cell} |")
+    lines += [
+        "",
+        "Per seed (wall time is the whole process: warm start, evaluations and both GRPO arms):",
+        "",
+        "| seed | warm start | + GRPO (AIR on) | + GRPO (AIR off) | SFT s | GRPO s (on / off) | wall "
+        "| command |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in seeds:
+        r = s[0]
+        off = s[1] if len(s) > 1 else None
+        lines.append(
+            f"| {r['seed']} | {r['warm'][metric]:.3f} | {r['after'][metric]:.3f} | "
+            f"{off['after'][metric] if off else float('nan'):.3f} | {r['sft']['s']:.0f} | "
+            f"{r['rl_s']:.0f} / {off['rl_s'] if off else float('nan'):.0f} | {r['wall_s'] / 60:.1f} min | "
+            f"`{r['command']}` |"
+        )
+    if any(len(s) > 1 and s[0].get("curve") for s in seeds):
+        path = plot_air(name, seeds)
+        lines += ["", f"AIR ablation, training reward per GRPO step: [{path.name}]({path.name})", ""]
+        lines += ["| seed | arm | train reward per step | groups without reward spread per step | updates |"]
+        lines += ["|---|---|---|---|---|"]
+        for s in seeds:
+            for arm, run in zip(("AIR on", "AIR off"), s, strict=False):
+                rows = run.get("curve") or []
+                rewards = ", ".join(f"{r.get('train/reward_mean', float('nan')):.3f}" for r in rows)
+                zero = ", ".join(
+                    f"{r.get('grpo/zero_std_groups', float('nan')):.0f}/{r.get('grpo/groups', 0):.0f}"
+                    for r in rows
+                )
+                done = sum(1 for r in rows if not r.get("train/skipped_update"))
+                lines.append(f"| {run['seed']} | {arm} | {rewards} | {zero} | {done} of {len(rows)} |")
+    text = "\n".join(lines) + "\n"
+    (ROOT / name / "results" / "summary.md").write_text(text)
+    return text
+
+
+def plot_air(name: str, seeds: list[list[dict[str, Any]]]) -> Path:
+    """Both arms' training reward per GRPO step on one figure: thin lines per seed, thick means."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = [s for s in seeds if len(s) > 1 and s[0].get("curve") and s[1].get("curve")]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for arm, colour in ((0, "tab:blue"), (1, "tab:orange")):
+        curves = [[row.get("train/reward_mean", float("nan")) for row in s[arm]["curve"]] for s in seeds]
+        label = "AIR on" if arm == 0 else "AIR off"
+        for c in curves:
+            ax.plot(range(1, len(c) + 1), c, color=colour, alpha=0.3, linewidth=1)
+        width = min(len(c) for c in curves)
+        mean = [statistics.fmean(c[i] for c in curves) for i in range(width)]
+        ax.plot(range(1, width + 1), mean, color=colour, linewidth=2.5, marker="o", label=f"{label} (mean)")
+    ax.set_xlabel("GRPO step after the warm start")
+    ax.set_ylabel("mean task reward of the step's rollouts")
+    ax.set_title(f"{name}: AIR on vs off ({len(seeds)} seeds)")
+    ax.legend(loc="best")
+    fig.tight_layout()
+    path = ROOT / name / "results" / "air_ablation.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.summarize", description=__doc__.splitlines()[0])
+    ap.add_argument("benchmark", choices=("calc_x", "musique", "spider"))
+    args = ap.parse_args(argv)
+    extra = {
+        "calc_x": ("answer_format", "tool_calls", "tool_errors"),
+        "musique": ("f1", "em", "format", "searches", "support_recall"),
+        "spider": ("writer_acc", "turns"),
+    }[args.benchmark]
+    metric = {"musique": "f1"}.get(args.benchmark, "success_rate")
+    print(summarize(args.benchmark, metric, extra))
+
+
+if __name__ == "__main__":
+    main()
