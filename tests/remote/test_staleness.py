@@ -52,6 +52,7 @@ def test_old_samples_are_dropped(max_staleness: int | None, kept: int) -> None:
         max_staleness=max_staleness,
         engine=SimpleNamespace(version=5),
         _plan=None,
+        algorithm=agl.GRPO(),
         _agent_policy={},
     )
     samples, stats = agl.Trainer._samples(trainer, results)  # type: ignore[arg-type]
