@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
-from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,36 +22,10 @@ pytest.importorskip("peft")
 SRC = str(Path(agl.__file__).resolve().parents[1])
 
 
-def tiny_engine(**kw: Any) -> Any:
-    """An HFEngine over a one-layer random Llama with the byte tokenizer (258 tokens)."""
-    from agentlightning_lite.serving.engines import HFEngine
-
-    tok = ByteTokenizer()
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    options: dict[str, Any] = dict(lora=agl.LoRA(r=2, alpha=4), model_name="tiny", seed=0, num_threads=1)
-    options.update(kw)
-    return HFEngine(model, tokenizer=tok, **options)
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[Any]:
-    eng = tiny_engine()
-    yield eng
-    eng.close()
+@pytest.fixture
+def engine(tiny_engine: Any) -> Any:
+    """The tiny random-init engine of tests/conftest.py, with a LoRA adapter to train."""
+    return tiny_engine(lora=agl.LoRA(r=2, alpha=4))
 
 
 def make(engine: Any, tmp_path: Path, **kw: Any) -> agl.Trainer:
