@@ -16,29 +16,11 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 LR = 1e-2
 
 
-def tiny_model() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=258,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=257,
-        eos_token_id=257,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture
-def engine() -> Iterator[Any]:
+def engine(tiny_llama: Any) -> Iterator[Any]:
     from agentlightning_lite.serving.engines import HFEngine
 
-    eng = HFEngine(tiny_model(), tokenizer=ByteTokenizer(), seed=0, model_name="tiny", max_batch_size=16)
+    eng = HFEngine(tiny_llama(), tokenizer=ByteTokenizer(), seed=0, model_name="tiny", max_batch_size=16)
     yield eng
     eng.close()
 
@@ -176,12 +158,12 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     trainer.close()
 
 
-def test_shared_and_frozen_adapter_policies(engine: Any, tmp_path: Path) -> None:
+def test_shared_and_frozen_adapter_policies(engine: Any, tmp_path: Path, tiny_llama: Any) -> None:
     """``{"writer": LoRA, "rewriter": "writer"}`` is one adapter; a saved adapter is served frozen."""
     import peft
 
     frozen_dir = tmp_path / "checker-adapter"
-    donor = peft.get_peft_model(tiny_model(), agl.LoRA(r=2, target_modules=TARGETS).to_peft_config())
+    donor = peft.get_peft_model(tiny_llama(), agl.LoRA(r=2, target_modules=TARGETS).to_peft_config())
     with torch.no_grad():
         for n, p in donor.named_parameters():
             if "lora_B" in n:

@@ -36,26 +36,17 @@ def teacher(tokenizer: Any, wrong: str = "") -> ScriptedEngine:
     return ScriptedEngine(reply, tokenizer=tokenizer)
 
 
-def tiny_engine() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def tiny_engine(tiny_llama: Any) -> Any:
     from agentlightning_lite.serving.engines import HFEngine
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=258,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        pad_token_id=257,
-        eos_token_id=257,
-    )
-    model = LlamaForCausalLM(cfg).eval()
     lora = agl.LoRA(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
-    return HFEngine(model, tokenizer=ByteTokenizer(), lora=lora, seed=0, model_name="tiny")
+    return HFEngine(
+        tiny_llama(max_position_embeddings=1024),
+        tokenizer=ByteTokenizer(),
+        lora=lora,
+        seed=0,
+        model_name="tiny",
+    )
 
 
 def recorded_samples(store: agl.Store) -> list[Sample]:
@@ -89,8 +80,8 @@ def check_sft_step(trainer: agl.Trainer, tasks: list[dict[str, str]], wrong: str
 
 
 @pytest.fixture
-def tiny_trainer(tmp_path: Path) -> Iterator[agl.Trainer]:
-    engine = tiny_engine()
+def tiny_trainer(tmp_path: Path, tiny_llama: Any) -> Iterator[agl.Trainer]:
+    engine = tiny_engine(tiny_llama)
     trainer = agl.Trainer(
         model="tiny",
         engine=engine,
@@ -124,13 +115,13 @@ def test_sft_then_grpo_on_the_same_adapter(tiny_trainer: agl.Trainer) -> None:
     assert lora_state(tiny_trainer.policy).keys() == warm.keys()
 
 
-def test_sft_rejects_bad_settings() -> None:
+def test_sft_rejects_bad_settings(tiny_llama: Any) -> None:
     with pytest.raises(ValueError, match="epochs"):
         agl.SFT(epochs=0)
     with pytest.raises(ValueError, match="KL"):
         agl.SFT(kl_coef=0.1)
     with pytest.raises(TypeError, match=r"agl\.SFT"):
-        agl.Trainer(algorithm="sft", engine=tiny_engine(), store=agl.MemoryStore(), loggers=[])  # type: ignore[arg-type]
+        agl.Trainer(algorithm="sft", engine=tiny_engine(tiny_llama), store=agl.MemoryStore(), loggers=[])  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -16,30 +16,12 @@ from agentlightning_lite.rl.trajectory import merge_trajectories
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
 
-def tiny_model() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=258,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=257,
-        eos_token_id=257,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture
-def engine() -> Iterator[Any]:
+def engine(tiny_llama: Any) -> Iterator[Any]:
     from agentlightning_lite.serving.engines import HFEngine
 
     eng = HFEngine(
-        tiny_model(),
+        tiny_llama(),
         tokenizer=ByteTokenizer(),
         lora=agl.LoRA(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
         seed=0,
