@@ -101,6 +101,18 @@ def add_arguments(
     )
     ap.add_argument("--concurrency", type=int, default=None, help="rollouts at once (default: one step's)")
     ap.add_argument("--rollout-timeout", type=float, default=1800.0)
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bfloat16 autocast over the float32 model, generation and updates alike "
+        "(HFEngine(autocast='bfloat16'): the fast path on CPUs with AMX/AVX512-BF16)",
+    )
+    ap.add_argument(
+        "--transitions",
+        choices=("call", "trajectory"),
+        default="call",
+        help="'trajectory': an episode's calls that extend each other are trained as one sequence",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", type=Path, default=None, help="default: runs/<benchmark>")
     ap.add_argument("--no-record", action="store_true", help="do not touch benchmarks/RESULTS.md")
@@ -264,6 +276,8 @@ def run(
         torch.set_num_threads(args.threads)  # process-wide: the engine and the update both use it
     if args.gpu_memory_utilization is not None:
         engine_options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if getattr(args, "bf16", False):
+        engine_options["autocast"] = "bfloat16"
     out_dir = Path(args.output_dir or Path("runs") / name)
     shutil.rmtree(out_dir, ignore_errors=True)  # a fresh store, metrics and curve for each run
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -279,6 +293,7 @@ def run(
         "rollout_timeout": args.rollout_timeout,
         "output_dir": out_dir,
         "seed": args.seed,
+        "transitions": getattr(args, "transitions", "call"),
     }
     options.update(trainer_options or {})
     if getattr(args, "no_air", False):

@@ -36,7 +36,7 @@ CUDA = torch.cuda.is_available()
 # different matmul shapes (so different kernels and summation orders): per-token logprob differences of
 # a few 1e-2 are expected. 0.05 on the mean is well above that noise and far below what a real bug
 # gives (a wrong position id, adapter or temperature shifts logprobs by O(1)).
-TOLERANCE = {"cpu": 1e-4, "cuda": 5e-2}
+TOLERANCE = {"cpu": 1e-4, "cuda": 5e-2, "cpu-bf16": 5e-2}
 
 
 def tiny_llama(vocab: int = 258) -> Any:
@@ -82,15 +82,16 @@ def varied(task: dict, llm: agl.LLM) -> float:
 LORA = agl.LoRA(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 
 
-def tiny_engine(device: str) -> HFEngine:
+def tiny_engine(device: str, **kw: Any) -> HFEngine:
     return HFEngine(
-        tiny_llama(), tokenizer=ByteTokenizer(), lora=LORA, device=device, seed=0, model_name="tiny"
+        tiny_llama(), tokenizer=ByteTokenizer(), lora=LORA, device=device, seed=0, model_name="tiny", **kw
     )
 
 
 def run_two_steps(engine: HFEngine, tmp_path: Path, gradient_checkpointing: bool) -> agl.Trainer:
     """Two GRPO steps; checks devices, dtypes, that every LoRA matrix moved and the logprobs agree."""
     device = engine.device.type
+    kind = "cpu-bf16" if device == "cpu" and engine.autocast_dtype == torch.bfloat16 else device
     trainer = agl.Trainer(
         engine=engine,
         algorithm=agl.GRPO(group_size=4, lr=1e-2, micro_batch_size=4),
@@ -107,8 +108,10 @@ def run_two_steps(engine: HFEngine, tmp_path: Path, gradient_checkpointing: bool
         assert all(p.device.type == device for p in trainer.policy.parameters())
         if device == "cuda" and torch.cuda.is_bf16_supported():
             assert engine.dtype == torch.bfloat16 and trainer.autocast == torch.bfloat16
-        if device == "cpu":
+        if kind == "cpu":
             assert engine.dtype == torch.float32 and trainer.autocast is None
+        if kind == "cpu-bf16":  # float32 weights, bf16 compute in generation and update alike
+            assert engine.dtype == torch.float32 and trainer.autocast == torch.bfloat16
         assert _is_checkpointing(trainer.policy) == gradient_checkpointing
 
         before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad}
@@ -121,7 +124,7 @@ def run_two_steps(engine: HFEngine, tmp_path: Path, gradient_checkpointing: bool
             assert r.get("train/skipped_update", 0.0) == 0.0
             assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"])
             # the trainer compared the engine's logprobs with its own forward pass on every sample
-            assert r["train/logprob_mismatch_mean"] <= TOLERANCE[device], r["train/logprob_mismatch_mean"]
+            assert r["train/logprob_mismatch_mean"] <= TOLERANCE[kind], r["train/logprob_mismatch_mean"]
 
         after = {n: p.detach() for n, p in trainer.policy.named_parameters() if p.requires_grad}
         changed = [n for n in before if not torch.equal(before[n], after[n])]
@@ -138,7 +141,7 @@ def run_two_steps(engine: HFEngine, tmp_path: Path, gradient_checkpointing: bool
         with torch.no_grad():
             lp, _ = forward_logprobs(trainer.policy, batch, None, trainer.autocast)
         diff = (lp[0].float().cpu() - torch.tensor(res.logprobs)).abs()
-        assert float(diff.mean()) <= TOLERANCE[device], diff
+        assert float(diff.mean()) <= TOLERANCE[kind], diff
     finally:
         trainer.close()
         engine.close()
@@ -148,6 +151,30 @@ def run_two_steps(engine: HFEngine, tmp_path: Path, gradient_checkpointing: bool
 @pytest.mark.parametrize("gradient_checkpointing", [False, True])
 def test_two_steps_on_cpu_in_float32(tmp_path: Path, gradient_checkpointing: bool) -> None:
     run_two_steps(tiny_engine("cpu"), tmp_path, gradient_checkpointing)
+
+
+def test_two_steps_on_cpu_under_bf16_autocast(tmp_path: Path) -> None:
+    """``HFEngine(autocast="bfloat16")``: float32 weights, bf16 compute; the trainer follows the engine."""
+    engine = tiny_engine("cpu", autocast="bfloat16")
+    ref = tiny_engine("cpu")
+    prompt = ref.encode(ref.apply_chat_template([{"role": "user", "content": "Hi"}]))
+    greedy = [GenRequest(prompt, max_tokens=6, temperature=0.0)]
+    a, b = engine.generate(greedy)[0], ref.generate(greedy)[0]
+    # the same model in two precisions: close logprobs, not bit-identical ones
+    assert a.token_ids[0] == b.token_ids[0]
+    assert 0 < abs(a.logprobs[0] - b.logprobs[0]) < 5e-2
+    ref.close()
+    run_two_steps(engine, tmp_path, gradient_checkpointing=False)
+
+
+def test_autocast_values_are_checked() -> None:
+    with pytest.raises(ValueError, match="autocast must be"):
+        tiny_engine("cpu", autocast="int8")
+    with pytest.raises(ValueError, match="on a CPU use 'bfloat16'"):
+        tiny_engine("cpu", autocast="float16")
+    engine = tiny_engine("cpu", autocast=None)
+    assert engine.autocast_dtype is None
+    engine.close()
 
 
 @pytest.mark.gpu

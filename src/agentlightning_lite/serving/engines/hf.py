@@ -31,6 +31,12 @@ class HFEngine(BatchingEngine):
             ``to_peft_config()``.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``...
         dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), a ``torch.dtype`` or its name.
+        autocast: the compute precision of generation (and of a trainer's update on this engine's
+            model): ``"auto"`` (bfloat16 autocast on CUDA with bfloat16 weights, none otherwise),
+            ``None`` (none), or ``"bfloat16"`` to run a float32 model under bfloat16 autocast, the
+            fast path on CPUs with AMX or AVX512-BF16 (about 1.3x faster decoding and 2-3x faster
+            updates of SmolLM2-135M on one core, half the activation memory; see
+            ``docs/training.md``). The weights, LoRA included, stay in ``dtype``.
         max_batch_size: most requests decoded together.
         batch_window_s: how long the batching loop waits for more requests after the first.
         regroup_wait_s: how long it waits for as many requests as the last batch held (the same
@@ -81,6 +87,7 @@ class HFEngine(BatchingEngine):
         num_threads: int | None = None,
         adapters: Mapping[str, Any] | None = None,
         routes: Mapping[str, str | None] | None = None,
+        autocast: Any = "auto",
     ) -> None:
         super().__init__(max_batch_size, batch_window_s, regroup_wait_s)
         import torch
@@ -100,6 +107,7 @@ class HFEngine(BatchingEngine):
         elif isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self.dtype = dtype
+        self.autocast_dtype = self._resolve_autocast(autocast)
         # QLoRA: any adapter asking for 4-bit base weights quantises the shared base model
         specs = [lora, *(adapters or {}).values()]
         self.load_in_4bit = any(bool(getattr(spec, "load_in_4bit", False)) for spec in specs)
@@ -348,13 +356,33 @@ class HFEngine(BatchingEngine):
                 if was_training:
                     self.model.train()
 
-    def _autocast(self) -> Any:
-        """bf16 autocast on CUDA with bf16 weights, as the trainer's forward pass uses: the fp32 LoRA weights
-        (and, with QLoRA, the fp32 norms) then compute in the same precision as the recomputed logprobs."""
+    def _resolve_autocast(self, autocast: Any) -> Any:
+        """The autocast dtype (or ``None``) that ``autocast`` asks for on this engine's device."""
         import torch
 
-        if self.device.type == "cuda" and self.dtype == torch.bfloat16:
-            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        if autocast == "auto":
+            # bf16 weights on CUDA: the fp32 LoRA weights (and, with QLoRA, the fp32 norms) then
+            # compute in the same precision as the trainer's recomputed logprobs
+            return torch.bfloat16 if self.device.type == "cuda" and self.dtype == torch.bfloat16 else None
+        if autocast is None or autocast is False:
+            return None
+        if isinstance(autocast, str):
+            if autocast not in ("bfloat16", "bf16", "float16", "fp16"):
+                raise ValueError(f"autocast must be 'auto', None, 'bfloat16' or 'float16', got {autocast!r}")
+            autocast = torch.bfloat16 if autocast in ("bfloat16", "bf16") else torch.float16
+        if autocast not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"autocast must be 'auto', None, 'bfloat16' or 'float16', got {autocast!r}")
+        if self.device.type == "cpu" and autocast == torch.float16:
+            raise ValueError("autocast='float16' is for CUDA; on a CPU use 'bfloat16'")
+        return autocast
+
+    def _autocast(self) -> Any:
+        """The engine's autocast context (see ``autocast`` in the class docstring); the trainer's forward
+        pass uses the same one, so recomputed logprobs match the sampled ones' precision."""
+        import torch
+
+        if self.autocast_dtype is not None:
+            return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
         return contextlib.nullcontext()
 
     def _sample(self, logits: Any, req: GenRequest, gen: Any) -> tuple[Any, Any, tuple[Any, Any] | None]:
