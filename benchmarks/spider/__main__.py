@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import _harness
 from .data import load_dataset
-from .sql_agent import TRAINED_AGENTS, SpiderAgent
+from .sql_agent import AIR, CREDIT, TRAINED_AGENTS, SpiderAgent
 from .teacher import make_teacher
 
 
@@ -77,13 +77,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         eval_agent=eval_agent,
         train=train,
         test=test,
-        trainer_options=_policy_options(args),
+        trainer_options={**_policy_options(args), "air": AIR, "credit": CREDIT},
         argv=argv,
         variant=f"policies {args.policies}",
         teacher=lambda tasks: make_teacher(tasks, args.model),
         sft_train=sft_train,
         notes=(
             f"max_turns {args.max_turns}, max_tokens {args.max_tokens}, schemas <= {limit or 'any'} chars; "
+            f"AIR {'off' if args.no_air else 'run_sql ok +0.1 / error -0.1'}; "
             f"train dbs {', '.join(dbs[0])}; test dbs {', '.join(dbs[1])}"
         ),
     )

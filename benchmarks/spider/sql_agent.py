@@ -15,7 +15,9 @@
 
 ``max_turns`` counts the queries written (writer + rewrites); the last query is not checked (its
 check could change nothing), so ``max_turns=1`` is the writer alone. The reward is Spider's
-execution accuracy of the final query (``exec_eval.execution_match``).
+execution accuracy of the final query (``exec_eval.execution_match``). :data:`AIR` adds the
+system's own signal: a query that the checker's ``run_sql`` ran earns the call that wrote it +0.1,
+one that failed (a syntax error, an unknown column, a time-out) -0.1.
 
 Every LLM call carries its role as ``metadata={"agent": ...}`` and ``LightningCallback`` records the
 run, so ``agl.transitions(store, agents=["writer", "rewriter"])`` trains the writer and the rewriter
@@ -44,6 +46,17 @@ from .readonly import SQLError, run_query
 
 #: the roles whose calls are trained; the checker's calls are recorded but never training data
 TRAINED_AGENTS = ("writer", "rewriter")
+
+
+def _sql_ran(span: Any) -> float:
+    return 0.1 if span.status == "ok" else -0.1
+
+
+#: AIR: a written query that ``run_sql`` ran earns its call +0.1, one that failed -0.1 (the last call
+#: before a ``run_sql`` span is the writer's or rewriter's call that wrote the query)
+AIR = [agl.air.Rule(lambda s: s.kind == "tool" and s.name == "run_sql", _sql_ran, name="sql_ran")]
+#: the final reward (execution accuracy) plus each call's own intermediate reward
+CREDIT = agl.credit.FinalReward(add_intermediate=True)
 
 WRITER_SYSTEM = """You write one SQLite query that answers a question about this database.
 
