@@ -194,9 +194,10 @@ def _commit() -> str:
 def _with_metrics(agent: Callable[..., Any], sink: list[dict[str, float]], lock: threading.Lock) -> Any:
     """Wrap ``agent`` so that what it :func:`report`\\ s lands in ``sink`` (one dict per task)."""
 
-    def collect(metrics: dict[str, float], reward: Any) -> None:
+    def collect(metrics: dict[str, Any], reward: Any, task: Any) -> None:
         if isinstance(reward, (int, float)):
             metrics.setdefault("reward", float(reward))
+        metrics["_task"] = _task_key(task)
         with lock:
             sink.append(metrics)
 
@@ -210,7 +211,7 @@ def _with_metrics(agent: Callable[..., Any], sink: list[dict[str, float]], lock:
                 reward = await agent(task, llm)
             finally:
                 _METRICS.reset(token)
-            collect(metrics, reward)
+            collect(metrics, reward, task)
             return reward
 
         return arun
@@ -223,21 +224,28 @@ def _with_metrics(agent: Callable[..., Any], sink: list[dict[str, float]], lock:
             reward = agent(task, llm)
         finally:
             _METRICS.reset(token)
-        collect(metrics, reward)
+        collect(metrics, reward, task)
         return reward
 
     return run_
 
 
 def evaluate(trainer: Any, agent: Callable[..., Any], tasks: Sequence[Any]) -> dict[str, Any]:
-    """``trainer.evaluate`` plus the means of what the agent :func:`report`\\ ed."""
-    sink: list[dict[str, float]] = []
-    res = dict(trainer.evaluate(_with_metrics(agent, sink, threading.Lock()), tasks))
-    keys = sorted({k for m in sink for k in m} - {"reward"})
+    """``trainer.evaluate`` plus the means of what the agent :func:`report`\\ ed, and ``per_task``: each
+    task's reward in the order of ``tasks`` (``None`` where its rollout failed), for paired tests."""
+    sink: list[dict[str, Any]] = []
+    res: dict[str, Any] = dict(trainer.evaluate(_with_metrics(agent, sink, threading.Lock()), tasks))
+    keys = sorted({k for m in sink for k in m} - {"reward", "_task"})
     for k in keys:
         vals = [m[k] for m in sink if k in m]
         res[k] = statistics.fmean(vals) if vals else float("nan")
+    reward_of = {m["_task"]: m.get("reward") for m in sink}
+    res["per_task"] = [reward_of.get(_task_key(t)) for t in tasks]
     return res
+
+
+def _task_key(task: Any) -> str:
+    return json.dumps(task, sort_keys=True, default=str)
 
 
 def run(
@@ -316,8 +324,9 @@ def run(
     sft_stats: dict[str, Any] = {}
     try:
         cache = getattr(args, "before_cache", None)
-        if cache is not None and Path(cache).is_file():
-            before = json.loads(Path(cache).read_text())
+        cached = json.loads(Path(cache).read_text()) if cache is not None and Path(cache).is_file() else None
+        if cached is not None and len(cached.get("per_task") or ()) == len(test):
+            before = cached
             print(f"[{name}] before training (from {cache}): {_fmt(before)}", flush=True)
         else:
             before = evaluate(trainer, eval_agent, test)

@@ -308,6 +308,7 @@ def test_benchmark_one_step_on_the_embedded_model(tmp_path: Path) -> None:
             "--max-tool-turns",
             "1",
             "--no-record",
+            "--bf16",
             "--output-dir",
             str(tmp_path),
         ]
@@ -320,6 +321,9 @@ def test_benchmark_one_step_on_the_embedded_model(tmp_path: Path) -> None:
         assert res["n"] == 2 and res["failed"] == 0
         assert 0.0 <= res["mean_reward"] <= 1.0 and 0.0 <= res["success_rate"] <= 1.0
         assert 0.0 <= res["answer_format"] <= 1.0 and 0.0 <= res["tool_calls"] <= 1.0
+        # each held-out task's own reward, in the test set's order (for paired before/after tests)
+        assert len(res["per_task"]) == 2 and all(r is not None for r in res["per_task"])
+        assert sum(res["per_task"]) / 2 == pytest.approx(res["mean_reward"])
 
 
 # -- the teacher (SFT warm start): the gold chain through the real agent ------------------------------
