@@ -10,6 +10,8 @@ Reads ``benchmarks/<name>/results/results_sft_seed*.json`` (written by ``--sft-t
 0.248
 >>> [round(x, 3) for x in wilson(32, 64)]
 [0.381, 0.619]
+>>> sign_test([0, 0, 0, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0])
+(6, 0, 0.03125)
 """
 
 from __future__ import annotations
@@ -45,6 +47,33 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / d
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return centre - half, centre + half
+
+
+def sign_test(before: Sequence[float | None], after: Sequence[float | None]) -> tuple[int, int, float]:
+    """Paired exact sign test on the same tasks: ``(improved, worsened, two-sided p)``.
+
+    Ties and tasks without a score on either side are dropped; with 0/1 rewards this is the exact
+    McNemar test. Before and after are the same held-out tasks, so pairing removes the variance of
+    which tasks happen to be easy.
+    """
+    up = sum(1 for b, a in zip(before, after, strict=True) if b is not None and a is not None and a > b)
+    down = sum(1 for b, a in zip(before, after, strict=True) if b is not None and a is not None and a < b)
+    n, k = up + down, min(up, down)
+    if n == 0:
+        return 0, 0, 1.0
+    p = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return up, down, min(1.0, 2 * p)
+
+
+def _per_task_mean(runs: Sequence[dict[str, Any]]) -> list[float | None] | None:
+    """Each task's reward averaged over seeds (``None`` where a seed lacks it)."""
+    lists = [r.get("per_task") for r in runs]
+    if not lists or any(not x for x in lists):
+        return None
+    out: list[float | None] = []
+    for vals in zip(*lists, strict=True):
+        out.append(None if any(v is None for v in vals) else statistics.fmean(vals))
+    return out
 
 
 def _curve(run: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -122,6 +151,35 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         rate = key == metric and metric == "success_rate"
         off_cell = _cell(off, n, rate) + f" ({len(off)} seeds)" if off else "not run"
         lines.append(f"| {key} | {b} | {_cell(warm, n, rate)} | {_cell(on, n, rate)} | {off_cell} |")
+    pairs = [("before", "warm start", lambda s: first["before"], lambda s: s[0]["warm"])]
+    pairs += [("before", "warm start + GRPO", lambda s: first["before"], lambda s: s[0]["after"])]
+    pairs += [("warm start", "warm start + GRPO", lambda s: s[0]["warm"], lambda s: s[0]["after"])]
+    if all(len(s) > 1 for s in seeds):
+        pairs += [("warm start", "+ GRPO, AIR off", lambda s: s[0]["warm"], lambda s: s[1]["after"])]
+        pairs += [("+ GRPO, AIR off", "+ GRPO, AIR on", lambda s: s[1]["after"], lambda s: s[0]["after"])]
+    tests = []
+    for a_name, b_name, a_of, b_of in pairs:
+        a_runs, b_runs = [a_of(s) for s in seeds], [b_of(s) for s in seeds]
+        a_mean, b_mean = _per_task_mean(a_runs), _per_task_mean(b_runs)
+        if a_mean is None or b_mean is None:
+            continue
+        cells = []
+        for a, b in zip(a_runs, b_runs, strict=True):
+            up, down, p = sign_test(a["per_task"], b["per_task"])
+            cells.append(f"{up}/{down} (p={p:.3g})")
+        up, down, p = sign_test(a_mean, b_mean)
+        tests.append(f"| {a_name} -> {b_name} | {'; '.join(cells)} | {up}/{down} (p={p:.3g}) |")
+    if tests:
+        lines += [
+            "",
+            "Paired sign test on the same held-out tasks (task reward; with 0/1 rewards the exact McNemar "
+            "test): tasks that improved / got worse, two-sided p. Per seed, and on each task's reward "
+            "averaged over the seeds:",
+            "",
+            "| comparison | per seed (improved/worse) | seeds averaged per task |",
+            "|---|---|---|",
+            *tests,
+        ]
     lines += [
         "",
         "Per seed (wall time is the whole process: warm start, evaluations and both GRPO arms):",

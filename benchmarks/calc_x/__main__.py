@@ -38,12 +38,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="which questions: 'easiest' (numeric answer, fewest reference calculator steps, shortest "
         "question) or 'first' (file order: all subsets, multiple choice included)",
     )
+    ap.add_argument(
+        "--train-select",
+        choices=("easiest", "first", "word-problems"),
+        default=None,
+        help="which training questions (RL and warm start) when they should differ from --select: "
+        "'word-problems' (one reference calculator step, stories of 12+ words, a fixed mix of sources)",
+    )
     ap.add_argument("--max-tool-turns", type=int, default=3, help="calculator turns per episode")
     args = ap.parse_args(argv)
     train_all = load_dataset("train", args.data_dir)
-    train = select(train_all, args.train_size, args.select)
+    how = args.train_select or args.select
+    train = select(train_all, args.train_size, how)
     # the warm start's tasks follow the RL tasks in the same order: disjoint from them and from the test
-    sft_train = select(train_all, args.train_size + args.sft_tasks, args.select)[args.train_size :]
+    sft_train = select(train_all, args.train_size + args.sft_tasks, how)[args.train_size :]
     test = select(load_dataset("test", args.data_dir), args.test_size, args.select)
     sampling = {"max_tokens": args.max_tokens, "max_tool_turns": args.max_tool_turns}
     return _harness.run(
@@ -55,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         test=test,
         trainer_options={"air": AIR, "credit": CREDIT},
         argv=argv,
-        notes=f"{args.select} questions; AIR calculator ok +0.1 / error -0.1; greedy evaluation",
+        notes=(
+            f"{args.select} test questions, {how} training questions; "
+            "AIR calculator ok +0.1 / error -0.1; greedy evaluation"
+        ),
         teacher=lambda tasks: make_teacher(tasks, args.model),
         sft_train=sft_train,
     )

@@ -8,6 +8,7 @@ Parquet files are downloaded once from GitHub at a fixed commit and converted (t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.error
 import urllib.request
@@ -98,8 +99,11 @@ def load_dataset(split: str, data_dir: str | Path | None = None) -> list[dict[st
 
 
 def select(tasks: list[dict[str, Any]], n: int, how: str) -> list[dict[str, Any]]:
-    """``n`` tasks: ``"first"`` in file order, or ``"easiest"``: numeric answers, fewest reference
-    calculator steps (at least one), then shortest question (ties by id; deterministic).
+    """``n`` tasks: ``"first"`` in file order; ``"easiest"``: numeric answers, fewest reference
+    calculator steps (at least one), then shortest question (ties by id; deterministic);
+    ``"word-problems"``: numeric answers, one reference calculator step, questions of at least
+    :data:`WORD_PROBLEM_WORDS` words (stories, not bare sums), in a fixed pseudo-random order of their
+    ids (a mix of sources rather than the shortest first).
 
     >>> rows = [{"id": "a", "question": "long question?", "result": "4", "calc_steps": 1},
     ...         {"id": "b", "question": "short?", "result": "4", "calc_steps": 2},
@@ -114,4 +118,17 @@ def select(tasks: list[dict[str, Any]], n: int, how: str) -> list[dict[str, Any]
     if how == "easiest":
         numeric = [t for t in tasks if t["calc_steps"] >= 1 and t["result"] not in ("A", "B", "C", "D", "E")]
         return sorted(numeric, key=lambda t: (t["calc_steps"], len(t["question"]), t["id"]))[:n]
-    raise ValueError(f"selection must be 'first' or 'easiest', got {how!r}")
+    if how == "word-problems":
+        stories = [
+            t
+            for t in tasks
+            if t["calc_steps"] == 1
+            and t["result"] not in ("A", "B", "C", "D", "E")
+            and len(t["question"].split()) >= WORD_PROBLEM_WORDS
+        ]
+        return sorted(stories, key=lambda t: hashlib.sha256(t["id"].encode()).hexdigest())[:n]
+    raise ValueError(f"selection must be 'first', 'easiest' or 'word-problems', got {how!r}")
+
+
+#: the fewest words of a ``"word-problems"`` question
+WORD_PROBLEM_WORDS = 12

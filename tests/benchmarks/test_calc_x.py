@@ -169,8 +169,18 @@ def test_select_easiest_is_deterministic_and_numeric() -> None:
     lengths = [len(t["question"]) for t in easy]
     assert lengths == sorted(lengths)
     assert select(test, 3, "first") == test[:3]
-    with pytest.raises(ValueError, match="'first' or 'easiest'"):
+    with pytest.raises(ValueError, match="'first', 'easiest' or 'word-problems'"):
         select(test, 3, "random")
+
+
+@needs_data
+def test_select_word_problems_are_one_step_stories_in_a_fixed_order() -> None:
+    train = load_dataset("train", DATA)
+    stories = select(train, 40, "word-problems")
+    assert len(stories) == 40 and stories == select(list(reversed(train)), 40, "word-problems")
+    assert all(t["calc_steps"] == 1 and not isinstance(parse_gold(t["result"]), str) for t in stories)
+    assert all(len(t["question"].split()) >= 12 for t in stories)
+    assert len({t["source_ds"] for t in select(train, 900, "word-problems")}) == 3  # a mix, not one source
 
 
 def test_load_dataset_errors(tmp_path: Path) -> None:

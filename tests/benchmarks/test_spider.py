@@ -325,7 +325,9 @@ def test_checker_sees_sql_errors_and_a_correct_verdict_ends_the_run() -> None:
 
 
 @needs_data
-@pytest.mark.parametrize(("written", "air"), [("SELECT nme FROM singer", -0.1), ("SELECT name FROM singer", 0.1)])
+@pytest.mark.parametrize(
+    ("written", "air"), [("SELECT nme FROM singer", -0.1), ("SELECT name FROM singer", 0.1)]
+)
 def test_air_rewards_the_call_that_wrote_the_query_by_whether_it_ran(written: str, air: float) -> None:
     """AIR: the checker's ``run_sql`` outcome goes to the writer's call (the checker is not trained);
     the rewriter's final query has only the final reward."""
@@ -338,7 +340,10 @@ def test_air_rewards_the_call_that_wrote_the_query_by_whether_it_ran(written: st
         store, agents=list(spider.TRAINED_AGENTS), air=sql_agent.AIR, credit=sql_agent.CREDIT
     )
     assert [(t.agent, round(t.reward, 6)) for t in ts] == [("writer", 1.0 + air), ("rewriter", 1.0)]
-    assert [t.agent for t in agl.transitions(store, agents=list(spider.TRAINED_AGENTS))] == ["writer", "rewriter"]
+    assert [t.agent for t in agl.transitions(store, agents=list(spider.TRAINED_AGENTS))] == [
+        "writer",
+        "rewriter",
+    ]
 
 
 @needs_data
