@@ -3,7 +3,7 @@
 The embedded model (``smollm2-135m``, float32 weights, LoRA r=16 on every projection) runs the same work
 in two fresh processes, one per precision (``HFEngine(autocast=None)`` and ``autocast="bfloat16"``):
 
-- **update**: a forward and backward pass of the LoRA policy over a micro-batch of 4 sequences of
+- **update**: a forward and backward pass of the LoRA policy over a micro-batch of 2 sequences of
   800 tokens (a 770-token prompt, 30 response tokens: the shape of an agent call with a long system
   prompt), through ``rl.batching.forward_logprobs`` exactly as the trainer calls it;
 - **decode**: ``engine.generate`` of 16 requests of 500 prompt tokens and 48 sampled tokens;
@@ -66,8 +66,8 @@ def measure(precision: str, threads: int) -> dict[str, Any]:
     )
     model = engine.model
     gen = torch.Generator().manual_seed(0)
-    prompts = [[int(x) for x in torch.randint(100, 40000, (770,), generator=gen)] for _ in range(4)]
-    responses = [[int(x) for x in torch.randint(100, 40000, (30,), generator=gen)] for _ in range(4)]
+    prompts = [[int(x) for x in torch.randint(100, 40000, (770,), generator=gen)] for _ in range(2)]
+    responses = [[int(x) for x in torch.randint(100, 40000, (30,), generator=gen)] for _ in range(2)]
     batch = collate([Sample(p, r, None, 0.0, None) for p, r in zip(prompts, responses, strict=True)], 0)
     out: dict[str, Any] = {"precision": precision}
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for x, y in zip(rf, rb, strict=True)
     ]
     rows = [
-        ("update: forward + backward, 4 x 800 tokens, s", f["update_s"], b["update_s"]),
+        ("update: forward + backward, 2 x 800 tokens, s", f["update_s"], b["update_s"]),
         ("decode: 16 requests x (500 + 48) tokens, s", f["decode_s"], b["decode_s"]),
         ("peak RSS of the process, MiB", f["peak_rss_mib"], b["peak_rss_mib"]),
     ]
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "|---|---:|---:|---:|",
         *(f"| {m} | {x:.2f} | {y:.2f} | {y / x:.2f}x |" for m, x, y in rows),
         "",
-        f"Logprobs of the same 120 response tokens, bf16 vs float32: mean absolute difference "
+        f"Logprobs of the same 60 response tokens, bf16 vs float32: mean absolute difference "
         f"{results['logprob_abs_diff_mean']:.4f}, largest {results['logprob_abs_diff_max']:.4f} (nats).",
         "",
     ]

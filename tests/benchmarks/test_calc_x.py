@@ -243,6 +243,7 @@ def test_tool_call_becomes_tool_span_and_air_rewards_the_calling_transition() ->
     assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:calculator", 0.1)]
     assert ts[1].metadata["intermediate_rewards"] == []
     assert [round(t.reward, 6) for t in ts] == [1.1, 1.0]
+    assert metrics.pop("_task") == json.dumps(TASK, sort_keys=True)  # which task: for paired tests
     assert metrics == {"tool_calls": 1.0, "tool_errors": 0.0, "answer_format": 1.0, "reward": 1.0}
 
 
