@@ -76,6 +76,25 @@ def _per_task_mean(runs: Sequence[dict[str, Any]]) -> list[float | None] | None:
     return out
 
 
+def _setup(command: str) -> str:
+    """A run's command without its ``--seed`` and ``--output-dir`` (what must match across seeds).
+
+    >>> _setup("python -m benchmarks.calc_x --steps 2 --seed 1 --output-dir runs/x")
+    'python -m benchmarks.calc_x --steps 2'
+    """
+    words = command.split()
+    out, skip = [], False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        if w in ("--seed", "--output-dir"):
+            skip = True
+            continue
+        out.append(w)
+    return " ".join(out)
+
+
 def _curve(run: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The GRPO steps' metric rows: stored in the results, else read from the run's metrics.jsonl."""
     if run.get("curve"):
@@ -126,6 +145,12 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
     if not seeds:
         raise SystemExit(f"no results_sft_seed*.json under benchmarks/{name}/results")
     first = seeds[0][0]
+    setups = {_setup(s[0]["command"]) for s in seeds}
+    if len(setups) > 1:
+        raise SystemExit(
+            f"benchmarks/{name}/results holds runs of different set-ups (not only --seed/--output-dir "
+            f"differ): {sorted(setups)}; move the old results_sft_seed*.json away first"
+        )
     n = int(first["test_size"])
     lines = [
         f"# {name}: warm start (SFT on teacher traces) and GRPO, held-out results over seeds",
@@ -135,6 +160,7 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         f"Warm start: `agl.SFT` on the teacher's successful runs of {first['sft']['tasks']} training tasks "
         f"({first['sft']['calls']} calls); then GRPO, {first['steps']} steps x {first['batch_size']} tasks x "
         f"group {first['group_size']}. Means ± the half-width of the 95% Student-t interval over seeds.",
+        f"Set-up: {first.get('notes', '')}.",
         "",
         "| measure | before | warm start (SFT) | warm start + GRPO | warm start + GRPO, AIR off |",
         "|---|---|---|---|---|",
