@@ -1,4 +1,4 @@
-"""``python -m benchmarks.summarize``: seeds pooled, paired tests on the same held-out tasks, set-ups checked."""
+"""``python -m benchmarks.summarize``: seeds pooled, paired tests on the same tasks, set-ups checked."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ def test_sign_test_is_exact_and_ignores_ties_and_missing() -> None:
 
 
 def run(seed: int, warm: list[float], after: list[float], command: str = "") -> dict[str, Any]:
-    res = lambda xs: {"success_rate": sum(xs) / len(xs), "mean_reward": sum(xs) / len(xs), "per_task": xs}  # noqa: E731
+    def res(xs: list[float]) -> dict[str, Any]:
+        return {"success_rate": sum(xs) / len(xs), "mean_reward": sum(xs) / len(xs), "per_task": xs}
+
     return {
         "seed": seed,
         "test_size": len(warm),
