@@ -338,6 +338,7 @@ def test_benchmark_one_step_on_the_embedded_model(tmp_path: Path) -> None:
 
 
 # -- the teacher (SFT warm start): the gold chain through the real agent ------------------------------
+@needs_data
 def test_teacher_replays_the_gold_chain_through_the_agent() -> None:
     from benchmarks.calc_x.teacher import teacher_reply
 
