@@ -34,9 +34,9 @@ class HFEngine(BatchingEngine):
         autocast: the compute precision of generation (and of a trainer's update on this engine's
             model): ``"auto"`` (bfloat16 autocast on CUDA with bfloat16 weights, none otherwise),
             ``None`` (none), or ``"bfloat16"`` to run a float32 model under bfloat16 autocast, the
-            fast path on CPUs with AMX or AVX512-BF16 (about 1.3x faster decoding and 2-3x faster
-            updates of SmolLM2-135M on one core, half the activation memory; see
-            ``docs/training.md``). The weights, LoRA included, stay in ``dtype``.
+            fast path on CPUs with AMX or AVX512-BF16 (SmolLM2-135M on one core of a Xeon with AMX:
+            decoding 1.35x and a LoRA update 1.85x faster, peak memory 0.67x;
+            ``benchmarks/perf/precision_results.md``). The weights, LoRA included, stay in ``dtype``.
         max_batch_size: most requests decoded together.
         batch_window_s: how long the batching loop waits for more requests after the first.
         regroup_wait_s: how long it waits for as many requests as the last batch held (the same
