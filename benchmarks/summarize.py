@@ -166,15 +166,15 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         "|---|---|---|---|---|",
     ]
     before = first["before"]
-    for key in [metric, "mean_reward", *extra]:
+    for key in dict.fromkeys([metric, "mean_reward", *extra]):
         if key not in before:
             continue
         warm = [s[0]["warm"][key] for s in seeds]
         on = [s[0]["after"][key] for s in seeds]
         off = [s[1]["after"][key] for s in seeds if len(s) > 1]
-        lo, hi = wilson(before[key] * n, n) if key == metric else (float("nan"), float("nan"))
-        b = f"{before[key]:.3f}" + (f" (Wilson 95% [{lo:.3f}, {hi:.3f}])" if key == metric else "")
-        rate = key == metric and metric == "success_rate"
+        rate = key == metric and metric == "success_rate"  # a 0/1 rate: Wilson intervals apply
+        lo, hi = wilson(before[key] * n, n) if rate else (float("nan"), float("nan"))
+        b = f"{before[key]:.3f}" + (f" (Wilson 95% [{lo:.3f}, {hi:.3f}])" if rate else "")
         off_cell = _cell(off, n, rate) + f" ({len(off)} seeds)" if off else "not run"
         lines.append(f"| {key} | {b} | {_cell(warm, n, rate)} | {_cell(on, n, rate)} | {off_cell} |")
     pairs = [("before", "warm start", lambda s: first["before"], lambda s: s[0]["warm"])]
