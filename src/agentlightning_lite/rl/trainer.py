@@ -323,11 +323,9 @@ class Trainer:
         self.policy = self._training_model()
         self.device = next(self.policy.parameters()).device
         # the update computes in the engine's precision (HFEngine(autocast=...)), else bf16 on CUDA
-        self.autocast = getattr(self.engine, "autocast_dtype", "unset")
-        if self.autocast == "unset" or (self.autocast is None and self.device.type == "cuda"):
-            self.autocast = (
-                torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-            )
+        self.autocast = getattr(self.engine, "autocast_dtype", None)
+        if self.autocast is None and self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+            self.autocast = torch.bfloat16
         self.gradient_checkpointing = bool(gradient_checkpointing)
         if self.gradient_checkpointing:
             _enable_gradient_checkpointing(self.policy)

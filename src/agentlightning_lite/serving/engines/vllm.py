@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -23,6 +24,8 @@ from typing import Any
 
 from ... import models
 from .base import BatchingEngine, GenRequest, GenResult
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["SUPPORTED_VLLM", "VLLMEngine", "vllm_available"]
 
@@ -287,7 +290,7 @@ class VLLMEngine(BatchingEngine):
             if inspect.isawaitable(result):
                 await result
         except Exception:
-            pass
+            logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
 
     # -- LoRA -----------------------------------------------------------------------------
     def _set_adapter(self, path: str, name: str) -> None:
@@ -312,7 +315,7 @@ class VLLMEngine(BatchingEngine):
         try:  # free the old slot; vLLM would evict it anyway
             self.llm.llm_engine.remove_lora(old.lora_int_id)
         except Exception:
-            pass
+            logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
 
     def _write_adapter(self, state: Mapping[str, Any], name: str) -> str:
         if name not in self._lora_paths:
@@ -429,13 +432,13 @@ class VLLMEngine(BatchingEngine):
             try:
                 self._call(abort_all(), timeout=30)
             except Exception:
-                pass
+                logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
             shutdown = getattr(self.async_engine, "shutdown", None)
             if callable(shutdown):
                 try:
                     shutdown()
                 except Exception:
-                    pass
+                    logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
             self._stop_loop()
 
     def describe(self) -> str:
