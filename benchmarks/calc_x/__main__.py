@@ -40,10 +40,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument(
         "--train-select",
-        choices=("easiest", "first", "word-problems"),
+        choices=("easiest", "first", "word-problems", "english"),
         default=None,
         help="which training questions (RL and warm start) when they should differ from --select: "
         "'word-problems' (one reference calculator step, stories of 12+ words, a fixed mix of sources)",
+    )
+    ap.add_argument(
+        "--rl-select",
+        choices=("easiest", "first", "word-problems", "english"),
+        default=None,
+        help="which GRPO training questions when they should differ from the warm start's (--train-select): "
+        "'english' (one-step MAWPS/ASDiv/SVAMP/GSM8K stories, the held-out set's kind); never a warm-start "
+        "question",
     )
     ap.add_argument("--max-tool-turns", type=int, default=3, help="calculator turns per episode")
     args = ap.parse_args(argv)
@@ -52,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     train = select(train_all, args.train_size, how)
     # the warm start's tasks follow the RL tasks in the same order: disjoint from them and from the test
     sft_train = select(train_all, args.train_size + args.sft_tasks, how)[args.train_size :]
+    if args.rl_select and args.rl_select != how:
+        taught = {t["id"] for t in sft_train}
+        pool = select(train_all, args.train_size + len(taught), args.rl_select)
+        pool = [t for t in pool if t["id"] not in taught]
+        train = pool[: args.train_size]  # never a question the warm start was shown
     test = select(load_dataset("test", args.data_dir), args.test_size, args.select)
     sampling = {"max_tokens": args.max_tokens, "max_tool_turns": args.max_tool_turns}
     return _harness.run(
@@ -64,8 +77,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         trainer_options={"air": AIR, "credit": CREDIT},
         argv=argv,
         notes=(
-            f"{args.select} test questions, {how} training questions; "
-            "AIR calculator ok +0.1 / error -0.1; greedy evaluation"
+            f"{args.select} test questions, {how} training questions"
+            + (f", {args.rl_select} GRPO questions" if args.rl_select else "")
+            + "; AIR calculator ok +0.1 / error -0.1; greedy evaluation"
         ),
         teacher=lambda tasks: make_teacher(tasks, args.model),
         sft_train=sft_train,

@@ -103,7 +103,10 @@ def select(tasks: list[dict[str, Any]], n: int, how: str) -> list[dict[str, Any]
     calculator steps (at least one), then shortest question (ties by id; deterministic);
     ``"word-problems"``: numeric answers, one reference calculator step, questions of at least
     :data:`WORD_PROBLEM_WORDS` words (stories, not bare sums), in a fixed pseudo-random order of their
-    ids (a mix of sources rather than the shortest first).
+    ids (a mix of sources rather than the shortest first); ``"english"``: numeric answers, one
+    reference calculator step, from the English-language story sources (:data:`ENGLISH_SOURCES`: MAWPS,
+    ASDiv, SVAMP, GSM8K, the held-out set's main sources), shortest question first. The train split holds
+    few of them (38): ape210k's translated problems make up the rest of its one-step questions.
 
     >>> rows = [{"id": "a", "question": "long question?", "result": "4", "calc_steps": 1},
     ...         {"id": "b", "question": "short?", "result": "4", "calc_steps": 2},
@@ -127,8 +130,20 @@ def select(tasks: list[dict[str, Any]], n: int, how: str) -> list[dict[str, Any]
             and len(t["question"].split()) >= WORD_PROBLEM_WORDS
         ]
         return sorted(stories, key=lambda t: hashlib.sha256(t["id"].encode()).hexdigest())[:n]
-    raise ValueError(f"selection must be 'first', 'easiest' or 'word-problems', got {how!r}")
+    if how == "english":
+        english = [
+            t
+            for t in tasks
+            if t["calc_steps"] == 1
+            and t["result"] not in ("A", "B", "C", "D", "E")
+            and t.get("source_ds") in ENGLISH_SOURCES
+        ]
+        return sorted(english, key=lambda t: (len(t["question"]), t["id"]))[:n]
+    raise ValueError(f"selection must be 'first', 'easiest', 'word-problems' or 'english', got {how!r}")
 
+
+#: the English-language story sources of Calc-X (the ``"english"`` selection)
+ENGLISH_SOURCES = frozenset({"mawps", "asdiv_a", "svamp", "gsm8k"})
 
 #: the fewest words of a ``"word-problems"`` question
 WORD_PROBLEM_WORDS = 12

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.calc_x import AIR, CREDIT, agent, load_dataset, make_agent  # noqa: E402
 from benchmarks.calc_x.__main__ import main  # noqa: E402
 from benchmarks.calc_x.calculator import calculator, evaluate  # noqa: E402
-from benchmarks.calc_x.data import select  # noqa: E402
+from benchmarks.calc_x.data import ENGLISH_SOURCES, select  # noqa: E402
 from benchmarks.calc_x.reward import extract_answer, parse_gold, score  # noqa: E402
 
 from benchmarks import _harness  # noqa: E402
@@ -169,7 +169,7 @@ def test_select_easiest_is_deterministic_and_numeric() -> None:
     lengths = [len(t["question"]) for t in easy]
     assert lengths == sorted(lengths)
     assert select(test, 3, "first") == test[:3]
-    with pytest.raises(ValueError, match="'first', 'easiest' or 'word-problems'"):
+    with pytest.raises(ValueError, match="'first', 'easiest', 'word-problems' or 'english'"):
         select(test, 3, "random")
 
 
@@ -181,6 +181,17 @@ def test_select_word_problems_are_one_step_stories_in_a_fixed_order() -> None:
     assert all(t["calc_steps"] == 1 and not isinstance(parse_gold(t["result"]), str) for t in stories)
     assert all(len(t["question"].split()) >= 12 for t in stories)
     assert len({t["source_ds"] for t in select(train, 900, "word-problems")}) == 3  # a mix, not one source
+
+
+@needs_data
+def test_select_english_keeps_one_step_stories_of_the_english_sources() -> None:
+    train = load_dataset("train", DATA)
+    english = select(train, 100, "english")
+    assert 16 <= len(english) < 100  # the train split has few: ape210k makes up the rest
+    assert {t["source_ds"] for t in english} <= ENGLISH_SOURCES
+    assert all(t["calc_steps"] == 1 and not isinstance(parse_gold(t["result"]), str) for t in english)
+    assert english == select(list(reversed(train)), 100, "english")
+    assert "ape210k" in {t["source_ds"] for t in select(train, 100, "word-problems")}
 
 
 def test_load_dataset_errors(tmp_path: Path) -> None:
