@@ -117,6 +117,13 @@ def add_arguments(
     ap.add_argument("--output-dir", type=Path, default=None, help="default: runs/<benchmark>")
     ap.add_argument("--no-record", action="store_true", help="do not touch benchmarks/RESULTS.md")
     ap.add_argument(
+        "--results-tag",
+        default="",
+        type=_results_tag,
+        help="name a warm-start variant's results files (results_<tag>_sft_seed0.json) so that they sit "
+        "beside the default set-up's; `python -m benchmarks.summarize <benchmark> --tag <tag>` reads them",
+    )
+    ap.add_argument(
         "--sft-tasks",
         type=int,
         default=0,
@@ -425,6 +432,7 @@ def run(
         "output_dir": str(out_dir),
         "adapter": str(adapter),
         "notes": notes,
+        "results_tag": getattr(args, "results_tag", ""),
     }
     runs = [results]
     if other is None and "GRPO" in curves:
@@ -453,11 +461,24 @@ def run(
     return results
 
 
+def _results_tag(text: str) -> str:
+    """``--results-tag``'s check, at parse time (not after a long run): a file-name word."""
+    if text and not text.replace("-", "").replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"letters, digits, '-' and '_' only, got {text!r}")
+    return text
+
+
 def _tag(results: dict[str, Any]) -> str:
-    """The results file suffix of a warm-start run (``_sft_seed1``); empty for a plain run."""
+    """The results file suffix of a warm-start run (``_sft_seed1``, ``_english_sft_seed1`` with
+    ``--results-tag english``); empty for a plain run."""
     if not results.get("sft"):
         return ""
-    return f"_sft_seed{results['seed']}" + ("_air_off" if results.get("air") is False else "")
+    tag = results.get("results_tag") or ""
+    return (
+        (f"_{tag}" if tag else "")
+        + f"_sft_seed{results['seed']}"
+        + ("_air_off" if results.get("air") is False else "")
+    )
 
 
 def _snapshot(trainer: Any) -> dict[str, Any]:

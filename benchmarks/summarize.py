@@ -5,6 +5,7 @@ Reads ``benchmarks/<name>/results/results_sft_seed*.json`` (written by ``--sft-t
 (mean training reward per GRPO step, AIR on and off, one line per seed and their mean)::
 
     python -m benchmarks.summarize calc_x
+    python -m benchmarks.summarize calc_x --tag english   # a variant's runs (--results-tag english)
 
 >>> round(t_interval([0.5, 0.6, 0.7])[1], 3)
 0.248
@@ -107,12 +108,13 @@ def _curve(run: dict[str, Any]) -> list[dict[str, Any]] | None:
     return [r for r in rows if r.get("step", 0) > skip and "train/reward_mean" in r] or None
 
 
-def load(name: str) -> list[list[dict[str, Any]]]:
+def load(name: str, tag: str = "") -> list[list[dict[str, Any]]]:
     """Each seed's runs, in seed order: [AIR on] or [AIR on, AIR off] (one process with
-    ``--air-ablation``, or a second one with ``--no-air`` whose results file ends in ``_air_off``)."""
+    ``--air-ablation``, or a second one with ``--no-air`` whose results file ends in ``_air_off``).
+    ``tag``: a variant's files (``--results-tag``), ``results_<tag>_sft_seed*.json``."""
     folder = ROOT / name / "results"
     out = []
-    for f in sorted(folder.glob("results_sft_seed*.json")):
+    for f in sorted(folder.glob(f"results{_prefix(tag)}_sft_seed*.json")):
         if f.stem.endswith("_air_off"):
             continue
         runs = json.loads(f.read_text())
@@ -123,6 +125,10 @@ def load(name: str) -> list[list[dict[str, Any]]]:
             run["curve"] = _curve(run)
         out.append(runs)
     return out
+
+
+def _prefix(tag: str) -> str:
+    return f"_{tag}" if tag else ""
 
 
 def _cell(values: list[float], n_tasks: int, rate: bool = False, fmt: str = "{:.3f}") -> str:
@@ -139,11 +145,13 @@ def _cell(values: list[float], n_tasks: int, rate: bool = False, fmt: str = "{:.
     return f"{fmt.format(mean)} ± {fmt.format(half)} (seeds: {each}{pooled})"
 
 
-def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()) -> str:
-    """The Markdown summary of ``name``'s warm-start runs (and the AIR plot, when there is one)."""
-    seeds = load(name)
+def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = (), tag: str = "") -> str:
+    """The Markdown summary of ``name``'s warm-start runs (and the AIR plot, when there is one), written
+    to ``summary.md`` (``summary_<tag>.md`` for a tagged variant's runs)."""
+    seeds = load(name, tag)
     if not seeds:
-        raise SystemExit(f"no results_sft_seed*.json under benchmarks/{name}/results")
+        raise SystemExit(f"no results{_prefix(tag)}_sft_seed*.json under benchmarks/{name}/results")
+    ablation = any(len(s) > 1 for s in seeds)
     first = seeds[0][0]
     setups = {_setup(s[0]["command"]) for s in seeds}
     if len(setups) > 1:
@@ -162,8 +170,9 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         f"group {first['group_size']}. Means ± the half-width of the 95% Student-t interval over seeds.",
         f"Set-up: {first.get('notes', '')}.",
         "",
-        "| measure | before | warm start (SFT) | warm start + GRPO | warm start + GRPO, AIR off |",
-        "|---|---|---|---|---|",
+        "| measure | before | warm start (SFT) | warm start + GRPO |"
+        + (" warm start + GRPO, AIR off |" if ablation else ""),
+        "|---|---|---|---|" + ("---|" if ablation else ""),
     ]
     before = first["before"]
     for key in dict.fromkeys([metric, "mean_reward", *extra]):
@@ -176,7 +185,8 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         lo, hi = wilson(before[key] * n, n) if rate else (float("nan"), float("nan"))
         b = f"{before[key]:.3f}" + (f" (Wilson 95% [{lo:.3f}, {hi:.3f}])" if rate else "")
         off_cell = _cell(off, n, rate) + f" ({len(off)} seeds)" if off else "not run"
-        lines.append(f"| {key} | {b} | {_cell(warm, n, rate)} | {_cell(on, n, rate)} | {off_cell} |")
+        row = f"| {key} | {b} | {_cell(warm, n, rate)} | {_cell(on, n, rate)} |"
+        lines.append(row + (f" {off_cell} |" if ablation else ""))
     pairs = [("before", "warm start", lambda s: first["before"], lambda s: s[0]["warm"])]
     pairs += [("before", "warm start + GRPO", lambda s: first["before"], lambda s: s[0]["after"])]
     pairs += [("warm start", "warm start + GRPO", lambda s: s[0]["warm"], lambda s: s[0]["after"])]
@@ -206,25 +216,36 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
             "|---|---|---|",
             *tests,
         ]
-    lines += [
-        "",
-        "Per seed (wall time is the whole process: warm start, evaluations and both GRPO arms):",
-        "",
-        "| seed | warm start | + GRPO (AIR on) | + GRPO (AIR off) | SFT s | GRPO s (on / off) | wall "
-        "| command |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    if ablation:
+        lines += [
+            "",
+            "Per seed (wall time is the whole process: warm start, evaluations and both GRPO arms):",
+            "",
+            "| seed | warm start | + GRPO (AIR on) | + GRPO (AIR off) | SFT s | GRPO s (on / off) | wall "
+            "| command |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+    else:
+        lines += [
+            "",
+            "Per seed (wall time is the whole process: warm start, evaluations and GRPO):",
+            "",
+            "| seed | warm start | + GRPO | SFT s | GRPO s | wall | command |",
+            "|---|---|---|---|---|---|---|",
+        ]
     for s in seeds:
         r = s[0]
         off = s[1] if len(s) > 1 else None
-        lines.append(
-            f"| {r['seed']} | {r['warm'][metric]:.3f} | {r['after'][metric]:.3f} | "
-            f"{off['after'][metric] if off else float('nan'):.3f} | {r['sft']['s']:.0f} | "
-            f"{r['rl_s']:.0f} / {off['rl_s'] if off else float('nan'):.0f} | {r['wall_s'] / 60:.1f} min | "
-            f"`{r['command']}` |"
-        )
+        head = f"| {r['seed']} | {r['warm'][metric]:.3f} | {r['after'][metric]:.3f} | "
+        tail = f"{r['wall_s'] / 60:.1f} min | `{r['command']}` |"
+        if ablation:
+            off_after = f"{off['after'][metric]:.3f}" if off else "not run"
+            off_s = f"{off['rl_s']:.0f}" if off else "-"
+            lines.append(f"{head}{off_after} | {r['sft']['s']:.0f} | {r['rl_s']:.0f} / {off_s} | {tail}")
+        else:
+            lines.append(f"{head}{r['sft']['s']:.0f} | {r['rl_s']:.0f} | {tail}")
     if any(len(s) > 1 and s[0].get("curve") for s in seeds):
-        path = plot_air(name, seeds)
+        path = plot_air(name, seeds, tag)
         lines += ["", f"AIR ablation, training reward per GRPO step: [{path.name}]({path.name})", ""]
         lines += ["| seed | arm | train reward per step | groups without reward spread per step | updates |"]
         lines += ["|---|---|---|---|---|"]
@@ -239,11 +260,11 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
                 done = sum(1 for r in rows if not r.get("train/skipped_update"))
                 lines.append(f"| {run['seed']} | {arm} | {rewards} | {zero} | {done} of {len(rows)} |")
     text = "\n".join(lines) + "\n"
-    (ROOT / name / "results" / "summary.md").write_text(text)
+    (ROOT / name / "results" / f"summary{_prefix(tag)}.md").write_text(text)
     return text
 
 
-def plot_air(name: str, seeds: list[list[dict[str, Any]]]) -> Path:
+def plot_air(name: str, seeds: list[list[dict[str, Any]]], tag: str = "") -> Path:
     """Both arms' training reward per GRPO step on one figure: thin lines per seed, thick means."""
     import matplotlib
 
@@ -265,7 +286,7 @@ def plot_air(name: str, seeds: list[list[dict[str, Any]]]) -> Path:
     ax.set_title(f"{name}: AIR on vs off ({len(seeds)} seeds)")
     ax.legend(loc="best")
     fig.tight_layout()
-    path = ROOT / name / "results" / "air_ablation.png"
+    path = ROOT / name / "results" / f"air_ablation{_prefix(tag)}.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -274,6 +295,7 @@ def plot_air(name: str, seeds: list[list[dict[str, Any]]]) -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.summarize", description=__doc__.splitlines()[0])
     ap.add_argument("benchmark", choices=("calc_x", "musique", "spider"))
+    ap.add_argument("--tag", default="", help="a variant's runs (their --results-tag)")
     args = ap.parse_args(argv)
     extra = {
         "calc_x": ("answer_format", "tool_calls", "tool_errors"),
@@ -281,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "spider": ("writer_acc", "turns"),
     }[args.benchmark]
     metric = {"musique": "f1"}.get(args.benchmark, "success_rate")
-    print(summarize(args.benchmark, metric, extra))
+    print(summarize(args.benchmark, metric, extra, tag=args.tag))
 
 
 if __name__ == "__main__":

@@ -72,3 +72,36 @@ def test_summary_pools_seeds_with_paired_tests(tmp_path: Path, monkeypatch: pyte
     (folder / "results_sft_seed2.json").write_text(json.dumps([other]))
     with pytest.raises(SystemExit, match="different set-ups"):
         summarize.summarize("calc_x", "success_rate")
+    assert "AIR off" not in text  # no seed ran that arm: no empty columns
+
+
+def test_a_tagged_variant_is_summarised_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(summarize, "ROOT", tmp_path)
+    folder = tmp_path / "calc_x" / "results"
+    folder.mkdir(parents=True)
+    base = run(0, [1.0] * 2 + [0.0] * 6, [1.0] * 2 + [0.0] * 6)
+    (folder / "results_sft_seed0.json").write_text(json.dumps([base]))
+    variant = run(
+        0, [1.0] * 2 + [0.0] * 6, [1.0] * 7 + [0.0], command="python -m benchmarks.calc_x --steps 8"
+    )
+    off = dict(variant, after=variant["warm"])
+    (folder / "results_english_sft_seed0.json").write_text(json.dumps([variant, off]))
+    text = summarize.summarize("calc_x", "success_rate", tag="english")
+    assert (folder / "summary_english.md").read_text() == text and not (folder / "summary.md").exists()
+    assert "| warm start -> warm start + GRPO | 5/0 (p=0.0625) | 5/0 (p=0.0625) |" in text
+    assert "0.875 (one seed" in text and "AIR off" in text  # the variant's own ablation arm
+    assert "0.250 (one seed" in summarize.summarize("calc_x", "success_rate")  # the default set-up's file
+    with pytest.raises(SystemExit, match=r"no results_other_sft_seed\*\.json"):
+        summarize.summarize("calc_x", "success_rate", tag="other")
+
+
+def test_results_tag_names_the_files_and_is_checked_at_parse_time() -> None:
+    from benchmarks import _harness
+
+    res = {"sft": {"tasks": 4}, "seed": 2, "air": True}
+    assert _harness._tag(res) == "_sft_seed2"
+    assert _harness._tag(dict(res, results_tag="english", air=False)) == "_english_sft_seed2_air_off"
+    assert _harness._tag({"sft": None, "seed": 0, "results_tag": "x"}) == ""  # a plain run: one results.json
+    assert _harness._results_tag("rl-easy_2") == "rl-easy_2"
+    with pytest.raises(Exception, match="letters, digits"):
+        _harness._results_tag("../x")
