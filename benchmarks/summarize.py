@@ -78,9 +78,10 @@ def _per_task_mean(runs: Sequence[dict[str, Any]]) -> list[float | None] | None:
 
 
 def _setup(command: str) -> str:
-    """A run's command without its ``--seed`` and ``--output-dir`` (what must match across seeds).
+    """A run's command without its ``--seed``, ``--output-dir`` and ``--results-tag`` (what must match
+    across seeds).
 
-    >>> _setup("python -m benchmarks.calc_x --steps 2 --seed 1 --output-dir runs/x")
+    >>> _setup("python -m benchmarks.calc_x --steps 2 --seed 1 --output-dir runs/x --results-tag a")
     'python -m benchmarks.calc_x --steps 2'
     """
     words = command.split()
@@ -89,7 +90,7 @@ def _setup(command: str) -> str:
         if skip:
             skip = False
             continue
-        if w in ("--seed", "--output-dir"):
+        if w in ("--seed", "--output-dir", "--results-tag"):
             skip = True
             continue
         out.append(w)
