@@ -59,11 +59,19 @@ def sign_test(before: Sequence[float | None], after: Sequence[float | None]) -> 
     """
     up = sum(1 for b, a in zip(before, after, strict=True) if b is not None and a is not None and a > b)
     down = sum(1 for b, a in zip(before, after, strict=True) if b is not None and a is not None and a < b)
-    n, k = up + down, min(up, down)
+    return up, down, _binomial_two_sided(up, up + down)
+
+
+def _binomial_two_sided(up: int, n: int) -> float:
+    """Exact two-sided p of ``up`` successes in ``n`` fair coin flips (1.0 for none).
+
+    >>> _binomial_two_sided(63, 100) < 0.05 < _binomial_two_sided(6, 10)
+    True
+    """
     if n == 0:
-        return 0, 0, 1.0
-    p = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return up, down, min(1.0, 2 * p)
+        return 1.0
+    k = min(up, n - up)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
 def _per_task_mean(runs: Sequence[dict[str, Any]]) -> list[float | None] | None:
@@ -200,21 +208,27 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         a_mean, b_mean = _per_task_mean(a_runs), _per_task_mean(b_runs)
         if a_mean is None or b_mean is None:
             continue
-        cells = []
+        cells, ups, downs = [], 0, 0
         for a, b in zip(a_runs, b_runs, strict=True):
             up, down, p = sign_test(a["per_task"], b["per_task"])
             cells.append(f"{up}/{down} (p={p:.3g})")
+            ups, downs = ups + up, downs + down
+        pooled_p = _binomial_two_sided(ups, ups + downs)
         up, down, p = sign_test(a_mean, b_mean)
-        tests.append(f"| {a_name} -> {b_name} | {'; '.join(cells)} | {up}/{down} (p={p:.3g}) |")
+        tests.append(
+            f"| {a_name} -> {b_name} | {'; '.join(cells)} | {ups}/{downs} (p={pooled_p:.3g}) "
+            f"| {up}/{down} (p={p:.3g}) |"
+        )
     if tests:
         lines += [
             "",
             "Paired sign test on the same held-out tasks (task reward; with 0/1 rewards the exact McNemar "
-            "test): tasks that improved / got worse, two-sided p. Per seed, and on each task's reward "
-            "averaged over the seeds:",
+            "test): tasks that improved / got worse, two-sided p. Per seed; over every seed's pairs pooled "
+            "(the stratified McNemar test: each seed is its own training run); and on each task's reward "
+            "averaged over the seeds (which ignores by how much a task changed):",
             "",
-            "| comparison | per seed (improved/worse) | seeds averaged per task |",
-            "|---|---|---|",
+            "| comparison | per seed (improved/worse) | seeds' pairs pooled | seeds averaged per task |",
+            "|---|---|---|---|",
             *tests,
         ]
     if ablation:

@@ -64,8 +64,12 @@ def test_summary_pools_seeds_with_paired_tests(tmp_path: Path, monkeypatch: pyte
     text = summarize.summarize("calc_x", "success_rate")
     assert (folder / "summary.md").read_text() == text
     # 8 of 12 tasks gained in each seed, none lost: exact two-sided p = 2 / 2**8
-    assert "| before -> warm start | 8/0 (p=0.00781); 8/0 (p=0.00781) | 8/0 (p=0.00781) |" in text
-    assert "| warm start -> warm start + GRPO | 0/0 (p=1); 0/0 (p=1) | 0/0 (p=1) |" in text
+    # pooled over both seeds' pairs: 16 gained, none lost, p = 2 / 2**16
+    assert (
+        "| before -> warm start | 8/0 (p=0.00781); 8/0 (p=0.00781) | 16/0 (p=3.05e-05) | 8/0 (p=0.00781) |"
+        in text
+    )
+    assert "| warm start -> warm start + GRPO | 0/0 (p=1); 0/0 (p=1) | 0/0 (p=1) | 0/0 (p=1) |" in text
     assert "0.667 ± 0.000 (seeds: 0.667, 0.667; pooled 16/24" in text
 
     other = run(2, [0.0] * n, [0.0] * n, command="python -m benchmarks.calc_x --steps 9 --seed 2")
@@ -88,7 +92,7 @@ def test_a_tagged_variant_is_summarised_apart(tmp_path: Path, monkeypatch: pytes
     (folder / "results_english_sft_seed0.json").write_text(json.dumps([variant, off]))
     text = summarize.summarize("calc_x", "success_rate", tag="english")
     assert (folder / "summary_english.md").read_text() == text and not (folder / "summary.md").exists()
-    assert "| warm start -> warm start + GRPO | 5/0 (p=0.0625) | 5/0 (p=0.0625) |" in text
+    assert "| warm start -> warm start + GRPO | 5/0 (p=0.0625) | 5/0 (p=0.0625) | 5/0 (p=0.0625) |" in text
     assert "0.875 (one seed" in text and "AIR off" in text  # the variant's own ablation arm
     assert "0.250 (one seed" in summarize.summarize("calc_x", "success_rate")  # the default set-up's file
     with pytest.raises(SystemExit, match=r"no results_other_sft_seed\*\.json"):
