@@ -77,6 +77,7 @@ def test_two_real_grpo_steps_change_the_lora_weights(engine: object, tmp_path: P
         # the engine's logprobs agree with the training forward pass (same fp32 model)
         assert r["train/logprob_mismatch_mean"] < 1e-3
         assert r["train/ratio_from_engine_logprobs"] == 1.0
+        assert r["memory/peak_rss_mib"] >= r["memory/rss_mib"] > 50  # this process's real resident size
 
     # the samples came from the store: 16 train rollouts, each one policy call with exact tokens
     store = trainer.store

@@ -30,6 +30,7 @@ from ..store.recovery import INTERRUPTED, recover_interrupted
 from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from ..transitions import transitions
+from ._memory import peak_rss_mib, release_host_memory, rss_mib
 from .batching import Sample, collate, forward_logprobs
 from .checkpoint import latest_checkpoint, load_checkpoint, save_adapter, save_checkpoint
 from .grpo import GRPO, aggregate, group_advantages, kl_penalty, policy_loss
@@ -574,6 +575,7 @@ class Trainer:
             t1 = time.perf_counter()
             update_stats = self._update(samples) if samples else {"train/skipped_update": 1.0}
             t_update = time.perf_counter() - t1
+            release_host_memory()  # the update's freed activations: back to the OS, not kept in the heap
         self.step += 1
         rewards = [r.reward for r in results if r.status == "succeeded" and r.reward is not None]
         out: dict[str, Any] = {
@@ -585,6 +587,7 @@ class Trainer:
             "time/rollouts_s": t_roll,
             "time/update_s": t_update,
             "engine/version": float(getattr(self.engine, "version", 0)),
+            **_memory_stats(),
             **sample_stats,
             **update_stats,
         }
@@ -602,6 +605,7 @@ class Trainer:
                 for i, task in enumerate(dataset)
             ]
             results = self._run(agent, specs, desc="evaluating")
+        release_host_memory()
         rewards = [self._reward_of(r) for r in results]
         scored = [x for x in rewards if x is not None]
         return {
@@ -1145,6 +1149,14 @@ def _is_checkpointing(model: Any) -> bool:
         if hasattr(type(base), name):
             return bool(getattr(base, name))
     return False
+
+
+def _memory_stats() -> dict[str, float]:
+    """The process's resident size now (after the step's memory was released) and its peak so far."""
+    now = rss_mib()
+    return {"memory/peak_rss_mib": round(peak_rss_mib(), 1)} | (
+        {} if now is None else {"memory/rss_mib": round(now, 1)}
+    )
 
 
 def _release_cuda_cache(device: torch.device) -> None:
