@@ -196,11 +196,27 @@ def summarize(name: str, metric: str = "success_rate", extra: Sequence[str] = ()
         off_cell = _cell(off, n, rate) + f" ({len(off)} seeds)" if off else "not run"
         row = f"| {key} | {b} | {_cell(warm, n, rate)} | {_cell(on, n, rate)} |"
         lines.append(row + (f" {off_cell} |" if ablation else ""))
+    own = [s for s in seeds if len(s) > 1 and s[1].get("warm") and s[1]["warm"] != s[0]["warm"]]
+    if own:  # `--no-air` in a process of its own: its warm start was trained and evaluated again
+        each = ", ".join(f"{s[1]['warm'][metric]:.3f}" for s in own)
+        lines += [
+            "",
+            f"The AIR-off arm ran in processes of its own (`--no-air`, seeds "
+            f"{', '.join(str(s[0]['seed']) for s in own)}): their own warm starts scored {metric} {each}; "
+            "the AIR-off comparisons below start from those.",
+        ]
     pairs = [("before", "warm start", lambda s: first["before"], lambda s: s[0]["warm"])]
     pairs += [("before", "warm start + GRPO", lambda s: first["before"], lambda s: s[0]["after"])]
     pairs += [("warm start", "warm start + GRPO", lambda s: s[0]["warm"], lambda s: s[0]["after"])]
     if all(len(s) > 1 for s in seeds):
-        pairs += [("warm start", "+ GRPO, AIR off", lambda s: s[0]["warm"], lambda s: s[1]["after"])]
+        pairs += [
+            (
+                "warm start",
+                "+ GRPO, AIR off",
+                lambda s: s[1].get("warm") or s[0]["warm"],
+                lambda s: s[1]["after"],
+            )
+        ]
         pairs += [("+ GRPO, AIR off", "+ GRPO, AIR on", lambda s: s[1]["after"], lambda s: s[0]["after"])]
     tests = []
     for a_name, b_name, a_of, b_of in pairs:

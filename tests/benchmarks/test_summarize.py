@@ -95,6 +95,15 @@ def test_a_tagged_variant_is_summarised_apart(tmp_path: Path, monkeypatch: pytes
     assert "| warm start -> warm start + GRPO | 5/0 (p=0.0625) | 5/0 (p=0.0625) | 5/0 (p=0.0625) |" in text
     assert "0.875 (one seed" in text and "AIR off" in text  # the variant's own ablation arm
     assert "0.250 (one seed" in summarize.summarize("calc_x", "success_rate")  # the default set-up's file
+    # an AIR-off arm run as a process of its own (--no-air): compared with its own warm start
+    own = run(
+        0, [1.0] * 3 + [0.0] * 5, [1.0] * 4 + [0.0] * 4, command="python -m benchmarks.calc_x --steps 8"
+    )
+    (folder / "results_english_sft_seed0.json").write_text(json.dumps([variant]))
+    (folder / "results_english_sft_seed0_air_off.json").write_text(json.dumps([own]))
+    text = summarize.summarize("calc_x", "success_rate", tag="english")
+    assert "own warm starts scored success_rate 0.375" in text
+    assert "| warm start -> + GRPO, AIR off | 1/0 (p=1) |" in text
     with pytest.raises(SystemExit, match=r"no results_other_sft_seed\*\.json"):
         summarize.summarize("calc_x", "success_rate", tag="other")
 
