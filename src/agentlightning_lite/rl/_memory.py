@@ -1,7 +1,7 @@
 """Host memory of the training process: give the allocator's free heap back, read the RSS.
 
 A CPU update allocates activations of many sizes and frees them; glibc keeps most of the freed memory in
-its heap, so after the first update the process stays at its peak RSS for good (6.5 GiB after an update
+its heap, so after the first update the process stays at its peak RSS for good (6.6 GiB after an update
 of the embedded model over 4 x 2 x 800 tokens, of which 0.9 GiB is in use: ``benchmarks/perf/
 memory_results.md``). The trainer calls :func:`release_host_memory` (``malloc_trim(0)``) after each update
 and evaluation: the peak is unchanged, the resident size between updates falls back to what is in use,
