@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import _harness
 from .autogen_agent import AIR, CREDIT, make_agent
-from .data import load_dataset, select
+from .data import SELECTIONS, load_dataset, select
 from .teacher import make_teacher
 
 
@@ -40,14 +40,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument(
         "--train-select",
-        choices=("easiest", "first", "word-problems", "english"),
+        choices=SELECTIONS,
         default=None,
         help="which training questions (RL and warm start) when they should differ from --select: "
-        "'word-problems' (one reference calculator step, stories of 12+ words, a fixed mix of sources)",
+        "'word-problems' (one reference calculator step, stories of 12+ words; almost all ape210k)",
     )
     ap.add_argument(
         "--rl-select",
-        choices=("easiest", "first", "word-problems", "english"),
+        choices=SELECTIONS,
         default=None,
         help="which GRPO training questions when they should differ from the warm start's (--train-select): "
         "'english' (one-step MAWPS/ASDiv/SVAMP/GSM8K stories, the held-out set's kind); never a warm-start "

@@ -103,7 +103,7 @@ def select(tasks: list[dict[str, Any]], n: int, how: str) -> list[dict[str, Any]
     calculator steps (at least one), then shortest question (ties by id; deterministic);
     ``"word-problems"``: numeric answers, one reference calculator step, questions of at least
     :data:`WORD_PROBLEM_WORDS` words (stories, not bare sums), in a fixed pseudo-random order of their
-    ids (a mix of sources rather than the shortest first); ``"english"``: numeric answers, one
+    ids (not the shortest first; in the train split almost all ape210k); ``"english"``: numeric answers, one
     reference calculator step, from the English-language story sources (:data:`ENGLISH_SOURCES`: MAWPS,
     ASDiv, SVAMP, GSM8K, the held-out set's main sources), shortest question first. The train split holds
     few of them (38): ape210k's translated problems make up the rest of its one-step questions.
@@ -141,6 +141,9 @@ def select(tasks: list[dict[str, Any]], n: int, how: str) -> list[dict[str, Any]
         return sorted(english, key=lambda t: (len(t["question"]), t["id"]))[:n]
     raise ValueError(f"selection must be 'first', 'easiest', 'word-problems' or 'english', got {how!r}")
 
+
+#: the ways :func:`select` picks questions
+SELECTIONS = ("easiest", "first", "word-problems", "english")
 
 #: the English-language story sources of Calc-X (the ``"english"`` selection)
 ENGLISH_SOURCES = frozenset({"mawps", "asdiv_a", "svamp", "gsm8k"})

@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import cpu_model, load_average
+from benchmarks.perf._child import emit, run_child, write_results
 from benchmarks.perf.bench_grpo_step import _git_state, _versions
 
 HERE = Path(__file__).resolve().parent
@@ -118,25 +117,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(measure(args.child, args.threads)), flush=True)
+        emit(measure(args.child, args.threads))
         return {}
     runs = []
     for variant, env in VARIANTS.items():
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.perf.bench_memory",
-            "--child",
-            variant,
-            "--threads",
-            str(args.threads),
-        ]
         clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**clean, **env})
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            raise SystemExit(f"{variant} run failed:\n{proc.stderr[-3000:]}")
-        r = json.loads(line[len("RESULT ") :])
+        child = ["--child", variant, "--threads", str(args.threads)]
+        r = run_child("benchmarks.perf.bench_memory", child, {**clean, **env})
         runs.append(r)
         print(
             f"{variant}: update {r['update_s']:.2f} s, peak {r['peak_mib']:.0f} MiB, "
@@ -173,9 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ),
         "",
     ]
-    args.out.write_text("\n".join(lines))
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    print("\n".join(lines))
+    write_results(args.out, lines, results)
     return results
 
 

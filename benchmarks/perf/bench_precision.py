@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import cpu_model, load_average
+from benchmarks.perf._child import emit, run_child, write_results
 from benchmarks.perf.bench_grpo_step import _git_state, _versions, peak_rss_mib
 
 HERE = Path(__file__).resolve().parent
@@ -107,18 +106,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--child", choices=("fp32", "bf16"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(measure(args.child, args.threads)), flush=True)
+        emit(measure(args.child, args.threads))
         return {}
     runs = {}
     for precision in ("fp32", "bf16"):
-        cmd = [sys.executable, "-m", "benchmarks.perf.bench_precision", "--child", precision]
-        proc = subprocess.run(
-            [*cmd, "--threads", str(args.threads)], capture_output=True, text=True, check=False
+        runs[precision] = run_child(
+            "benchmarks.perf.bench_precision", ["--child", precision, "--threads", str(args.threads)]
         )
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            raise SystemExit(f"{precision} run failed:\n{proc.stderr[-3000:]}")
-        runs[precision] = json.loads(line[len("RESULT ") :])
         r = runs[precision]
         print(f"{precision}: update {r['update_s']:.2f} s, decode {r['decode_s']:.2f} s", flush=True)
     f, b = runs["fp32"], runs["bf16"]
@@ -160,9 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{results['logprob_abs_diff_mean']:.4f}, largest {results['logprob_abs_diff_max']:.4f} (nats).",
         "",
     ]
-    args.out.write_text("\n".join(lines))
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    print("\n".join(lines))
+    write_results(args.out, lines, results)
     return results
 
 
