@@ -8,8 +8,14 @@
    the same spans into an in-process SQLiteStore.
 3. The runner's memory: its RSS after the rollouts, less that of a process that imports the
    agent (and ``openai``) and makes one call (the agent's own).
+4. Per-request latency: the median of sequential small requests on one connection (a chat
+   completion; a batch of 10 native span rows), as a lone agent or runner sees it.
+
+The server's event loop is ``--loop`` (``auto``: uvloop when installed; ``asyncio``: plain asyncio,
+what installs without uvloop get).
 
     python -m benchmarks.perf.bench_remote     # prints a table, writes remote_results.md and .json
+    python -m benchmarks.perf.bench_remote --loop asyncio --latency-only   # section 4 alone, no files
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ def trivial_agent(task: Any, llm: agl.LLM) -> float:
     return 1.0
 
 
+LOOP = "auto"  # the PolicyServer's event loop (--loop)
+
+
 def _engine() -> Any:
     from agentlightning_lite.serving.engines import ScriptedEngine
 
@@ -63,7 +72,7 @@ def _rss_mb(pid: int) -> float:
 def rollouts_in_process(n: int, workers: int, db: Path) -> float:
     from agentlightning_lite.rl.rollouts import RolloutSpec, run_rollouts
 
-    with agl.SQLiteStore(db) as store, agl.PolicyServer(_engine(), store) as server:
+    with agl.SQLiteStore(db) as store, agl.PolicyServer(_engine(), store, loop=LOOP) as server:
         tracer = agl.Tracer(store)
         run_rollouts(trivial_agent, [RolloutSpec(i) for i in range(workers)], tracer, server.llm, workers)
         t0 = time.perf_counter()
@@ -77,7 +86,7 @@ def rollouts_remote(n: int, workers: int, db: Path) -> tuple[float, float]:
     """Rollouts/s through a runner process, and that process's RSS (MB) afterwards."""
     with agl.SQLiteStore(db) as store:
         runners = agl.RemoteRunners(port=0)
-        server = runners.serve(_engine(), store)
+        server = runners.serve(_engine(), store, server_options={"loop": LOOP})
         cmd = [sys.executable, "-m", "agentlightning_lite.cli", "runner"]
         cmd += ["benchmarks.perf.bench_remote:trivial_agent", "--server", runners.url]
         cmd += ["--workers", str(workers), "--log-level", "warning"]
@@ -101,7 +110,7 @@ def rollouts_remote(n: int, workers: int, db: Path) -> tuple[float, float]:
 
 def agent_baseline_rss() -> float:
     """RSS of a process that imports the agent (openai, httpx, pydantic) and makes one call."""
-    with agl.MemoryStore() as store, agl.PolicyServer(_engine(), store) as server:
+    with agl.MemoryStore() as store, agl.PolicyServer(_engine(), store, loop=LOOP) as server:
         code = (
             "import sys\nfrom benchmarks.perf.bench_remote import trivial_agent\n"
             "from agentlightning_lite.serving.llm import LLM\n"
@@ -216,7 +225,7 @@ def sender(url: str, kind: str, rid: str, n: int, batch: int) -> None:
 def spans_remote(kind: str, n: int, batch: int, db: Path) -> float:
     with agl.SQLiteStore(db) as store:
         runners = agl.RemoteRunners(port=0)
-        server = runners.serve(_engine(), store)
+        server = runners.serve(_engine(), store, server_options={"loop": LOOP})
         rid = store.start_rollout("t").rollout_id
         try:
             out = subprocess.run(
@@ -246,6 +255,42 @@ def spans_remote(kind: str, n: int, batch: int, db: Path) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+# -- 4. latency -------------------------------------------------------------------------------
+def latency_ms(n: int = 50) -> dict[str, float]:
+    """Median ms of ``n`` sequential requests on one keep-alive connection (after one warm-up)."""
+    import statistics
+
+    import httpx
+
+    with agl.MemoryStore() as store:
+        runners = agl.RemoteRunners(port=0)
+        server = runners.serve(_engine(), store, server_options={"loop": LOOP})
+        rid = store.start_rollout("t").rollout_id
+        chat = {"model": server.model_name, "messages": PROMPT, "max_tokens": 8}
+        spans = make_spans(rid, 10 * (n + 1))
+        rows = [list(span_to_row(s)) for s in spans]
+        batches = [{"rows": rows[k : k + 10]} for k in range(0, len(rows), 10)]
+        out: dict[str, float] = {}
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                chat_path = f"/rollout/{rid}/v1/chat/completions"
+                for name, send in (
+                    ("chat_completion", lambda i: http.post(chat_path, json=chat)),
+                    ("span_batch_10", lambda i: http.post("/agl/v1/spans", json=batches[i])),
+                ):
+                    send(n).raise_for_status()
+                    times = []
+                    for i in range(n):
+                        t0 = time.perf_counter()
+                        send(i).raise_for_status()
+                        times.append(time.perf_counter() - t0)
+                    out[name] = 1000 * statistics.median(times)
+        finally:
+            runners.stop()
+            server.stop()
+    return out
+
+
 # -- the table ---------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -254,8 +299,16 @@ def main() -> None:
     ap.add_argument("--spans", type=int, default=20000, help="spans per ingestion contender")
     ap.add_argument("--batch", type=int, default=500, help="spans per HTTP request")
     ap.add_argument("--out", type=Path, default=HERE / "remote_results.md")
+    ap.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto", help="server event loop")
+    ap.add_argument("--latency-only", action="store_true", help="print section 4 alone; write no files")
     ap.add_argument("--_send", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global LOOP
+    LOOP = args.loop
+    if args.latency_only:
+        lat = latency_ms()
+        print(", ".join(f"{k}: {v:.2f} ms" for k, v in lat.items()) + f" (median of 50, loop={LOOP})")
+        return
     if args._send:
         kind, url, rid, n, batch = args._send
         sender(url, kind, rid, int(n), int(batch))
@@ -268,6 +321,7 @@ def main() -> None:
         s_local = spans_in_process(args.spans, d / "c.db")
         s_native = spans_remote("native", args.spans, args.batch, d / "d.db")
         s_otlp = spans_remote("otlp", args.spans, args.batch, d / "e.db")
+        lat = latency_ms()
     ratio = r_remote / r_local
     overhead = runner_rss - baseline
     results = {
@@ -281,6 +335,8 @@ def main() -> None:
         "runner_rss_mb": runner_rss,
         "agent_baseline_rss_mb": baseline,
         "runner_overhead_mb": overhead,
+        "server_loop": LOOP,
+        "latency_ms_median": lat,
         "targets": {
             "remote_rollouts_ratio>=0.5": ratio >= 0.5,
             "remote_spans_per_s>=20000": s_native >= 20000,
@@ -307,6 +363,8 @@ def main() -> None:
             f"{s_otlp / s_local:.2f}",
         ),
         (f"runner RSS, MB (agent alone: {baseline:.0f} MB)", "-", f"{runner_rss:.0f}", f"+{overhead:.0f} MB"),
+        ("ms per request, one chat completion (median of 50)", "-", f"{lat['chat_completion']:.2f}", "-"),
+        ("ms per request, a batch of 10 span rows (median of 50)", "-", f"{lat['span_batch_10']:.2f}", "-"),
     ]
     table = "| measurement | in-process | remote | ratio |\n|---|---:|---:|---:|\n" + "".join(
         "| " + " | ".join(r) + " |\n" for r in rows
@@ -328,7 +386,8 @@ def main() -> None:
         f"Workload: {args.rollouts} rollouts of a trivial agent (one chat call to the scripted engine) per "
         f"contender, {args.workers} at a time, store SQLite; {args.spans} spans (half LLM calls with 64+32 "
         f"token ids and logprobs, half tool calls) in batches of {args.batch} per request, sent by another "
-        "process. The remote runner is an `agl-lite runner` process.\n\n"
+        f"process. The remote runner is an `agl-lite runner` process. Server event loop: `{LOOP}` "
+        "(`auto`: uvloop when installed).\n\n"
     )
     print(table + "\n" + verdict)
     args.out.write_text(header + table + "\n" + verdict + "\n")
