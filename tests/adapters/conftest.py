@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -50,6 +53,43 @@ def serve() -> Iterator[Callable[..., PolicyServer]]:
     yield start
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def foreign_endpoint() -> Iterator[Callable[[Callable[[str, dict[str, Any]], dict[str, Any]]], str]]:
+    """An OpenAI-compatible endpoint that is not a PolicyServer, on 127.0.0.1 (stdlib HTTP server).
+
+    ``foreign_endpoint(answer)`` starts it and returns its base URL (``.../v1``); ``answer(path, body)``
+    gives the JSON reply to each POST.
+    """
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(answer: Callable[[str, dict[str, Any]], dict[str, Any]]) -> str:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                try:
+                    payload, status = json.dumps(answer(self.path, body)).encode(), 200
+                except AssertionError as exc:  # a wrong request: answered 400 so that the test fails
+                    payload, status = json.dumps({"error": {"message": str(exc)}}).encode(), 400
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypedDict
 
-import httpx
 import pytest
 
 pytest.importorskip("langchain_openai")
@@ -212,33 +210,24 @@ def test_langgraph_zero_code_instrument_and_uninstrument(store, serve):
     assert [s.attributes.get("agl.source") for s in store.spans(ro2.id)] == [None] * 3
 
 
-def test_model_not_ours_is_recorded_without_tokens_and_skipped_with_warning(store):
+def test_model_not_ours_is_recorded_without_tokens_and_skipped_with_warning(store, foreign_endpoint):
     """An agent on another OpenAI-compatible endpoint: spans recorded, marked, and not trained on."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        assert body["model"] == "gpt-other"
-        return httpx.Response(
-            200,
-            json={
-                "id": "chatcmpl-elsewhere",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "gpt-other",
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            },
-        )
+    def answer(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert path.endswith("/chat/completions") and body["model"] == "gpt-other"
+        return {
+            "id": "chatcmpl-elsewhere",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-other",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
 
     tracer = agl.Tracer(store)
-    model = ChatOpenAI(
-        base_url="http://elsewhere.invalid/v1",
-        api_key="k",
-        model="gpt-other",
-        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-    )
+    model = ChatOpenAI(base_url=foreign_endpoint(answer), api_key="k", model="gpt-other", max_retries=0)
     with tracer.rollout("2+2?") as ro:
         assert (
             model.invoke("2+2?", config={"callbacks": [LightningCallback()], "run_name": "solo"}).content

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 pytest.importorskip("agents")
@@ -49,7 +48,13 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-@function_tool
+def _tool_failed(ctx: Any, error: Exception) -> str:
+    return f"explode failed: {error}"
+
+
+# A failure_error_function of its own: from openai-agents 0.21 the SDK redacts the error text of tools
+# that use its default one ("Tool execution failed. Error details are redacted.") and keeps it otherwise.
+@function_tool(failure_error_function=_tool_failed)
 def explode(x: int) -> int:
     """A tool that always fails."""
     raise ValueError("kaboom")
@@ -101,6 +106,7 @@ def test_single_agent_with_tools_explicit_processor(store, serve):
     tools = {s.name: s for s in ours if s.kind == "tool"}
     assert tools["add"].status == "ok" and tools["add"].output == 5 and tools["add"].input == {"a": 2, "b": 3}
     assert tools["explode"].status == "error" and "kaboom" in tools["explode"].error
+    assert tools["explode"].error.startswith("Error running tool")
     assert {n: t.attributes["tool_call_id"] for n, t in tools.items()} == asked
     ts = assert_transitions_have_server_tokens(
         store, ro.id, credit=agl.credit.Discounted(1.0), air=[agl.air.ToolStatus(success=0.1, error=-0.5)]
@@ -149,47 +155,86 @@ def test_handoff_multi_agent_zero_code_with_chat_completions_switch(store, serve
     assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
 
 
-def test_responses_api_on_a_foreign_endpoint_is_recorded_without_tokens(store):
+def test_streamed_run_with_handoff_and_tools_is_joined(store, serve):
+    """Runner.run_streamed: the SDK records each generation as a Responses-shaped ``{"output": [...]}``."""
+
+    def script(messages):
+        if "triage" in system_text(messages):
+            return {"tool_calls": [{"name": "transfer_to_math", "arguments": {}}]}
+        return math_script(messages)
+
+    async def run_streamed(agent: Agent, question: str) -> tuple[Any, list[str]]:
+        result = Runner.run_streamed(agent, question)
+        kinds = [event.type async for event in result.stream_events()]
+        return result.final_output, kinds
+
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    processor = LightningProcessor()
+    set_trace_processors([processor])
+    with tracer.rollout("2+3?") as ro:
+        llm = server.llm(ro.id)
+        math = Agent(name="math", instructions="You do math.", tools=[add, explode], model=chat_model(llm))
+        triage = Agent(name="triage", instructions="You are triage.", handoffs=[math], model=chat_model(llm))
+        final, kinds = asyncio.run(run_streamed(triage, "2+3?"))
+        ro.reward(1.0)
+    assert final == "The sum is 5." and "raw_response_event" in kinds  # it did stream
+    assert processor.recorder.open_count() == 0
+    spans = store.spans(ro.id)
+    server_spans = [s for s in spans if s.attributes.get("server") == "agl"]
+    assert len(server_spans) == 3 and all(s.attributes["params"]["stream"] for s in server_spans)
+    pairs = assert_joined(store, ro.id, "openai_agents")
+    assert [f.agent for f, _ in pairs] == ["triage", "math", "math"]
+    # joined by the Chat Completions id the SDK saw in the stream
+    assert [f.attributes["agl.response_id"] for f, _ in pairs] == [
+        s.attributes["request_id"] for _, s in pairs
+    ]
+    assert pairs[1][0].output["tool_calls"][0]["function"]["name"] == "add"
+    assert pairs[2][0].output == {"role": "assistant", "content": "The sum is 5."}
+    asked = {c["function"]["name"]: c["id"] for c in pairs[1][1].output["tool_calls"]}
+    tools = {s.name: s for s in spans if s.kind == "tool"}
+    assert {n: t.attributes.get("tool_call_id") for n, t in tools.items()} == asked
+    assert {t.agent for t in tools.values()} == {"math"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not served by the PolicyServer" warning
+        ts = assert_transitions_have_server_tokens(store, ro.id, agents=["math"])
+    assert [t.agent for t in ts] == ["math", "math"]
+    assert [t.metadata["span_id"] for t in ts] == [s.span_id for _, s in pairs[1:]]
+
+
+def test_responses_api_on_a_foreign_endpoint_is_recorded_without_tokens(store, foreign_endpoint):
     """The Responses path (what the SDK uses by default) against a model that is not ours."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path.endswith("/responses")
-        assert json.loads(request.content)["model"] == "gpt-other"
-        return httpx.Response(
-            200,
-            json={
-                "id": "resp_123",
-                "object": "response",
-                "created_at": 0,
-                "model": "gpt-other",
-                "status": "completed",
-                "output": [
-                    {
-                        "type": "message",
-                        "id": "msg_1",
-                        "status": "completed",
-                        "role": "assistant",
-                        "content": [{"type": "output_text", "text": "4", "annotations": []}],
-                    }
-                ],
-                "parallel_tool_calls": True,
-                "tool_choice": "auto",
-                "tools": [],
-                "usage": {
-                    "input_tokens": 5,
-                    "output_tokens": 1,
-                    "total_tokens": 6,
-                    "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                },
+    def answer(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert path.endswith("/responses") and body["model"] == "gpt-other"
+        return {
+            "id": "resp_123",
+            "object": "response",
+            "created_at": 0,
+            "model": "gpt-other",
+            "status": "completed",
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "4", "annotations": []}],
+                }
+            ],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": 5,
+                "output_tokens": 1,
+                "total_tokens": 6,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
             },
-        )
+        }
 
-    client = AsyncOpenAI(
-        base_url="http://elsewhere.invalid/v1",
-        api_key="k",
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
-    )
+    client = AsyncOpenAI(base_url=foreign_endpoint(answer), api_key="k", max_retries=0)
     tracer = agl.Tracer(store)
     set_trace_processors([LightningProcessor()])
     with tracer.rollout("2+2?") as ro:

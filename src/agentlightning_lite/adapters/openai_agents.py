@@ -36,27 +36,68 @@ def _dump(obj: Any) -> Any:
     return dump(exclude_none=True) if callable(dump) else obj
 
 
+def _field(obj: Any, name: str) -> Any:
+    """``obj.name`` of an SDK object or ``obj[name]`` of its ``model_dump()``."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+#: the placeholder id the SDK gives a Response it builds itself from Chat Completions chunks
+_FAKE_ID = "__fake_id__"
+
+
 def _responses_output(response: Any) -> dict[str, Any] | None:
-    """A Responses API ``Response`` as one OpenAI assistant message (text and tool calls)."""
+    """A Responses API ``Response`` (object or dump) as one OpenAI assistant message (text, tool calls)."""
     if response is None:
         return None
     texts, calls = [], []
-    for item in getattr(response, "output", None) or ():
-        kind = getattr(item, "type", None)
+    for item in _field(response, "output") or ():
+        kind = _field(item, "type")
         if kind == "message":
-            for part in getattr(item, "content", None) or ():
-                if getattr(part, "type", None) == "output_text":
-                    texts.append(part.text)
+            for part in _field(item, "content") or ():
+                if _field(part, "type") == "output_text":
+                    texts.append(_field(part, "text") or "")
         elif kind == "function_call":
-            calls.append({"id": item.call_id, "name": item.name, "arguments": item.arguments})
+            calls.append(
+                {
+                    "id": _field(item, "call_id"),
+                    "name": _field(item, "name"),
+                    "arguments": _field(item, "arguments"),
+                }
+            )
     return message_dict("assistant", "".join(texts) or None, calls or None)
 
 
+def _is_response_dump(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("output"), list)
+
+
 def _chat_output(output: Any) -> Any:
+    """A generation's recorded output as one assistant message.
+
+    Non-streamed, the SDK records ``[message.model_dump()]`` (Chat Completions shape); streamed, it
+    records ``[response.model_dump()]`` of the Responses-shaped ``Response`` it assembles from the chunks.
+    """
     if isinstance(output, list) and len(output) == 1 and isinstance(output[0], dict):
         m = output[0]
+        if _is_response_dump(m):
+            return _responses_output(m)
         return message_dict("assistant", m.get("content"), m.get("tool_calls") or None)
     return output
+
+
+def _streamed_response_id(output: Any) -> str | None:
+    """The Chat Completions id (``chatcmpl-...``) a streamed generation saw, from its items' provider data."""
+    if not (isinstance(output, list) and len(output) == 1 and _is_response_dump(output[0])):
+        return None
+    rid = output[0].get("id")
+    if isinstance(rid, str) and rid and rid != _FAKE_ID:
+        return rid
+    for item in output[0]["output"]:
+        data = item.get("provider_data") if isinstance(item, dict) else None
+        rid = data.get("response_id") if isinstance(data, dict) else None
+        if isinstance(rid, str) and rid:
+            return rid
+    return None
 
 
 def _error(span: Any) -> str | None:
@@ -146,6 +187,7 @@ class LightningProcessor(TracingProcessor):
         if kind_name == "generation":
             h.input = data.input
             output = _chat_output(data.output)
+            self.recorder.set_response_id(key, _streamed_response_id(data.output))
             if data.model:
                 h.model = str(data.model)
             if data.usage:
