@@ -212,3 +212,51 @@ def test_vllm_engine_gets_the_training_copys_adapter(fake_vllm: Any, tmp_path: P
     first = load_file(init / "adapter_model.safetensors")
     assert any(not torch.equal(served[k], v) for k, v in first.items())  # the served weights moved
     trainer.close()
+
+
+def test_fit_stops_with_the_first_error_when_every_rollout_fails(engine: object, tmp_path: Path) -> None:
+    """An agent that cannot run at all (here: a package it needs is missing) stops fit at the first
+    step with that error, instead of running every step on nothing."""
+
+    def agent(task: dict, llm: agl.LLM) -> float:
+        raise ModuleNotFoundError("No module named 'openai'")
+
+    trainer = make(engine, tmp_path)
+    with pytest.raises(RuntimeError, match="No module named 'openai'") as err:
+        trainer.fit(agent, TASKS, steps=3)
+    assert "ModuleNotFoundError" in str(err.value) and "max_failed_steps=1" in str(err.value)
+    assert trainer.step == 1  # stopped after the first step, not at step 3
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["train/failed_rollouts"]) for r in rows] == [(1, 8.0)]  # the step is logged
+    trainer.close()
+
+    # a configurable number of such steps in a row; None never stops
+    second = make(engine, tmp_path / "two", max_failed_steps=2)
+    with pytest.raises(RuntimeError, match="2 steps in a row"):
+        second.fit(agent, TASKS, steps=4)
+    assert second.step == 2
+    second.close()
+    never = make(engine, tmp_path / "never", max_failed_steps=None)
+    out = never.fit(agent, TASKS, steps=2)
+    assert never.step == 2 and out["train/failed_rollouts"] == 8
+    never.close()
+    with pytest.raises(ValueError, match="max_failed_steps"):
+        make(engine, tmp_path / "bad", max_failed_steps=0)
+
+
+def test_fit_goes_on_when_only_some_rollouts_fail(engine: object, tmp_path: Path) -> None:
+    """Steps where some rollouts fail (even a step where all do, under max_failed_steps=2) train on."""
+
+    def agent(task: dict, llm: agl.LLM) -> float:
+        if task["seed"] % 2 == 0 or trainer.step == 0:  # every rollout of step 1 fails, half of the others
+            raise ValueError(f"task {task['seed']} failed")
+        return chatty_agent(task, llm)
+
+    trainer = make(engine, tmp_path, max_failed_steps=2)
+    out = trainer.fit(agent, TASKS, steps=3)
+    assert trainer.step == 3
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["train/failed_rollouts"] == 8
+    assert all(0 < r["train/failed_rollouts"] < 8 for r in rows[1:])
+    assert out["train/samples"] > 0
+    trainer.close()

@@ -197,6 +197,11 @@ class Trainer:
             episode instead of one per call); only the generated tokens are trained and each keeps
             its own call's reward and advantage. A call whose prompt does not extend the previous
             one stays a separate sample (``trajectory/prefix_mismatches`` in the metrics).
+        max_failed_steps: ``fit`` stops with a ``RuntimeError`` carrying the first rollout's error
+            once this many steps in a row had no rollout that succeeded (every one failed or timed
+            out): an agent that cannot run (a missing package, a wrong URL) is reported at once
+            instead of training on nothing. ``None`` never stops. A step where some rollouts
+            succeed resets the count.
         gradient_checkpointing: recompute each decoder layer's activations in the backward pass
             instead of keeping them (transformers' gradient checkpointing, non-reentrant, so it
             works with peft's frozen base): activation memory of the update falls from one set per
@@ -258,6 +263,7 @@ class Trainer:
         transitions: str = "call",
         policies: Mapping[str, Any] | None = None,
         gradient_checkpointing: bool = False,
+        max_failed_steps: int | None = 1,
     ) -> None:
         if transitions not in ("call", "trajectory"):
             raise ValueError(f"transitions must be 'call' or 'trajectory', got {transitions!r}")
@@ -312,6 +318,13 @@ class Trainer:
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
         self.max_staleness = max_staleness
+        if max_failed_steps is not None and (
+            isinstance(max_failed_steps, bool) or not isinstance(max_failed_steps, int) or max_failed_steps < 1
+        ):
+            raise ValueError(f"max_failed_steps must be an integer >= 1 or None, got {max_failed_steps!r}")
+        self.max_failed_steps = max_failed_steps
+        self._failed_steps = 0  # consecutive steps in which no rollout succeeded
+        self._first_failure: tuple[str, str | None] | None = None  # (status, error) of the first rollout
         self.step = 0
         self._epoch = 0
         self._cursor = 0
@@ -518,6 +531,7 @@ class Trainer:
                     if val_dataset is not None and self.eval_every and self.step % self.eval_every == 0:
                         last.update(self._validate(agent, val_dataset))
                     self.metrics.log(self.step, last)
+                    self._check_failed_steps()
                     if self.save_every and self.step % self.save_every == 0:
                         self.save_checkpoint()
                     if bar is not None:
@@ -577,6 +591,12 @@ class Trainer:
             t_update = time.perf_counter() - t1
             release_host_memory()  # the update's freed activations: back to the OS, not kept in the heap
         self.step += 1
+        if results and not any(r.status == "succeeded" for r in results):
+            self._failed_steps += 1
+            first = results[0]
+            self._first_failure = (first.status, first.error)
+        elif results:
+            self._failed_steps = 0
         rewards = [r.reward for r in results if r.status == "succeeded" and r.reward is not None]
         out: dict[str, Any] = {
             "train/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
@@ -592,6 +612,18 @@ class Trainer:
             **update_stats,
         }
         return out
+
+    def _check_failed_steps(self) -> None:
+        """Stop ``fit`` once ``max_failed_steps`` steps in a row had no successful rollout."""
+        limit = self.max_failed_steps
+        if limit is None or self._failed_steps < limit or self._first_failure is None:
+            return
+        status, error = self._first_failure
+        steps = "step" if self._failed_steps == 1 else f"{self._failed_steps} steps in a row"
+        raise RuntimeError(
+            f"every rollout of {steps} failed (up to step {self.step}; max_failed_steps={limit}), so there "
+            f"is nothing to train on. The first rollout ended {status!r} with: {error or 'no error recorded'}"
+        )
 
     def evaluate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
         """Run ``agent`` once per task in ``mode="val"``: mean reward, success rate, failures.
