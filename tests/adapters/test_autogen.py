@@ -15,7 +15,8 @@ pytest.importorskip("autogen_ext.models.openai")
 from autogen_agentchat import EVENT_LOGGER_NAME as AGENTCHAT_LOGGER
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
-from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_agentchat.messages import SelectSpeakerEvent
+from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat
 from autogen_core import EVENT_LOGGER_NAME as CORE_LOGGER
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
@@ -154,6 +155,58 @@ def test_team_with_model_client_wrapper_and_instrument(store, serve):
     check_tools(spans, pairs[0][1])
     ts = assert_transitions_have_server_tokens(store, ro.id, agents=["checker"])
     assert [t.response["content"] for t in ts] == ["LGTM"]
+
+
+def selector_script(messages: list[dict[str, Any]]) -> Any:
+    """The team's speaker selection picks the writer, then (once it has answered) the checker."""
+    text = " ".join(str(m.get("content")) for m in messages)
+    if "select the next role" in text:
+        return "checker" if "The sum is 5." in text else "writer"
+    return script(messages)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["event_log", "model_client_wrapper"])
+def test_selector_group_chat_speaker_selection_is_named_after_its_manager(store, serve, wrapped):
+    tracer = agl.Tracer(store)
+    server = serve(selector_script, store)
+
+    def model(llm: agl.LLM) -> Any:
+        return LightningModelClient(client(llm)) if wrapped else client(llm)
+
+    with agl_autogen.instrument(), tracer.rollout("2+3?") as ro:
+        llm = server.llm(ro.id)
+        checker = AssistantAgent("checker", model_client=model(llm), system_message="You are the checker.")
+        team = SelectorGroupChat(
+            [writer(model(llm)), checker],
+            model_client=model(llm),
+            termination_condition=MaxMessageTermination(3),
+            allow_repeated_speaker=True,
+            emit_team_events=True,
+        )
+        result = asyncio.run(team.run(task="2+3?"))
+    selections = [m for m in result.messages if isinstance(m, SelectSpeakerEvent)]
+    assert [m.content for m in selections] == [["writer"], ["checker"]]
+    manager = selections[0].source  # the framework's own name of the speaker-selecting manager
+    assert manager == "SelectorGroupChatManager"
+    pairs = assert_joined(store, ro.id, "autogen")
+    assert [f.agent for f, _ in pairs] == [manager, "writer", "writer", manager, "checker"]
+    (team_span,) = [s for s in store.spans(ro.id) if s.kind == "chain"]
+    assert team_span.name == "SelectorGroupChat" and team_span.agent is None
+    assert all(f.parent_id == team_span.span_id for f, _ in pairs if f.agent == manager)
+    ts = assert_transitions_have_server_tokens(store, ro.id, agents=[manager])
+    assert [t.response["content"] for t in ts] == ["writer", "checker"]
+    # a model client wrapper given a name keeps it (two selector teams told apart)
+    if wrapped:
+        with agl_autogen.instrument(), tracer.rollout("2+3?") as ro2:
+            llm = server.llm(ro2.id)
+            team = SelectorGroupChat(
+                [writer(client(llm)), AssistantAgent("checker", model_client=client(llm))],
+                model_client=LightningModelClient(client(llm), agent="router"),
+                termination_condition=MaxMessageTermination(2),
+            )
+            asyncio.run(team.run(task="2+3?"))
+        pairs = assert_joined(store, ro2.id, "autogen")
+        assert [f.agent for f, _ in pairs] == ["router", "writer", "writer"]
 
 
 def test_explicit_event_handler_and_wrapper_without_instrument(store, serve):

@@ -49,6 +49,19 @@ def _agent_of(agent_id: Any) -> str | None:
     return kind.rsplit("_", 1)[0] if "_" in kind else kind
 
 
+def _own_caller(recorder: Recorder, parent: Any) -> bool:
+    """Whether an LLM call is named after the AutoGen agent making it rather than its enclosing span.
+
+    True outside any recorded span, and directly under a team run (a ``chain`` span): a call there
+    is made by the team's manager, not in a participant's turn (``SelectorGroupChat``'s speaker
+    selection, made by its ``SelectorGroupChatManager``).
+    """
+    if parent is None:
+        return True
+    handle = recorder.get(parent)
+    return handle is not None and handle.kind == "chain"
+
+
 def _content(content: Any) -> Any:
     if isinstance(content, str) or content is None:
         return content
@@ -114,8 +127,9 @@ class LightningModelClient(ChatCompletionClient):
     def _open(self, messages: Sequence[LLMMessage], tools: Sequence[Any]) -> object:
         key = object()
         parent = _current.get()
+        recorder = _handler_recorder(parent) or self.recorder
         name = self.agent
-        if name is None and parent is None:
+        if name is None and _own_caller(recorder, parent):
             try:
                 from autogen_core import MessageHandlerContext
 
@@ -124,7 +138,6 @@ class LightningModelClient(ChatCompletionClient):
                 name = None
         model = (getattr(self.inner, "_create_args", None) or {}).get("model")
         attrs = {"tools": [getattr(t, "name", None) or t.get("name") for t in tools]} if tools else None
-        recorder = _handler_recorder(parent) or self.recorder
         recorder.start(
             key,
             "llm",
@@ -314,7 +327,7 @@ class LightningEventHandler(logging.Handler):
             "llm",
             "create",
             parent_key=parent,
-            agent=None if parent is not None else _agent_of(kw.get("agent_id")),
+            agent=_agent_of(kw.get("agent_id")) if _own_caller(rec, parent) else None,
             input=kw.get("messages"),
             model=response.get("model") if isinstance(response, dict) else None,
             attributes={"agl.timing": "logged at the end of the call"},
