@@ -112,14 +112,19 @@ def _inside(f: Span, s: Span) -> bool:
     return s.start_time >= f.start_time - TOLERANCE_S and s_end <= f_end + TOLERANCE_S
 
 
-def _merge(f: Span, s: Span) -> tuple[Span, Span]:
-    server = s.model_copy(
+def _adopt(f: Span, s: Span) -> Span:
+    """Server span ``s`` as a call of framework span ``f``: its agent, under it, marked as joined to it."""
+    return s.model_copy(
         update={
             "agent": f.agent if f.agent is not None else s.agent,
             "parent_id": f.span_id,
             "attributes": {**s.attributes, FRAMEWORK_SPAN: f.span_id, "agl.framework": f.attributes[SOURCE]},
         }
     )
+
+
+def _merge(f: Span, s: Span) -> tuple[Span, Span]:
+    server = _adopt(f, s)
     framework = f.model_copy(
         update={
             # a framework span recorded from an end-of-call log encloses its server span from now on
@@ -141,7 +146,8 @@ def join_spans(spans: Sequence[Span], mark_unjoined: bool = False) -> list[Span]
     A pair is found by the response id the framework saw (``agl.response_id`` equal to the server
     span's ``request_id``), else, in call order, by the first unclaimed server span that lies in
     the framework span's time interval with the same reply (text or tool calls); a framework span
-    with no comparable reply takes the only server span inside it. Returns the changed spans
+    with no comparable reply takes the only server span inside it. The other choices of the same
+    request (``n > 1``: same ``request_id``) go with it: same agent, same parent. Returns the changed spans
     (copies: both halves of each pair, and with ``mark_unjoined`` the unjoined framework spans
     marked ``agl.has_tokens = False``); give them to ``store.add_spans`` to persist the join.
 
@@ -162,10 +168,13 @@ def join_spans(spans: Sequence[Span], mark_unjoined: bool = False) -> list[Span]
     changed: list[Span] = []
     claimed: set[str] = set()
     by_request: dict[str, Span] = {}
+    choices: dict[str, list[Span]] = {}  # request id -> its server spans (more than one when n > 1)
     for s in servers:
         rid = s.attributes.get("request_id")
-        if isinstance(rid, str) and s.attributes.get("choice_index", 0) == 0:
-            by_request.setdefault(rid, s)
+        if isinstance(rid, str):
+            choices.setdefault(rid, []).append(s)
+            if s.attributes.get("choice_index", 0) == 0:
+                by_request.setdefault(rid, s)
     pending = []
     replies: dict[str, Any] = {}  # span id -> _reply(output), computed once per span
 
@@ -175,12 +184,20 @@ def join_spans(spans: Sequence[Span], mark_unjoined: bool = False) -> list[Span]
             r = replies[span.span_id] = _reply(span.output)
         return r
 
+    def claim(f: Span, s: Span) -> None:
+        claimed.add(s.span_id)
+        changed.extend(_merge(f, s))
+        rid = s.attributes.get("request_id")
+        for sibling in choices.get(rid, ()) if isinstance(rid, str) else ():
+            if sibling.span_id not in claimed:  # another choice of the same request (n > 1)
+                claimed.add(sibling.span_id)
+                changed.append(_adopt(f, sibling))
+
     for f in sorted(frameworks, key=lambda x: x.start_time):
         rid = f.attributes.get(RESPONSE_ID)
         s = by_request.get(rid) if isinstance(rid, str) else None
         if s is not None and s.span_id not in claimed:
-            claimed.add(s.span_id)
-            changed.extend(_merge(f, s))
+            claim(f, s)
         else:
             pending.append(f)
     for f in pending:
@@ -193,8 +210,7 @@ def join_spans(spans: Sequence[Span], mark_unjoined: bool = False) -> list[Span]
         if match is None and len(inside) == 1 and reply(f) is None:
             match = inside[0]
         if match is not None:
-            claimed.add(match.span_id)
-            changed.extend(_merge(f, match))
+            claim(f, match)
         elif mark_unjoined and f.attributes.get(HAS_TOKENS) is not False:
             changed.append(f.model_copy(update={"attributes": {**f.attributes, HAS_TOKENS: False}}))
     return changed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, TypedDict
 
 import pytest
@@ -12,6 +13,7 @@ pytest.importorskip("langgraph")
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import ToolException, tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
@@ -208,6 +210,62 @@ def test_langgraph_zero_code_instrument_and_uninstrument(store, serve):
     with tracer.rollout("again") as ro2:
         build(server.llm(ro2.id)).invoke({"question": "2+3?", "plan": "", "answer": ""})
     assert [s.attributes.get("agl.source") for s in store.spans(ro2.id)] == [None] * 3
+
+
+class _Samples(TypedDict):
+    question: str
+    samples: list[str]
+    verdict: str
+
+
+def test_n_choices_all_get_the_agent_and_parent_of_their_request(store, serve):
+    """ChatOpenAI(n=2) in one LangGraph node: both choices of the request are that node's calls."""
+    tracer = agl.Tracer(store)
+    server = serve(["4", "four", "both right"], store)  # sampler's two choices, then the judge
+
+    def build(llm: agl.LLM) -> Any:
+        sampler_model, judge_model = chat(llm, n=2), chat(llm)
+
+        def sampler(state: _Samples, config: RunnableConfig) -> dict[str, Any]:
+            # generate() returns every choice; it takes the node's callbacks (not its context) explicitly
+            result = sampler_model.generate(
+                [[HumanMessage(state["question"])]], callbacks=config["callbacks"]
+            )
+            return {"samples": [g.text for g in result.generations[0]]}
+
+        def judge(state: _Samples) -> dict[str, str]:
+            return {"verdict": judge_model.invoke(" or ".join(state["samples"])).content}
+
+        g = StateGraph(_Samples)
+        g.add_node("sampler", sampler)
+        g.add_node("judge", judge)
+        g.add_edge(START, "sampler")
+        g.add_edge("sampler", "judge")
+        g.add_edge("judge", END)
+        return g.compile()
+
+    with agl_langchain.instrument(), tracer.rollout("2+2?") as ro:
+        result = build(server.llm(ro.id)).invoke({"question": "2+2?", "samples": [], "verdict": ""})
+        ro.reward(1.0)
+    assert result["samples"] == ["4", "four"] and result["verdict"] == "both right"
+    spans = store.spans(ro.id)
+    servers = [s for s in spans if s.attributes.get("server") == "agl"]
+    assert [(s.output["content"], s.attributes["choice_index"]) for s in servers] == [
+        ("4", 0),
+        ("four", 1),
+        ("both right", 0),
+    ]
+    fw = {f.agent: f for f in spans if f.kind == "llm" and f.attributes.get("agl.source") == "langchain"}
+    assert set(fw) == {"sampler", "judge"}
+    assert fw["sampler"].attributes["agl.duplicate_of"] == servers[0].span_id
+    for s, agent in zip(servers, ["sampler", "sampler", "judge"], strict=True):
+        assert s.agent == agent
+        assert s.parent_id == fw[agent].span_id and s.attributes["agl.framework_span_id"] == fw[agent].span_id
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ts = assert_transitions_have_server_tokens(store, ro.id, agents=["sampler"])
+    assert [t.response["content"] for t in ts] == ["4", "four"] and {t.agent for t in ts} == {"sampler"}
+    assert [t.metadata["span_id"] for t in ts] == [s.span_id for s in servers[:2]]
 
 
 def test_model_not_ours_is_recorded_without_tokens_and_skipped_with_warning(store, foreign_endpoint):

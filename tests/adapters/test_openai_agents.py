@@ -202,6 +202,31 @@ def test_streamed_run_with_handoff_and_tools_is_joined(store, serve):
     assert [t.metadata["span_id"] for t in ts] == [s.span_id for _, s in pairs[1:]]
 
 
+def test_n_choices_joined_by_timing_all_get_the_agent(store, serve):
+    """n=2 through the SDK's non-streamed path (no response id: joined by timing and reply)."""
+    tracer = agl.Tracer(store)
+    server = serve(["4", "four"], store)
+    set_trace_processors([LightningProcessor()])
+    with tracer.rollout("2+2?") as ro:
+        agent = Agent(
+            name="solo",
+            model=chat_model(server.llm(ro.id)),
+            model_settings=ModelSettings(extra_args={"n": 2}),
+        )
+        assert asyncio.run(Runner.run(agent, "2+2?")).final_output == "4"  # the SDK keeps the first choice
+    spans = store.spans(ro.id)
+    (f,) = [s for s in spans if s.kind == "llm" and s.attributes.get("agl.source") == "openai_agents"]
+    assert "agl.response_id" not in f.attributes
+    servers = [s for s in spans if s.attributes.get("server") == "agl"]
+    assert [(s.output["content"], s.attributes["choice_index"]) for s in servers] == [("4", 0), ("four", 1)]
+    assert f.attributes["agl.duplicate_of"] == servers[0].span_id
+    assert all(s.agent == "solo" and s.parent_id == f.span_id for s in servers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ts = assert_transitions_have_server_tokens(store, ro.id, agents=["solo"])
+    assert [t.response["content"] for t in ts] == ["4", "four"]
+
+
 def test_responses_api_on_a_foreign_endpoint_is_recorded_without_tokens(store, foreign_endpoint):
     """The Responses path (what the SDK uses by default) against a model that is not ours."""
 
