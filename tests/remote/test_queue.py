@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+from collections.abc import Iterable
+
 import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.remote import RolloutQueue
+from agentlightning_lite.remote.queue import LeaseMismatch, OutcomeCounted
+from agentlightning_lite.store.base import Store
 
 
 def make(**kw: object) -> tuple[agl.MemoryStore, RolloutQueue]:
@@ -89,3 +95,78 @@ def test_cancel_fails_what_is_left() -> None:
     q.cancel(jobs, "stopped")
     assert [j.status for j in jobs] == ["failed", "failed"]
     assert store.get_rollout(a.rollout_id).status == "failed" and q.claim("w") is None
+
+
+def test_queue_calls_with_leases_need_the_claims_token() -> None:
+    store, q = make(rollout_timeout=5.0)
+    [job] = q.submit([("t", "train", {})])
+    a = q.claim("w")
+    assert a is not None and a.public()["lease"] == a.lease
+    expires = a.lease_expires
+    for call in (
+        lambda: q.heartbeat("x", [a.rollout_id], leases=["nope"]),
+        lambda: q.complete(a.rollout_id, "succeeded", 1.0, leases=[]),
+        lambda: q.set_reward(a.rollout_id, 1.0, leases=["nope"]),
+        lambda: q.check_writes([a.rollout_id], leases=["nope"]),
+    ):
+        with pytest.raises(LeaseMismatch):
+            call()
+    assert (a.lease_expires, job.done, store.get_rollout(a.rollout_id).reward) == (expires, False, None)
+    q.set_reward(a.rollout_id, 0.5, leases=[a.lease])
+    assert q.complete(a.rollout_id, "succeeded", leases=["other", a.lease])["counted"] is True
+    with pytest.raises(OutcomeCounted):
+        q.set_reward(a.rollout_id, 1.0, leases=[a.lease])
+    assert store.get_rollout(a.rollout_id).reward == 0.5 and q.check_writes([a.rollout_id], None) == {
+        a.rollout_id
+    }
+
+
+class _KeepsNothing(Store):
+    """A store that keeps nothing: what the process holds after many rollouts is the queue's own."""
+
+    def _insert_rollout(self, rollout: agl.Rollout) -> None:
+        pass
+
+    def _update_rollout(self, rollout: agl.Rollout) -> None:
+        pass
+
+    def _rollout_for_update(self, rollout_id: str) -> agl.Rollout:
+        return agl.Rollout(rollout_id=rollout_id, start_time=0.0)
+
+    def get_rollout(self, rollout_id: str) -> agl.Rollout | None:
+        return None
+
+    def rollouts(self, mode: str | None = None, status: str | None = None) -> list[agl.Rollout]:
+        return []
+
+    def add_spans(self, spans: Iterable[agl.Span]) -> None:
+        pass
+
+    def spans(self, rollout_id: str) -> list[agl.Span]:
+        return []
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_100_000_rollouts() -> None:
+    q = RolloutQueue(_KeepsNothing(), lease_timeout=30.0, rollout_timeout=60.0)
+    held = {}
+    done = 0
+    tracemalloc.start()
+    try:
+        for mark in (20_000, 100_000):
+            while done < mark:
+                jobs = q.submit([({"q": "2+2?", "context": "x" * 200}, "train", {"step": done})] * 1000)
+                for _ in jobs:
+                    a = q.claim("w")
+                    assert a is not None
+                    assert q.complete(a.rollout_id, "succeeded", 1.0)["counted"]
+                assert [j.status for j in q.wait(jobs)] == ["succeeded"] * 1000
+                done += len(jobs)
+            del jobs, a
+            gc.collect()
+            held[mark] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    growth = held[100_000] - held[20_000]  # 80,000 rollouts later (it was about 1 KiB each)
+    assert growth < 2**20, f"{growth / 2**20:.1f} MiB more after 80,000 more rollouts"
+    assert len(q._attempts) == 0 and len(q._ended) == q.keep_ended == 10_000

@@ -26,8 +26,8 @@ def test_every_endpoint_wants_the_key(served: Callable[..., agl.RemoteRunners]) 
     calls = [
         ("POST", "/agl/v1/claim", {"worker": "w"}),
         ("POST", "/agl/v1/heartbeat", {"worker": "w", "rollout_ids": []}),
+        ("POST", f"/agl/v1/rollouts/{rid}/reward", {"reward": 1.0}),  # before its outcome is counted
         ("POST", f"/agl/v1/rollouts/{rid}/complete", {"status": "succeeded"}),
-        ("POST", f"/agl/v1/rollouts/{rid}/reward", {"reward": 1.0}),
         ("POST", "/agl/v1/rollouts", {"task": "x"}),
         ("GET", "/agl/v1/rollouts", None),
         ("GET", f"/agl/v1/rollouts/{rid}", None),
@@ -138,7 +138,9 @@ def test_spans_record_the_weights_version_of_their_claim(served: Callable[..., a
     runners.server.engine.version = 8  # the policy moves on while the rollout runs
     remote = RemoteStore(client)
     tracer = agl.Tracer(remote)
-    remote.register(agl.Rollout(rollout_id=claimed["rollout_id"], mode="train", start_time=0.0))
+    remote.register(
+        agl.Rollout(rollout_id=claimed["rollout_id"], mode="train", start_time=0.0), lease=claimed["lease"]
+    )
     with tracer.rollout(rollout_id=claimed["rollout_id"]) as ro:
         with tracer.span("tool", "calc") as sp:
             sp.set_output(4)

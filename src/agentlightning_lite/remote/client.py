@@ -3,6 +3,9 @@
 Connection errors, timeouts, 5xx, 408 and 429 are retried (exponential backoff with jitter, up to
 ``max_backoff`` seconds between tries) for ``give_up_after`` seconds (``None``: for ever, so a
 runner outlives a trainer restart); other 4xx answers raise :class:`RemoteError` at once.
+
+A claim's ``lease`` token goes with every heartbeat, result, reward and span batch of that
+rollout, in the ``X-AGL-Lease`` header (the ``lease``/``leases`` arguments below).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from urllib.parse import quote
 
 import httpx
 
-__all__ = ["RemoteError", "RunnerClient"]
+__all__ = ["LEASE_HEADER", "RemoteError", "RunnerClient"]
+
+LEASE_HEADER = "X-AGL-Lease"
 
 logger = logging.getLogger("agentlightning_lite.remote")
 
@@ -70,8 +75,18 @@ class RunnerClient:
         self.reconnects = 0  # how many times a call had to wait for the trainer
 
     # -- transport ------------------------------------------------------------------------------
-    def request(self, method: str, path: str, json: Any = None, timeout: float | None = None) -> Any:
-        """Send one request, retrying while the trainer is unreachable; returns the decoded JSON."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        timeout: float | None = None,
+        leases: list[str] | None = None,
+    ) -> Any:
+        """Send one request, retrying while the trainer is unreachable; returns the decoded JSON.
+
+        ``leases``: the lease tokens of the claimed rollouts the request acts on.
+        """
         start = time.monotonic()
         delay = 0.1
         attempt = 0
@@ -80,6 +95,8 @@ class RunnerClient:
             problem: str
             try:
                 kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+                if leases:
+                    kwargs["headers"] = {LEASE_HEADER: ",".join(leases)}
                 resp = self._http.request(method, path, json=json, **kwargs)
             except httpx.TransportError as exc:
                 if self._closed.is_set():
@@ -122,9 +139,10 @@ class RunnerClient:
         out = self.request("POST", "/agl/v1/claim", {"worker": worker, "wait": wait}, timeout=wait + 30.0)
         return out.get("rollout") if out else None
 
-    def heartbeat(self, worker: str, rollout_ids: list[str]) -> list[str]:
-        """Renew leases; returns the rollout ids whose lease is lost."""
-        out = self.request("POST", "/agl/v1/heartbeat", {"worker": worker, "rollout_ids": rollout_ids})
+    def heartbeat(self, worker: str, rollout_ids: list[str], leases: list[str] | None = None) -> list[str]:
+        """Renew leases (``leases``: the claims' tokens); returns the rollout ids whose lease is lost."""
+        body = {"worker": worker, "rollout_ids": rollout_ids}
+        out = self.request("POST", "/agl/v1/heartbeat", body, leases=leases)
         return list(out.get("lost", ())) if out else []
 
     def complete(
@@ -133,18 +151,21 @@ class RunnerClient:
         status: str = "succeeded",
         reward: float | None = None,
         error: str | None = None,
+        lease: str | None = None,
     ) -> dict[str, Any]:
         """Report a rollout's result; ``counted`` says whether it is the rollout's outcome."""
         body = {"status": status, "reward": reward, "error": error}
-        return self.request("POST", f"/agl/v1/rollouts/{_q(rollout_id)}/complete", body) or {}
+        path = f"/agl/v1/rollouts/{_q(rollout_id)}/complete"
+        return self.request("POST", path, body, leases=[lease] if lease else None) or {}
 
-    def set_reward(self, rollout_id: str, reward: float) -> None:
-        """Record a rollout's final reward without finishing it."""
-        self.request("POST", f"/agl/v1/rollouts/{_q(rollout_id)}/reward", {"reward": reward})
+    def set_reward(self, rollout_id: str, reward: float, lease: str | None = None) -> None:
+        """Record a rollout's final reward without finishing it (refused once its outcome is counted)."""
+        path = f"/agl/v1/rollouts/{_q(rollout_id)}/reward"
+        self.request("POST", path, {"reward": reward}, leases=[lease] if lease else None)
 
-    def add_rows(self, rows: list[Any]) -> int:
+    def add_rows(self, rows: list[Any], leases: list[str] | None = None) -> int:
         """Send span rows (the store's row layout); returns how many were accepted."""
-        out = self.request("POST", "/agl/v1/spans", {"rows": rows})
+        out = self.request("POST", "/agl/v1/spans", {"rows": rows}, leases=leases)
         return int(out.get("accepted", 0)) if out else 0
 
     def start_rollout(self, body: dict[str, Any]) -> dict[str, Any]:

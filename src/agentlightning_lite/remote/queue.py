@@ -8,6 +8,16 @@ marks its rollout ``failed`` and puts the job back in the queue for another runn
 ``timeout``. Either way the job has exactly one outcome: no rollout is counted twice, none is lost.
 A result that arrives after its attempt was given up is still recorded in the store (metadata
 ``late_result``), but the job's outcome stays as it was, so the trainer never trains on it.
+
+Every claim carries a *lease token* (``Attempt.lease``, unguessable): the heartbeats, result,
+reward and spans of that attempt are accepted only with it (the ``leases`` arguments; ``None`` is
+an in-process caller, trusted), so one runner cannot act on another's rollout. A job retried after
+its lease ran out is a new attempt: a new rollout with a new token, the old token is dead for it.
+
+Memory stays flat however long training runs: an attempt that ended (result counted, lease lost,
+timed out) is kept only as a small record (its token, weights version and how it ended) for the
+last ``keep_ended`` ended attempts, long enough to recognise a late result or a retried call;
+the queue holds no reference to a finished job.
 """
 
 from __future__ import annotations
@@ -15,17 +25,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..store.base import Store
 from ..types import check_reward
 
-__all__ = ["Attempt", "Job", "LeaseLost", "RolloutQueue"]
+__all__ = ["Attempt", "Job", "LeaseLost", "LeaseMismatch", "OutcomeCounted", "RolloutQueue"]
 
 logger = logging.getLogger("agentlightning_lite.remote")
 
@@ -34,6 +45,14 @@ _FINISHED = ("succeeded", "failed", "timeout")
 
 class LeaseLost(Exception):
     """A heartbeat or result for an attempt whose lease is no longer held (expired, timed out, done)."""
+
+
+class LeaseMismatch(PermissionError):
+    """A request for a claimed rollout that does not carry that claim's lease token."""
+
+
+class OutcomeCounted(Exception):
+    """A change to a rollout whose outcome is counted already (succeeded, failed or timed out)."""
 
 
 @dataclass
@@ -71,6 +90,7 @@ class Attempt:
     lease_expires: float
     deadline: float | None
     state: str = "running"  # running, done, expired, timeout
+    lease: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
 
     def public(self) -> dict[str, Any]:
         """What the runner gets back from a claim."""
@@ -82,13 +102,32 @@ class Attempt:
             "attempt": self.job.attempts,
             "weights_version": self.weights_version,
             "timeout": None if self.deadline is None else max(0.0, self.deadline - self.claimed_at),
+            "lease": self.lease,
         }
+
+
+@dataclass(slots=True)
+class _Ended:
+    """What is kept of an attempt that ended: enough for a late result or a retried call."""
+
+    lease: str
+    weights_version: int
+    state: str  # done, expired, timeout
+    status: str | None  # the job's outcome when this attempt's result was counted (state done)
+
+
+def lease_ok(lease: str, leases: Collection[str] | None) -> bool:
+    """Whether ``leases`` (the tokens a request carries; ``None``: an in-process caller) hold ``lease``."""
+    if leases is None:
+        return True
+    return any(isinstance(t, str) and secrets.compare_digest(t, lease) for t in leases)
 
 
 class RolloutQueue:
     """A thread-safe queue of rollouts for remote runners (see the module docstring).
 
     ``version`` returns the policy's current weights version (recorded on each claim).
+    ``keep_ended``: how many ended attempts are remembered for late results (the oldest go first).
 
     >>> import agentlightning_lite as agl
     >>> from agentlightning_lite.remote.queue import RolloutQueue
@@ -111,23 +150,29 @@ class RolloutQueue:
         max_attempts: int = 3,
         rollout_timeout: float | None = None,
         version: Callable[[], int] = lambda: 0,
+        keep_ended: int = 10_000,
     ) -> None:
         if lease_timeout <= 0:
             raise ValueError(f"lease_timeout must be > 0, got {lease_timeout}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if keep_ended < 0:
+            raise ValueError(f"keep_ended must be >= 0, got {keep_ended}")
         self.store = store
         self.lease_timeout = float(lease_timeout)
         self.max_attempts = int(max_attempts)
         self.rollout_timeout = rollout_timeout
         self.version = version
+        self.keep_ended = int(keep_ended)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._pending: deque[Job] = deque()
-        self._attempts: dict[str, Attempt] = {}  # rollout id -> attempt (kept for late results)
+        self._attempts: dict[str, Attempt] = {}  # rollout id -> running attempt
+        self._ended: OrderedDict[str, _Ended] = OrderedDict()  # the last keep_ended ended attempts
         self._ids = itertools.count()
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
-        self._workers: dict[str, float] = {}  # worker id -> last seen (monotonic)
+        self._workers: dict[str, float] = {}  # worker id -> last seen (monotonic), recent ones
+        self._workers_pruned = time.monotonic()
         self._closed = False
 
     # -- the trainer's side -------------------------------------------------------------------
@@ -182,9 +227,9 @@ class RolloutQueue:
         with self._lock:
             ids = {j.job_id for j in jobs if not j.done}
             self._pending = deque(j for j in self._pending if j.job_id not in ids)
-            running = [a for a in self._attempts.values() if a.state == "running" and a.job.job_id in ids]
+            running = [a for a in self._attempts.values() if a.job.job_id in ids]
             for a in running:
-                a.state = "expired"
+                self._end(a, "expired")
             for j in jobs:
                 if not j.done:
                     self._finish_job(j, "failed", None, reason)
@@ -197,17 +242,15 @@ class RolloutQueue:
         expired: list[Attempt] = []
         timed_out: list[Attempt] = []
         with self._lock:
-            for a in self._attempts.values():
-                if a.state != "running":
-                    continue
+            for a in list(self._attempts.values()):
                 if a.deadline is not None and now > a.deadline:
-                    a.state = "timeout"
+                    self._end(a, "timeout")
                     timed_out.append(a)
                     self._finish_job(
                         a.job, "timeout", None, f"TimeoutError: no result within {self.rollout_timeout} s"
                     )
                 elif now > a.lease_expires:
-                    a.state = "expired"
+                    self._end(a, "expired")
                     expired.append(a)
                     if a.job.attempts < self.max_attempts:
                         self._pending.appendleft(a.job)  # retried first
@@ -222,6 +265,10 @@ class RolloutQueue:
                 waiters, self._waiters = self._waiters, set()
             else:
                 waiters = set()
+            if now - self._workers_pruned > self.lease_timeout:  # forget workers gone for long
+                self._workers_pruned = now
+                horizon = now - 3 * self.lease_timeout
+                self._workers = {w: t for w, t in self._workers.items() if t >= horizon}
         for loop, fut in waiters:
             loop.call_soon_threadsafe(_wake, fut)
         for a in timed_out:
@@ -305,18 +352,29 @@ class RolloutQueue:
         for loop, fut in waiters:
             loop.call_soon_threadsafe(_wake, fut)
 
-    def heartbeat(self, worker: str, rollout_ids: Iterable[str]) -> list[str]:
-        """Renew the leases of ``rollout_ids``; returns those whose lease is lost (give them up)."""
+    def heartbeat(
+        self, worker: str, rollout_ids: Iterable[str], leases: Collection[str] | None = None
+    ) -> list[str]:
+        """Renew the leases of ``rollout_ids``; returns those whose lease is lost (give them up).
+
+        With ``leases`` (the tokens the request carries) a running attempt whose token is not
+        among them raises :class:`LeaseMismatch`, and no lease is renewed.
+        """
         now = time.monotonic()
         lost = []
         with self._lock:
-            self._workers[worker] = now
+            running = []
             for rid in rollout_ids:
                 a = self._attempts.get(rid)
-                if a is None or a.state != "running":
+                if a is None:
                     lost.append(rid)
+                elif not lease_ok(a.lease, leases):
+                    raise LeaseMismatch(f"rollout {rid!r}: the heartbeat does not carry its lease")
                 else:
-                    a.lease_expires = now + self.lease_timeout
+                    running.append(a)
+            self._workers[worker] = now
+            for a in running:
+                a.lease_expires = now + self.lease_timeout
         return lost
 
     def complete(
@@ -325,47 +383,97 @@ class RolloutQueue:
         status: str = "succeeded",
         reward: float | None = None,
         error: str | None = None,
+        leases: Collection[str] | None = None,
     ) -> dict[str, Any]:
         """Record a runner's result. ``counted`` is true when it is the job's outcome.
 
         A result for an attempt given up already (lease expired, timed out) is recorded in the
         store as ``metadata["late_result"]`` (and its reward) without changing the outcome.
-        Raises ``KeyError`` for a rollout this queue never handed out.
+        Raises ``KeyError`` for a rollout this queue does not know (never handed out, or ended
+        longer ago than the last ``keep_ended`` attempts), :class:`LeaseMismatch` when ``leases``
+        lacks the attempt's token (nothing is recorded then).
         """
         if status not in _FINISHED:
             raise ValueError(f"status must be one of {_FINISHED}, got {status!r}")
         reward = check_reward(reward)
         with self._lock:
             a = self._attempts.get(rollout_id)
-            if a is None:
+            ended = None if a is not None else self._ended.get(rollout_id)
+            if a is None and ended is None:
                 raise KeyError(rollout_id)
-            previous = a.state
-            if previous == "running":
-                a.state = "done"
+            if not lease_ok(a.lease if a is not None else ended.lease, leases):  # type: ignore[union-attr]
+                raise LeaseMismatch(f"rollout {rollout_id!r}: the result does not carry its lease")
+            if a is not None:
                 a.job.rollout_id = rollout_id
                 self._finish_job(a.job, status, reward, error)
+                self._end(a, "done")
+                previous = "running"
+            else:
+                previous = ended.state  # type: ignore[union-attr]
         if previous == "running":
             self.store.finish_rollout(rollout_id, status=status, reward=reward, error=error)
             return {"counted": True, "status": status}
         if previous == "done":  # the runner retried a call whose answer it did not get
-            return {"counted": True, "status": a.job.status, "duplicate": True}
+            return {"counted": True, "status": ended.status, "duplicate": True}  # type: ignore[union-attr]
         self._record_late(rollout_id, status, reward, error, previous)
         return {"counted": False, "status": previous, "reason": f"the attempt was given up ({previous})"}
 
+    def set_reward(self, rollout_id: str, reward: float, leases: Collection[str] | None = None) -> None:
+        """Record the reward of a running attempt (its result comes later).
+
+        Raises :class:`OutcomeCounted` once the attempt ended (its outcome is counted: the stored
+        reward is what training reads), :class:`LeaseMismatch` without its token, ``KeyError``
+        for a rollout this queue does not know.
+        """
+        reward = check_reward(reward)  # type: ignore[assignment]
+        with self._lock:
+            a = self._attempts.get(rollout_id)
+            ended = None if a is not None else self._ended.get(rollout_id)
+            if a is None and ended is None:
+                raise KeyError(rollout_id)
+            if not lease_ok(a.lease if a is not None else ended.lease, leases):  # type: ignore[union-attr]
+                raise LeaseMismatch(f"rollout {rollout_id!r}: the reward does not carry its lease")
+            if a is None:
+                raise OutcomeCounted(
+                    f"rollout {rollout_id!r} ended ({ended.state}): its outcome is counted, "  # type: ignore[union-attr]
+                    "its reward cannot change"
+                )
+            # under the lock: a result counted meanwhile cannot be overwritten by this reward
+            self.store.set_reward(rollout_id, reward)
+
+    def check_writes(self, rollout_ids: Iterable[str], leases: Collection[str] | None) -> set[str]:
+        """Check span writes into ``rollout_ids``; returns those that ended (their spans are dropped).
+
+        Raises :class:`LeaseMismatch` when a running attempt's token is not in ``leases``.
+        Rollouts this queue does not know are not its to check (and not in the answer).
+        """
+        ended = set()
+        with self._lock:
+            for rid in rollout_ids:
+                a = self._attempts.get(rid)
+                if a is not None:
+                    if not lease_ok(a.lease, leases):
+                        raise LeaseMismatch(f"rollout {rid!r}: the spans do not carry its lease")
+                elif rid in self._ended:
+                    ended.add(rid)
+        return ended
+
     def weights_version_of(self, rollout_id: str) -> int | None:
         """The weights version current when ``rollout_id`` was claimed (``None``: not from this queue)."""
-        a = self._attempts.get(rollout_id)
+        with self._lock:
+            a = self._attempts.get(rollout_id) or self._ended.get(rollout_id)
         return None if a is None else a.weights_version
 
     def knows(self, rollout_id: str) -> bool:
-        """Whether ``rollout_id`` is an attempt handed out by this queue."""
-        return rollout_id in self._attempts
+        """Whether ``rollout_id`` is an attempt handed out by this queue (running, or ended recently)."""
+        with self._lock:
+            return rollout_id in self._attempts or rollout_id in self._ended
 
     def stats(self) -> dict[str, Any]:
         """Queued and running counts, recently seen workers, the weights version."""
         now = time.monotonic()
         with self._lock:
-            running = sum(a.state == "running" for a in self._attempts.values())
+            running = len(self._attempts)
             workers = sum(1 for t in self._workers.values() if now - t < 3 * self.lease_timeout)
             queued = len(self._pending)
         return {
@@ -377,6 +485,16 @@ class RolloutQueue:
         }
 
     # -- internals ----------------------------------------------------------------------------
+    def _end(self, a: Attempt, state: str) -> None:
+        """A running attempt ends: keep only a small record of it (caller holds the lock)."""
+        a.state = state
+        self._attempts.pop(a.rollout_id, None)
+        if self.keep_ended:
+            status = a.job.status if state == "done" else None
+            self._ended[a.rollout_id] = _Ended(a.lease, a.weights_version, state, status)
+            while len(self._ended) > self.keep_ended:
+                self._ended.popitem(last=False)
+
     def _finish_job(self, job: Job, status: str, reward: float | None, error: str | None) -> None:
         """Set the job's one outcome (caller holds the lock)."""
         if job.done:

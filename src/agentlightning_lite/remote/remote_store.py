@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +22,8 @@ __all__ = ["RemoteStore"]
 
 logger = logging.getLogger("agentlightning_lite.remote")
 
+KEEP = 4096  # rollouts and results cached (the oldest are forgotten; a rollout is then fetched again)
+
 
 class RemoteStore(Store):
     """A :class:`Store` whose data is the trainer's: writes go over HTTP, batched, with retries.
@@ -29,6 +32,7 @@ class RemoteStore(Store):
     whichever comes first, by a background thread (retried while the trainer is away; a batch
     it refuses is logged and counted in ``dropped``). ``finish_rollout`` sends the spans of the
     rollout first, then its result, so the trainer has every span before it sees the outcome.
+    A rollout registered with its claim's ``lease`` token gets the token on each of those requests.
 
     >>> from agentlightning_lite.remote import RemoteStore, RunnerClient
     >>> import agentlightning_lite as agl
@@ -43,27 +47,39 @@ class RemoteStore(Store):
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.dropped = 0
-        self.last_result: dict[str, dict[str, Any]] = {}  # rollout id -> the trainer's answer
+        self.last_result: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> the trainer's answer
         self._rows: list[SpanRow] = []
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one batch in flight at a time: rows arrive in order
         self._wake = threading.Event()
         self._closed = False
-        self._known: dict[str, Rollout] = {}
+        self._known: OrderedDict[str, Rollout] = OrderedDict()
+        self._leases: dict[str, str] = {}  # claimed rollout id -> its lease token (until forgotten)
         self._thread = threading.Thread(target=self._loop, name="agl-remote-store", daemon=True)
         self._thread.start()
 
     # -- what the runner tells it ---------------------------------------------------------------
-    def register(self, rollout: Rollout) -> None:
-        """Remember a rollout claimed from the trainer (no request needed to attach to it)."""
+    def register(self, rollout: Rollout, lease: str | None = None) -> None:
+        """Remember a rollout claimed from the trainer (no request needed to attach to it).
+
+        ``lease``: the claim's token, sent with the rollout's spans, reward and result.
+        """
         with self._lock:
-            self._known[rollout.rollout_id] = rollout
+            _remember(self._known, rollout.rollout_id, rollout)
+            if lease:
+                self._leases[rollout.rollout_id] = lease
 
     def forget(self, rollout_id: str) -> None:
         """Drop a finished rollout from the local cache."""
         with self._lock:
             self._known.pop(rollout_id, None)
             self.last_result.pop(rollout_id, None)
+            self._leases.pop(rollout_id, None)
+
+    def lease(self, rollout_id: str) -> str | None:
+        """The lease token registered for ``rollout_id``."""
+        with self._lock:
+            return self._leases.get(rollout_id)
 
     # -- spans ----------------------------------------------------------------------------------
     def _add_rows(self, rows: list[SpanRow]) -> None:
@@ -89,8 +105,10 @@ class RemoteStore(Store):
                 self._send(batch)
 
     def _send(self, batch: list[SpanRow]) -> None:
+        with self._lock:
+            leases = sorted({t for t in (self._leases.get(r[1]) for r in batch) if t})
         try:
-            self.client.add_rows([list(r) for r in batch])
+            self.client.add_rows([list(r) for r in batch], leases=leases)
         except RemoteError as exc:
             self.dropped += len(batch)
             logger.error("the trainer refused %d spans: %s", len(batch), exc)
@@ -137,9 +155,11 @@ class RemoteStore(Store):
             raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
         reward = check_reward(reward)
         self.flush()
-        answer = self.client.complete(rollout_id, status=status, reward=reward, error=error)
+        answer = self.client.complete(
+            rollout_id, status=status, reward=reward, error=error, lease=self.lease(rollout_id)
+        )
         with self._lock:
-            self.last_result[rollout_id] = answer
+            _remember(self.last_result, rollout_id, answer)
             known = self._known.get(rollout_id)
         base = known or Rollout(rollout_id=rollout_id, start_time=0.0)
         update: dict[str, Any] = {"status": status, "error": error}
@@ -149,7 +169,7 @@ class RemoteStore(Store):
 
     def set_reward(self, rollout_id: str, reward: float) -> None:
         reward = check_reward(reward)  # type: ignore[assignment]
-        self.client.set_reward(rollout_id, reward)
+        self.client.set_reward(rollout_id, reward, lease=self.lease(rollout_id))
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         with self._lock:
@@ -181,3 +201,10 @@ class RemoteStore(Store):
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.client.url!r})"
+
+
+def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > KEEP:
+        cache.popitem(last=False)

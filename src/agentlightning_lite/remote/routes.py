@@ -7,6 +7,13 @@
 ``GET /agl/v1/status``. With an API key every route (as the OpenAI ones) answers a missing or
 wrong ``Authorization: Bearer`` with 401; bodies over the server's ``max_body_bytes`` get 413;
 malformed input gets a 4xx JSON error body (OpenAI style) and the server keeps serving.
+
+A claim answers with the rollout's lease token (``lease``). Heartbeats, results, rewards and
+spans for a claimed rollout must carry it in the ``X-AGL-Lease`` header (several tokens
+comma-separated when one request touches several rollouts; OTLP spans may carry theirs as the
+span or resource attribute ``agentlightning.lease`` instead): without it they get a 403
+(``invalid_lease``) and change nothing. A reward for a rollout whose outcome is counted gets a
+409 (``outcome_counted``); spans for a claimed rollout that ended are dropped (``dropped``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,7 +36,7 @@ from ..serving.routes.calls import ROLLOUT_HEADER, check_auth, parse_json_object
 from ..serving.server import PolicyServer
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
 from .otlp import OTLPError, TraceRollouts, decode_json, decode_protobuf, spans_from_otlp
-from .queue import RolloutQueue
+from .queue import LeaseMismatch, OutcomeCounted, RolloutQueue
 
 __all__ = ["remote_routes"]
 
@@ -37,6 +45,14 @@ logger = logging.getLogger("agentlightning_lite.remote")
 MAX_CLAIM_WAIT = 30.0
 _KINDS = frozenset(SPAN_KINDS)
 _ROW_LEN = 17
+LEASE_HEADER = "x-agl-lease"
+LEASE_ATTR = "agentlightning.lease"
+KNOWN_SIZE = 10_000  # rollouts remembered as existing in the store (the oldest are looked up again)
+
+
+def request_leases(request: Request) -> list[str]:
+    """The lease tokens a request carries (``X-AGL-Lease``, comma-separated)."""
+    return [t.strip() for t in request.headers.get(LEASE_HEADER, "").split(",") if t.strip()]
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None, status: int = 400) -> APIError:
@@ -143,7 +159,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         check_auth(server, request)
 
     traces = TraceRollouts()
-    known: set[str] = set()
+    known: OrderedDict[str, None] = OrderedDict()  # rollouts seen in the store (an LRU)
 
     def version_of(rid: str) -> int:
         v = queue.weights_version_of(rid)
@@ -154,7 +170,9 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
             return
         if store.get_rollout(rid) is None:
             raise _bad(f"unknown rollout {rid!r}", "rollout_id", "rollout_not_found", status=404)
-        known.add(rid)
+        known[rid] = None
+        while len(known) > KNOWN_SIZE:
+            known.popitem(last=False)
 
     def endpoint(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
@@ -163,6 +181,15 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
                 return await fn(request)
             except KeyError as exc:
                 raise _bad(f"unknown rollout {exc}", "rollout_id", "rollout_not_found", status=404) from None
+            except LeaseMismatch as exc:
+                raise _bad(
+                    f"{exc}: send the lease token of its claim in the X-AGL-Lease header",
+                    "X-AGL-Lease",
+                    "invalid_lease",
+                    status=403,
+                ) from None
+            except OutcomeCounted as exc:
+                raise _bad(str(exc), "reward", "outcome_counted", status=409) from None
             except ValueError as exc:
                 raise _bad(str(exc)) from None
 
@@ -191,7 +218,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         rids = body.get("rollout_ids")
         if not isinstance(rids, list) or not all(isinstance(r, str) for r in rids):
             raise _bad("'rollout_ids' must be a list of strings", "rollout_ids")
-        lost = queue.heartbeat(worker, rids)
+        lost = queue.heartbeat(worker, rids, request_leases(request))
         return JSONResponse({"lost": lost, "lease_timeout": queue.lease_timeout})
 
     @endpoint
@@ -204,7 +231,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         reward = _reward(body)
         error = _opt_str(body.get("error"), "'error'")
         if queue.knows(rid):
-            out = await run_in_threadpool(queue.complete, rid, status, reward, error)
+            out = await run_in_threadpool(queue.complete, rid, status, reward, error, request_leases(request))
         else:  # a rollout the runner started itself (trace mode): just finish it
             await run_in_threadpool(require_rollout, rid)
             await run_in_threadpool(
@@ -220,8 +247,20 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         value = _reward(body)
         if value is None:
             raise _bad("'reward' must be a finite number", "reward")
-        await run_in_threadpool(require_rollout, rid)
-        await run_in_threadpool(store.set_reward, rid, value)
+        leases = request_leases(request)
+
+        def write() -> None:
+            if queue.knows(rid):
+                queue.set_reward(rid, value, leases)
+                return
+            ro = store.get_rollout(rid)  # a rollout the runner started itself (trace mode)
+            if ro is None:
+                raise KeyError(repr(rid))
+            if ro.status != "running":
+                raise OutcomeCounted(f"rollout {rid!r} is {ro.status}: its reward cannot change")
+            store.set_reward(rid, value)
+
+        await run_in_threadpool(write)
         return JSONResponse({"ok": True})
 
     @endpoint
@@ -254,17 +293,22 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
                     sp.attributes["weights_version"] = version_of(sp.rollout_id)
                 spans.append(sp)
         rids = {r[1] for r in checked} | {s.rollout_id for s in spans}
+        leases = request_leases(request)
 
-        def write() -> None:
-            for rid in rids:
+        def write() -> dict[str, int]:
+            ended = queue.check_writes(rids, leases)
+            for rid in rids - ended:
                 require_rollout(rid)
-            if checked:
-                store._add_rows(checked)
-            if spans:
-                store.add_spans(spans)
+            rows = [r for r in checked if r[1] not in ended]
+            objs = [s for s in spans if s.rollout_id not in ended]
+            if rows:
+                store._add_rows(rows)
+            if objs:
+                store.add_spans(objs)
+            dropped = len(checked) + len(spans) - len(rows) - len(objs)
+            return {"accepted": len(rows) + len(objs), **({"dropped": dropped} if dropped else {})}
 
-        await run_in_threadpool(write)
-        return JSONResponse({"accepted": len(checked) + len(spans)})
+        return JSONResponse(await run_in_threadpool(write))
 
     @endpoint
     async def otlp(request: Request) -> Response:
@@ -289,6 +333,13 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
                     f"unsupported content type {ctype!r}: use application/x-protobuf or application/json",
                     code="unsupported_media_type",
                 )
+            leases = request_leases(request)
+            for d in decoded:  # a span's own lease token: checked here, never stored
+                for attrs in (d.attributes, d.resource):
+                    token = attrs.get(LEASE_ATTR)
+                    if isinstance(token, str) and token:
+                        leases.append(token)
+                d.attributes.pop(LEASE_ATTR, None)
             spans = spans_from_otlp(decoded, default, traces)
         except OTLPError as exc:
             raise _bad(str(exc), code="invalid_otlp") from None
@@ -297,9 +348,11 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
                 s.attributes["weights_version"] = version_of(s.rollout_id)
 
         def write() -> None:
-            for rid in {s.rollout_id for s in spans}:
+            rids = {s.rollout_id for s in spans}
+            ended = queue.check_writes(rids, leases)
+            for rid in rids - ended:
                 require_rollout(rid)
-            store.add_spans(spans)
+            store.add_spans([s for s in spans if s.rollout_id not in ended])
 
         await run_in_threadpool(write)
         if proto:  # an empty ExportTraceServiceResponse: zero bytes in protobuf

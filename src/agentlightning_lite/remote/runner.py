@@ -3,7 +3,8 @@
 Each worker loops: claim a rollout (long-polling the trainer's queue), run the agent on its task
 with an ``agl.LLM`` routed to that rollout, inside ``tracer.rollout(rollout_id=...)`` over a
 :class:`RemoteStore` (so adapters, ``emit_reward`` and ``emit_signal`` work as in-process), then
-report the result. A heartbeat thread renews the leases of the rollouts in flight. While the
+report the result. A heartbeat thread renews the leases of the rollouts in flight. Each claim's
+lease token goes with its heartbeats, spans, reward and result (the agent never sees it). While the
 trainer is away (restarting, say) every call is retried with backoff: runners reconnect on their own.
 """
 
@@ -126,7 +127,7 @@ class Runner:
         self.completed = 0  # rollouts run to the end by this runner
         self.counted = 0  # of which the trainer took the result as the rollout's outcome
         self._lease_timeout = 30.0
-        self._active: set[str] = set()
+        self._active: dict[str, str] = {}  # rollout id -> its lease token
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._hb_stop = threading.Event()
@@ -244,10 +245,11 @@ class Runner:
                 mode=mode,
                 start_time=time.time(),
                 metadata=claimed.get("metadata") or {},
-            )
+            ),
+            lease=claimed.get("lease"),
         )
         with self._lock:
-            self._active.add(rid)
+            self._active[rid] = claimed.get("lease") or ""
             self._lease_timeout = float(claimed.get("lease_timeout") or self._lease_timeout)
         llm = LLM(
             base_url=self.server + claimed["llm_path"],
@@ -264,7 +266,7 @@ class Runner:
             logger.warning("rollout %s failed: %s: %s", rid, type(exc).__name__, exc)
         finally:
             with self._lock:
-                self._active.discard(rid)
+                self._active.pop(rid, None)
                 self.completed += 1
                 if (self.store.last_result.get(rid) or {}).get("counted"):
                     self.counted += 1
@@ -278,10 +280,11 @@ class Runner:
             last = time.monotonic()
             with self._lock:
                 active = list(self._active)
+                leases = [t for t in self._active.values() if t]
             if not active:
                 continue
             try:
-                lost = self.client.heartbeat(self.worker_id, active)
+                lost = self.client.heartbeat(self.worker_id, active, leases=leases)
             except RemoteError as exc:
                 logger.warning("runner %s: heartbeat failed: %s", self.worker_id, exc)
                 continue
