@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 import time
 import warnings
@@ -14,6 +15,8 @@ from .store.base import Store
 from .store.memory import MemoryStore
 from .store.rows import SpanRow
 from .types import ROLLOUT_MODES, SPAN_KINDS, Span, check_reward
+
+logger = logging.getLogger("agentlightning_lite.tracer")
 
 _rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
     "agl_rollout", default=None
@@ -235,7 +238,8 @@ class RolloutHandle:
         self._lock = threading.Lock()
         self._final: float | None = None
         self._last_reward: tuple[float, SpanRow] | None = None  # (value, row)
-        self._finished = False
+        self._finished = False  # finished here, or ended from outside (_give_up)
+        self._warned = False
 
     def reward(self, value: float, name: str | None = None) -> None:
         """Set the final reward of this rollout (raises ``ValueError`` for NaN/inf)."""
@@ -249,6 +253,30 @@ class RolloutHandle:
             if self._final is not None:
                 return self._final
             return None if self._last_reward is None else self._last_reward[0]
+
+    def _give_up(self) -> None:
+        """The rollout was ended from outside (timed out): this handle writes nothing more to it.
+
+        Rewards and signals recorded through it afterwards are dropped, and leaving it neither
+        finishes the rollout nor marks an emitted reward final.
+        """
+        with self._lock:
+            self._finished = True
+
+    def _closed(self, what: str) -> bool:
+        """Whether the rollout has ended, so ``what`` is dropped (logged once per handle)."""
+        with self._lock:
+            if not self._finished:
+                return False
+            first, self._warned = not self._warned, True
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "dropped %s for rollout %s: the rollout has ended (an agent that goes on past its "
+            "rollout writes nothing into it)",
+            what,
+            self.id,
+        )
+        return True
 
     def _finish(self, error: str | None, status: str | None = None) -> None:
         with self._lock:
@@ -420,6 +448,8 @@ class Tracer:
         return self.start_span(kind, name, input, agent, attributes, model, activate=True)
 
     def _record_reward(self, ro: RolloutHandle, value: float, name: str | None, final: bool) -> None:
+        if ro._closed(f"reward {value!r}"):
+            return
         row = _instant_row(ro, "reward", name or "reward", value, {"reward": value, "final": final}, "ok")
         self.store._add_rows([row])
         with ro._lock:
@@ -513,6 +543,8 @@ def emit_signal(name: str, value: Any = None, status: str | None = None, **attri
     ro = _rollout_var.get()
     if ro is None:
         _warn_outside("emit_signal")
+        return
+    if ro._closed(f"signal {name!r}"):
         return
     failed = status is not None and status.lower() in ("error", "failed", "failure")
     attrs = {"signal_status": status, **attributes}

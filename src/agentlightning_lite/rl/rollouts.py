@@ -133,8 +133,10 @@ def run_rollouts(
     called (the trainer cancels its engine requests there); the others go on. An ``async`` agent
     is cancelled (``CancelledError`` at its current ``await``) and its thread ends. A sync agent's
     thread cannot be killed: it is left running as a daemon thread (it never keeps the process
-    from exiting), a free slot takes its place, its late result is ignored, and it is counted in
-    :func:`hung_threads`; past ``MAX_HUNG_THREADS`` of them, ``RuntimeError`` is raised.
+    from exiting), a free slot takes its place, and it is counted in :func:`hung_threads`; past
+    ``MAX_HUNG_THREADS`` of them, ``RuntimeError`` is raised. Nothing it does after the timeout
+    reaches the ``timeout`` rollout: its returned reward and the rewards and signals it emits are
+    dropped, and the store drops any span it starts (see :class:`~agentlightning_lite.store.Store`).
     """
     if len(hung_threads()) > MAX_HUNG_THREADS:
         raise RuntimeError(
@@ -146,6 +148,7 @@ def run_rollouts(
     results: list[RolloutResult | None] = [None] * len(specs)
     began: dict[int, float] = {}
     cancel_async: dict[int, Callable[[], None]] = {}
+    handles: dict[int, Any] = {}  # the agent's rollout handle, to close it when the rollout times out
     threads: dict[int, threading.Thread] = {}
     done_q: queue.Queue[tuple[int, RolloutResult]] = queue.Queue()
 
@@ -155,6 +158,7 @@ def run_rollouts(
         status, reward, error = "succeeded", None, None
         try:
             with tracer.rollout(rollout_id=rid) as ro:
+                handles[i] = ro
                 value = _call_agent(
                     agent, spec.task, llm_for(rid), spec.mode, lambda c: cancel_async.__setitem__(i, c)
                 )
@@ -195,6 +199,8 @@ def run_rollouts(
                     rid = started[i].rollout_id
                     msg = f"TimeoutError: no result within {timeout} s"
                     store.finish_rollout(rid, status="timeout", error=msg, only_if_running=True)
+                    if i in handles:  # what the agent records from now on is dropped
+                        handles[i]._give_up()
                     ready.append((i, RolloutResult(rid, specs[i], "timeout", None, msg, now - began[i])))
                     running.discard(i)
                     _give_up(i, rid, threads[i], cancel_async.get(i), on_timeout)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import abc
 import functools
+import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -14,8 +16,62 @@ from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
 from .rows import SpanRow, row_to_span
 
+logger = logging.getLogger("agentlightning_lite.store")
+
 #: the metadata key under which a rollout records the process that started it
 OWNER_KEY = "agl.owner"
+
+#: how many rollouts' late-write warnings are remembered (one warning per rollout, then debug)
+_WARNED_LIMIT = 4096
+_warned_late: dict[str, None] = {}
+_warned_lock = threading.Lock()
+
+
+def is_late(start_time: float, status: str, end_time: float | None) -> bool:
+    """Whether a span that started at ``start_time`` is too late for a rollout in ``status``.
+
+    A rollout that has ended (any status but ``running``) accepts only spans that started at or
+    before its ``end_time``: those were made while it ran (an LLM call whose span is flushed in a
+    batch just after the end, say). A span started after the end comes from an agent that went on
+    past its rollout (a sync agent past its timeout) and is dropped.
+    """
+    return status != "running" and end_time is not None and start_time > end_time
+
+
+def log_dropped(moved: list[tuple[SpanRow, str]], late: list[tuple[SpanRow, str, float]]) -> None:
+    """Log span writes a store refused: ``moved`` (row, stored rollout), ``late`` (row, status, end)."""
+    if moved:
+        r, stored = moved[0]
+        logger.warning(
+            "refused %d span write(s) that would move a span to another rollout: span %s (%r) is stored "
+            "in rollout %s and was written again for rollout %s%s; a span id belongs to one rollout",
+            len(moved),
+            r[0],
+            r[4],
+            stored,
+            r[1],
+            "" if len(moved) == 1 else f" (and {len(moved) - 1} more)",
+        )
+    for r, status, end_time in late:
+        rid = r[1]
+        with _warned_lock:
+            first = rid not in _warned_late
+            if first:
+                _warned_late[rid] = None
+                while len(_warned_late) > _WARNED_LIMIT:
+                    del _warned_late[next(iter(_warned_late))]
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "dropped span %s (%s %r) of rollout %s: it started %.3f s after the rollout ended (%s); "
+            "an agent that goes on past its rollout's end writes nothing into it%s",
+            r[0],
+            r[3],
+            r[4],
+            rid,
+            r[6] - end_time,
+            status,
+            " (more such drops for this rollout are logged at debug level)" if first else "",
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,6 +88,21 @@ class Store(abc.ABC):
     """Where rollouts and spans live. ``MemoryStore`` and ``SQLiteStore`` implement it.
 
     All methods are thread-safe. Stores are context managers (``close()`` on exit).
+
+    Span writes follow two rules, the same in every store (a refused write is dropped and logged on
+    the ``agentlightning_lite.store`` logger, never raised: SQLiteStore only finds out when its batch
+    commits):
+
+    - **a span id belongs to one rollout.** Writing a span id already stored under another rollout
+      is refused; the stored span stays where it is, unchanged. (Writing it again for the same
+      rollout replaces it.)
+    - **nothing starts in a rollout after it ended.** Once a rollout is finished (succeeded, failed
+      or timeout), a span that started after its ``end_time`` is dropped: a sync agent left running
+      past its timeout cannot add rewards or calls to it. Spans that started before the end are
+      kept even when they arrive later (a batch of spans flushed just after the rollout finished).
+      Times are compared as recorded, so hosts that send spans need clocks that agree (NTP).
+      (:meth:`set_reward` is the trainer's: it may still set any rollout's reward, such as the
+      reward it gives failed ones.)
     """
 
     # -- rollouts -------------------------------------------------------------------------
@@ -115,7 +186,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def add_spans(self, spans: Iterable[Span]) -> None:
-        """Add spans; a span whose ``span_id`` exists already replaces the stored one."""
+        """Add spans; a span whose ``span_id`` exists already in the same rollout replaces the stored one.
+
+        Writes that would move a span to another rollout, or add one that started after its
+        (finished) rollout ended, are dropped and logged (see the class docstring).
+        """
 
     @abc.abstractmethod
     def spans(self, rollout_id: str) -> list[Span]:

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable
 
 from ..types import Rollout, Span
-from .base import Store
+from .base import Store, log_dropped
 from .rows import SpanRow, row_to_span, span_to_row
 
 
@@ -28,6 +28,8 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
         self._rollouts: dict[str, Rollout] = {}
         self._spans: dict[str, dict[str, Span | SpanRow]] = {}
+        self._span_rollout: dict[str, str] = {}  # span id -> the rollout it belongs to
+        self._ended: dict[str, float] = {}  # finished rollout id -> its end time
 
     def _insert_rollout(self, rollout: Rollout) -> None:
         with self._lock:
@@ -39,6 +41,10 @@ class MemoryStore(Store):
     def _update_rollout(self, rollout: Rollout) -> None:
         with self._lock:
             self._rollouts[rollout.rollout_id] = rollout
+            if rollout.status != "running" and rollout.end_time is not None:
+                self._ended[rollout.rollout_id] = rollout.end_time
+            else:
+                self._ended.pop(rollout.rollout_id, None)
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         with self._lock:
@@ -55,10 +61,24 @@ class MemoryStore(Store):
         self._add_rows([span_to_row(s) for s in spans])
 
     def _add_rows(self, rows: list[SpanRow]) -> None:
+        moved: list[tuple[SpanRow, str]] = []
+        late: list[tuple[SpanRow, str, float]] = []
         with self._lock:
+            owners, ended = self._span_rollout, self._ended
             for r in rows:
+                sid, rid = r[0], r[1]
+                end = ended.get(rid)
+                if end is not None and r[6] > end:  # started after its rollout ended
+                    late.append((r, self._rollouts[rid].status, end))
+                    continue
+                stored = owners.setdefault(sid, rid)
+                if stored != rid:  # a span id belongs to one rollout
+                    moved.append((r, stored))
+                    continue
                 # a replaced span keeps its original position, as in SQLiteStore
-                self._spans.setdefault(r[1], {})[r[0]] = r
+                self._spans.setdefault(rid, {})[sid] = r
+        if moved or late:
+            log_dropped(moved, late)
 
     def spans(self, rollout_id: str) -> list[Span]:
         with self._lock:

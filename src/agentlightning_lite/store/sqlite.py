@@ -17,7 +17,7 @@ from typing import Any
 
 from .._json import dumps, loads, utf8_safe
 from ..types import TRUSTED, Rollout, Span
-from .base import Store
+from .base import Store, is_late, log_dropped
 from .rows import SpanRow, floats_to_blob, ids_to_blob, row_to_span, span_to_row
 
 logger = logging.getLogger("agentlightning_lite.store")
@@ -66,18 +66,24 @@ _SPAN_COLUMNS = (
     "span_id, rollout_id, parent_id, kind, name, agent, start_time, end_time, status, error, "
     "input, output, attributes, model, prompt_token_ids, response_token_ids, response_logprobs"
 )
+# A span id stored under another rollout is not replaced (the WHERE of DO UPDATE): such a row
+# changes nothing, which the flush notices (see Store for the rules).
 _SPAN_UPSERT = (
     f"INSERT INTO spans ({_SPAN_COLUMNS}) VALUES ({', '.join('?' * 17)}) "
     "ON CONFLICT(span_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _SPAN_COLUMNS.split(", ")[1:])
+    + " WHERE spans.rollout_id = excluded.rollout_id"
 )
 _ROLLOUT_COLUMNS = "rollout_id, task, mode, status, start_time, end_time, reward, metadata, error"
 _ROLLOUT_INSERT = (
     f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * 9)}) "
     "ON CONFLICT(rollout_id) DO NOTHING"
 )
-# task, mode, metadata and start_time are fixed when a rollout starts; the rest may change
-_ROLLOUT_UPDATE = "UPDATE rollouts SET status = ?, end_time = ?, reward = ?, error = ? WHERE rollout_id = ?"
+# task, mode and start_time are fixed when a rollout starts; the rest may change (metadata too: a
+# timed-out rollout's late result is kept in it)
+_ROLLOUT_UPDATE = (
+    "UPDATE rollouts SET status = ?, end_time = ?, reward = ?, error = ?, metadata = ? WHERE rollout_id = ?"
+)
 
 
 class NotOurDatabase(ValueError):
@@ -151,14 +157,53 @@ def _merge_updates(
     index = {row[0]: i for i, row in enumerate(inserts)}
     merged = list(inserts)
     rest = []
-    for status, end_time, reward, error, rollout_id in updates:
+    for update in updates:
+        status, end_time, reward, error, metadata, rollout_id = update
         i = index.get(rollout_id)
         if i is None:
-            rest.append((status, end_time, reward, error, rollout_id))
+            rest.append(update)
         else:
             r = merged[i]
-            merged[i] = (r[0], r[1], r[2], status, r[4], end_time, reward, r[7], error)
+            merged[i] = (r[0], r[1], r[2], status, r[4], end_time, reward, metadata, error)
     return merged, rest
+
+
+def _drop_late(
+    conn: sqlite3.Connection, rows: list[SpanRow]
+) -> tuple[list[SpanRow], list[tuple[SpanRow, str, float]]]:
+    """Split a span batch into the rows to write and those that started after their rollout ended."""
+    ids = list({utf8_safe(r[1]) for r in rows})
+    ended: dict[str, tuple[str, float]] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        ended.update(
+            (rid, (status, end))
+            for rid, status, end in conn.execute(
+                "SELECT rollout_id, status, end_time FROM rollouts WHERE status != 'running' "
+                f"AND end_time IS NOT NULL AND rollout_id IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+        )
+    if not ended:
+        return rows, []
+    keep, late = [], []
+    for r in rows:
+        e = ended.get(utf8_safe(r[1]))
+        if e is not None and is_late(r[6], *e):
+            late.append((r, *e))
+        else:
+            keep.append(r)
+    return keep, late
+
+
+def _moved(conn: sqlite3.Connection, rows: list[SpanRow]) -> list[tuple[SpanRow, str]]:
+    """The rows of a written batch whose span id is stored under another rollout (refused)."""
+    out = []
+    for r in rows:
+        stored = conn.execute("SELECT rollout_id FROM spans WHERE span_id = ?", (utf8_safe(r[0]),)).fetchone()
+        if stored is not None and stored[0] != utf8_safe(r[1]):
+            out.append((r, stored[0]))
+    return out
 
 
 def _rollout_row(r: Rollout) -> tuple[Any, ...]:
@@ -372,13 +417,23 @@ class SQLiteStore(Store):
 
             inserts, updates = _merge_updates(inserts, updates)
 
+            dropped: list[Any] = []
+
             def tx(c: sqlite3.Connection) -> None:
+                dropped.clear()  # a retried transaction starts over
                 if inserts:
                     c.executemany(_ROLLOUT_INSERT, inserts)
-                if spans:
-                    c.executemany(_SPAN_UPSERT, [_db_row(r) for r in spans])
+                # rollout updates before spans: a span queued after its rollout finished is judged
+                # against the finished rollout (spans that started before the end pass either way)
                 if updates:
                     c.executemany(_ROLLOUT_UPDATE, updates)
+                if spans:
+                    keep, late = _drop_late(c, spans)
+                    before = c.total_changes
+                    c.executemany(_SPAN_UPSERT, [_db_row(r) for r in keep])
+                    moved = _moved(c, keep) if c.total_changes - before < len(keep) else []
+                    if moved or late:
+                        dropped.append((moved, late))
 
             try:
                 self._transaction(conn, tx)
@@ -396,6 +451,8 @@ class SQLiteStore(Store):
                     "(free some space, or close() to give them up)"
                 ) from exc
             self._error = None
+        if dropped:
+            log_dropped(*dropped[0])
 
     def _check_open(self) -> None:
         if self._closed:
@@ -431,7 +488,14 @@ class SQLiteStore(Store):
             else:
                 self._live.pop(rollout.rollout_id, None)
             self._updates.append(
-                (rollout.status, rollout.end_time, rollout.reward, rollout.error, rollout.rollout_id)
+                (
+                    rollout.status,
+                    rollout.end_time,
+                    rollout.reward,
+                    None if rollout.error is None else utf8_safe(rollout.error),
+                    dumps(rollout.metadata),
+                    utf8_safe(rollout.rollout_id),
+                )
             )
             full = len(self._updates) >= self.batch_size
         if full:
