@@ -1,10 +1,13 @@
 // A calculator agent in JavaScript, trained by an agentlightning-lite trainer in Python.
 //
 // It speaks the trainer's runner protocol (plain HTTP + JSON): claim a rollout, renew its lease
-// while it runs, report the result. The policy model is called with the stock `openai` package at
-// the rollout's own base URL (so every call is recorded with its token ids), and the tool call is
-// an OpenTelemetry span sent by the stock OTLP/HTTP exporter to the trainer's /v1/traces, where
-// the `agentlightning.rollout_id` attribute files it under its rollout.
+// while it runs, report the result. Each claim comes with a lease token that the heartbeats and
+// the result carry in the X-AGL-Lease header (without it the trainer refuses them: another
+// runner with the same API key cannot act on this one's rollouts). The policy model is called
+// with the stock `openai` package at the rollout's own base URL (so every call is recorded with
+// its token ids), and the tool call is an OpenTelemetry span sent by the stock OTLP/HTTP exporter
+// to the trainer's /v1/traces, where the `agentlightning.rollout_id` attribute files it under its
+// rollout and the `agentlightning.lease` attribute proves the claim.
 //
 //   AGL_SERVER=http://trainer:8765 AGL_API_KEY=... node agent.mjs
 //
@@ -28,12 +31,13 @@ const tracer = provider.getTracer("agl-js-agent");
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // One call of the runner protocol, retried with backoff while the trainer is unreachable.
-async function agl(method, path, body) {
+async function agl(method, path, body, lease) {
+  const headers = { "Content-Type": "application/json", ...AUTH, ...(lease ? { "X-AGL-Lease": lease } : {}) };
   for (let delay = 200; ; delay = Math.min(delay * 2, 5000)) {
     try {
       const res = await fetch(SERVER + path, {
         method,
-        headers: { "Content-Type": "application/json", ...AUTH },
+        headers,
         body: body === undefined ? undefined : JSON.stringify(body),
       });
       if (res.ok) return await res.json();
@@ -48,10 +52,11 @@ async function agl(method, path, body) {
 }
 
 // The tool: a calculator, traced as a GenAI `execute_tool` span of this rollout.
-function calculator(rolloutId, a, b) {
+function calculator(llm, a, b) {
   const span = tracer.startSpan("execute_tool calculator", {
     attributes: {
-      "agentlightning.rollout_id": rolloutId,
+      "agentlightning.rollout_id": llm.rolloutId,
+      "agentlightning.lease": llm.lease, // checked by the trainer, never stored
       "gen_ai.operation.name": "execute_tool",
       "gen_ai.tool.name": "calculator",
       "gen_ai.tool.call.arguments": JSON.stringify({ a, b }),
@@ -73,14 +78,21 @@ async function agent(task, llm) {
     messages: [{ role: "user", content: `What is ${task.a} + ${task.b}? Answer with the number.` }],
   });
   const text = reply.choices[0].message.content || "";
-  const answer = calculator(llm.rolloutId, task.a, task.b);
+  const answer = calculator(llm, task.a, task.b);
   return (text.includes(String(answer)) ? 1.0 : 0.0) + new Set(text).size / 64;
 }
 
 async function runOne(ro) {
-  const llm = { baseURL: SERVER + ro.llm_path, apiKey: KEY || "agl-no-key", model: ro.model, rolloutId: ro.rollout_id };
+  const llm = {
+    baseURL: SERVER + ro.llm_path,
+    apiKey: KEY || "agl-no-key",
+    model: ro.model,
+    rolloutId: ro.rollout_id,
+    lease: ro.lease,
+  };
   const beat = setInterval(
-    () => agl("POST", "/agl/v1/heartbeat", { worker: WORKER, rollout_ids: [ro.rollout_id] }).catch(() => {}),
+    () =>
+      agl("POST", "/agl/v1/heartbeat", { worker: WORKER, rollout_ids: [ro.rollout_id] }, ro.lease).catch(() => {}),
     (ro.lease_timeout * 1000) / 3,
   );
   let result;
@@ -93,7 +105,8 @@ async function runOne(ro) {
     clearInterval(beat);
   }
   await provider.forceFlush(); // the spans reach the trainer before the result does
-  const answer = await agl("POST", `/agl/v1/rollouts/${encodeURIComponent(ro.rollout_id)}/complete`, result);
+  const path = `/agl/v1/rollouts/${encodeURIComponent(ro.rollout_id)}/complete`;
+  const answer = await agl("POST", path, result, ro.lease);
   console.log(`rollout ${ro.rollout_id}: ${result.status} reward=${result.reward} counted=${answer.counted}`);
 }
 

@@ -173,7 +173,9 @@ def test_a_stale_lease_after_the_rollout_is_claimed_again_is_refused(
         _refused(http, second["rollout_id"], first["lease"])  # the old token opens nothing new
         # under the old claim: its heartbeat learns the lease is lost, its spans are dropped...
         old = {**AUTH, "x-agl-lease": first["lease"]}
-        r = http.post("/agl/v1/heartbeat", json={"worker": "slow", "rollout_ids": [first["rollout_id"]]}, headers=old)
+        r = http.post(
+            "/agl/v1/heartbeat", json={"worker": "slow", "rollout_ids": [first["rollout_id"]]}, headers=old
+        )
         assert r.json()["lost"] == [first["rollout_id"]]
         r = http.post("/agl/v1/spans", json={"rows": [_row("late", first["rollout_id"])]}, headers=old)
         assert r.json() == {"accepted": 0, "dropped": 1}
