@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -117,3 +118,93 @@ def test_micro_batches_bound_samples_and_padded_tokens() -> None:
     for c in chunks:
         width = max(len(x.prompt_ids) for x in c) + max(len(x.response_ids) for x in c)
         assert len(c) <= 3 and (len(c) == 1 or len(c) * width <= 60)
+
+
+def _logprob_batch() -> Any:
+    a = Sample([5, 6], [7, 8], None, 1.0, "g")
+    b = Sample([5, 6, 9, 10], [11], None, 0.0, "g", temperature=0.5)
+    merged = Sample([3], [12, 13, 14, 15], None, 0.0, "g", parts=[a, b], offsets=[0, 3])
+    samples = [
+        Sample([1, 2, 3], [7, 8, 9, 10, 11], None, 1.0, "g", temperature=0.7),
+        Sample([4], [9, 10], None, 0.0, "g", temperature=1.3),
+        merged,
+    ]
+    return collate(samples, pad_id=257)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_chunked_logprobs_match_the_full_logits(tiny_llama: Any, lora: bool) -> None:
+    """Chunked along the positions (a checkpointed chunk at a time), logprobs, values and every
+    gradient equal those of the whole-batch logits, at temperatures != 1 and mixed in one row."""
+    from agentlightning_lite.rl import batching
+    from agentlightning_lite.rl.ppo import ValueHead
+
+    model = tiny_llama()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.02)  # a live adapter, not the zero init
+    else:
+        model.model.embed_tokens.weight.requires_grad_(False)
+    batch = _logprob_batch()
+    assert batch.token_temperature is not None  # the merged row mixes 1.0 and 0.5
+    mask = batch.response_mask
+    torch.manual_seed(1)
+    head = ValueHead(32)
+    torch.nn.init.normal_(head.v.weight)
+    weights = torch.randn(mask.shape)
+    assert batching._decoder_and_head(model) is not None  # the chunked path is the one taken
+
+    def run(fn: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        head.zero_grad(set_to_none=True)
+        lp, v = fn()
+        ((lp * weights * mask).sum() + (v * mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in [*model.named_parameters(), *head.named_parameters()]
+                 if p.grad is not None}  # fmt: skip
+        return lp.detach(), v.detach(), grads
+
+    full = run(lambda: batching._forward_logprobs_full(model, batch, head, batching.nullcontext()))
+    for chunk in (None, 1, 3):
+        lp, v, grads = run(lambda: batching.forward_logprobs(model, batch, head, chunk_tokens=chunk))
+        assert torch.allclose(lp * mask, full[0] * mask, atol=1e-6, rtol=0), chunk
+        assert torch.allclose(v * mask, full[1] * mask, atol=1e-6, rtol=0)
+        assert grads.keys() == full[2].keys() and len(grads) > 2
+        for n, g in grads.items():
+            err = float((g - full[2][n]).abs().max()) / float(full[2][n].abs().max())
+            assert err < 1e-5, (chunk, n, err)
+    assert float((lp * (1 - mask)).abs().sum()) == 0.0  # untrained positions are not scored
+    with torch.no_grad():
+        lp_nograd, _ = batching.forward_logprobs(model, batch, chunk_tokens=2)
+    assert torch.allclose(lp_nograd * mask, full[0] * mask, atol=1e-6, rtol=0)
+
+
+def test_chunked_logprobs_keep_one_chunk_of_logits(tiny_llama: Any) -> None:
+    """With gradients, the float32 logits alive at once are one chunk's, not the whole batch's: the
+    tensors saved for the backward hold no ``[*, vocab]`` tensor."""
+    from agentlightning_lite.rl import batching
+
+    model = tiny_llama()
+    batch = _logprob_batch()
+    vocab = model.config.vocab_size
+
+    def saved_vocab_elements(fn: Any) -> int:
+        sizes: list[int] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() >= 1 and t.shape[-1] == vocab:
+                sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp, _ = fn()
+        lp.sum().backward()
+        return sum(sizes)
+
+    full = saved_vocab_elements(lambda: batching._forward_logprobs_full(model, batch, None, batching.nullcontext()))
+    chunked = saved_vocab_elements(lambda: batching.forward_logprobs(model, batch, chunk_tokens=2))
+    assert full >= 2 * batch.response_ids.numel() * vocab  # logits and log_softmax of every position
+    assert chunked <= vocab  # at most the output layer's weight; no logits

@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["Sample", "TokenBatch", "collate", "forward_logprobs"]
+
+#: most bytes of float32 logits that :func:`forward_logprobs` materialises at once (one chunk)
+LOGITS_CHUNK_BYTES = 32 * 2**20
 
 
 @dataclass
@@ -173,11 +177,22 @@ def forward_logprobs(
     batch: TokenBatch,
     value_head: Any = None,
     autocast_dtype: torch.dtype | None = None,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities ``[B, R]`` of the response tokens, ``log_softmax(logits / T)``.
 
     With ``value_head``, also the values ``[B, R]`` at the same positions (the state before each
     response token). Gradients flow unless the caller wraps this in ``torch.no_grad()``.
+
+    The full-vocabulary logits are never held for the whole batch: the model runs to its last hidden
+    state, then the output layer, ``log_softmax`` and the gather run on ``chunk_tokens`` positions at a
+    time (by default as many as fit :data:`LOGITS_CHUNK_BYTES` of float32 logits), and only on the
+    trained positions (``response_mask`` 1; the others get 0.0). With gradients each chunk is
+    checkpointed: its logits are freed after the forward and recomputed in the backward, one chunk at
+    a time, as fused linear-cross-entropy kernels do on GPUs. The numbers are those of the full
+    ``logits`` path (same operations per row). Models whose heads scale or cap the logits after the
+    output layer (Gemma 2's soft-capping, Cohere's ``logit_scale``, Granite's ``logits_scaling``) take
+    that full path.
     """
     r = batch.response_len
     ctx = (
@@ -185,6 +200,80 @@ def forward_logprobs(
         if autocast_dtype is not None
         else nullcontext()
     )
+    split = _decoder_and_head(model)
+    if split is None:
+        return _forward_logprobs_full(model, batch, value_head, ctx)
+    decoder, head = split
+    with ctx:
+        out = decoder(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
+    hidden = out.last_hidden_state[:, -(r + 1) : -1, :]  # [B, R, H]: the states that predict each token
+    keep = batch.response_mask > 0
+    if not bool(keep.any()):
+        keep = torch.ones_like(keep)  # nothing trained: score every position so a graph still exists
+    temps = (
+        batch.token_temperature
+        if batch.token_temperature is not None
+        else batch.temperature[:, None].expand(-1, r)
+    )
+    h, targets, t = hidden[keep], batch.response_ids[keep], temps[keep]
+    n_vocab = int(getattr(head, "out_features", 0) or getattr(head.weight, "shape", [1])[0])
+    step = chunk_tokens or max(1, LOGITS_CHUNK_BYTES // (4 * max(n_vocab, 1)))
+    grad = torch.is_grad_enabled()
+    parts = []
+    for i in range(0, h.shape[0], step):
+        args = (head, h[i : i + step], targets[i : i + step], t[i : i + step], autocast_dtype)
+        if grad:
+            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(*args))
+    logp = torch.zeros(keep.shape, dtype=torch.float32, device=hidden.device).index_put((keep,), torch.cat(parts))
+    values = None
+    if value_head is not None:
+        values = value_head(hidden.float())
+    return logp, values
+
+
+def _chunk_logprobs(
+    head: Any, h: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor, autocast_dtype: torch.dtype | None
+) -> torch.Tensor:
+    """``log_softmax(head(h) / T)`` at ``targets`` for one chunk of positions (``[N]``)."""
+    ctx = torch.autocast(device_type=h.device.type, dtype=autocast_dtype) if autocast_dtype else nullcontext()
+    with ctx:
+        logits = head(h)
+    logits = logits.float() / temps[:, None]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """The model's decoder (to its last hidden state) and output layer, or ``None`` when the logits
+    are more than ``head(hidden)`` (or the model does not expose the two)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+        return None
+    if getattr(cfg, "logits_scaling", 1.0) not in (None, 1, 1.0):
+        return None
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError, ValueError):
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if decoder is None or head is None or decoder is model or decoder is base:
+        return None
+    if not hasattr(head, "weight"):
+        return None
+    return decoder, head
+
+
+def _forward_logprobs_full(
+    model: Any, batch: TokenBatch, value_head: Any, ctx: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The whole-batch path: the model's own logits for every response position at once."""
+    r = batch.response_len
     with ctx:
         out = model(
             input_ids=batch.input_ids,
