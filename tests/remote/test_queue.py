@@ -170,3 +170,12 @@ def test_memory_stays_flat_over_100_000_rollouts() -> None:
     growth = held[100_000] - held[20_000]  # 80,000 rollouts later (it was about 1 KiB each)
     assert growth < 2**20, f"{growth / 2**20:.1f} MiB more after 80,000 more rollouts"
     assert len(q._attempts) == 0 and len(q._ended) == q.keep_ended == 10_000
+
+
+def test_workers_gone_for_long_are_forgotten() -> None:
+    _, q = make(lease_timeout=1.0)
+    for i in range(50):
+        assert q.claim(f"gone-{i}") is None  # nothing queued: the worker is seen all the same
+    assert q.stats()["workers"] == 50
+    q.reap(now=q._workers["gone-0"] + 10.0)
+    assert q.stats()["workers"] == 0 and q._workers == {}

@@ -230,3 +230,65 @@ def test_otlp_protobuf_from_the_stock_python_exporter(served: Callable[..., agl.
     assert spans["search"].kind == "tool" and spans["search"].attributes["tags"] == ["a", "b"]
     assert spans["search"].parent_id == spans["invoke_agent solver"].span_id
     assert spans["invoke_agent solver"].agent == "solver"
+
+
+class _CountingStore(agl.MemoryStore):
+    """Counts look-ups of rollouts (a rollout the server remembers needs none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lookups = 0
+
+    def get_rollout(self, rollout_id: str) -> agl.Rollout | None:
+        self.lookups += 1
+        return super().get_rollout(rollout_id)
+
+
+def test_the_rollouts_the_server_remembers_are_bounded(
+    served: Callable[..., agl.RemoteRunners], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentlightning_lite.remote import routes
+
+    store = _CountingStore()
+    runners = served(store)
+    monkeypatch.setattr(routes, "KNOWN_SIZE", 3)
+    server = runners.server
+    server._known_rollouts.size = 3
+    rids = [store.start_rollout(f"t{i}").rollout_id for i in range(5)]
+    with httpx.Client(base_url=runners.url) as http:
+        for _ in range(2):  # round robin over 5 rollouts: each is forgotten before it comes back
+            for rid in rids:
+                before = store.lookups
+                chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+                assert http.post(f"/rollout/{rid}/v1/chat/completions", json=chat).status_code == 200
+                r = http.post("/agl/v1/spans", json={"rows": [_row(f"s-{rid}-{_}", rid)]})
+                assert r.json() == {"accepted": 1}
+                assert store.lookups - before == 2  # one by the LLM route, one by the span route
+    assert len(server._known_rollouts) == 3
+    assert all(len([s for s in store.spans(rid) if s.kind == "tool"]) == 2 for rid in rids)
+
+
+def _row(span_id: str, rid: str) -> list:
+    return [span_id, rid, None, "tool", "t", None, 1.0, 2.0, "ok", None, "null", "null", "{}",
+            None, None, None, None]  # fmt: skip
+
+
+def test_the_remote_stores_caches_are_bounded(
+    served: Callable[..., agl.RemoteRunners], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentlightning_lite.remote import remote_store
+
+    monkeypatch.setattr(remote_store, "KEEP", 2)
+    store = agl.MemoryStore()
+    runners = served(store)
+    client = RunnerClient(runners.url)
+    remote = RemoteStore(client)
+    tracer = agl.Tracer(remote)
+    for i in range(5):  # trace-mode rollouts the runner process starts itself
+        with tracer.rollout(f"t{i}") as ro:
+            agl.emit_reward(1.0)
+        assert remote.last_result[ro.id]["counted"] is False
+    assert len(remote._known) == 2 and len(remote.last_result) == 2
+    assert [r.status for r in store.rollouts()] == ["succeeded"] * 5
+    remote.close()
+    client.close()

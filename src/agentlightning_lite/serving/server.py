@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -37,6 +38,28 @@ __all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "Polic
 logger = logging.getLogger("agentlightning_lite.serving")
 
 Handler = Callable[[Any, Request], Awaitable[Response]]
+
+
+class _RecentSet:
+    """The last ``size`` items added (a set whose memory stays bounded over a long run)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, None] = OrderedDict()  # the oldest first
+        self._lock = threading.Lock()
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, item: str) -> None:
+        with self._lock:
+            self._items[item] = None
+            self._items.move_to_end(item)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
 
 
 class PolicyServer:
@@ -117,7 +140,7 @@ class PolicyServer:
         if loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
         self.loop = loop
-        self._known_rollouts: set[str] = set()
+        self._known_rollouts = _RecentSet(10_000)  # rollouts seen in the store (looked up again later)
         self._inflight_lock = threading.Lock()
         self._inflight: dict[str, set[concurrent.futures.Future[Any]]] = {}  # rollout id -> engine futures
         self._cancelled: set[str] = set()  # rollouts whose requests are refused (cancel_rollout)
