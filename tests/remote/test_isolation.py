@@ -232,3 +232,38 @@ def test_the_python_runner_carries_the_lease_for_the_agent(served: Callable[...,
     assert runner.counted == 2 and isinstance(runner.store, RemoteStore) and runner.store.dropped == 0
     for j in jobs:
         assert [s.kind for s in store.spans(j.rollout_id)] == ["tool", "reward"]
+
+
+def test_many_rollouts_tokens_go_in_small_requests(
+    served: Callable[..., agl.RemoteRunners], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner with hundreds of rollouts in flight: at most 64 tokens per request, all accepted."""
+    store = agl.MemoryStore()
+    runners = served(store, api_key=KEY)
+    assert runners.queue is not None
+    n = 150
+    runners.queue.submit([("t", "train", {})] * n)
+    client = RunnerClient(runners.url, api_key=KEY)
+    sent: list[int] = []
+    real = client.request
+
+    def spy(*args: Any, leases: list[str] | None = None, **kw: Any) -> Any:
+        sent.append(len(leases or ()))
+        return real(*args, leases=leases, **kw)
+
+    monkeypatch.setattr(client, "request", spy)
+    claims = [client.claim("w", wait=0.5) for _ in range(n)]
+    rids, leases = [c["rollout_id"] for c in claims], [c["lease"] for c in claims]
+    sent.clear()
+    assert client.heartbeat("w", rids, leases=leases) == []
+    assert sent == [64, 64, 22]
+    remote = RemoteStore(client, batch_size=10_000, flush_interval=60.0)
+    for c in claims:
+        remote.register(agl.Rollout(rollout_id=c["rollout_id"], start_time=0.0), lease=c["lease"])
+    sent.clear()
+    remote._add_rows([tuple(_row(f"s{i}", rid)) for i, rid in enumerate(rids)])  # type: ignore[misc]
+    remote.flush()
+    assert sent == [64, 64, 22] and remote.dropped == 0
+    assert all(len(store.spans(rid)) == 1 for rid in rids)
+    remote.close()
+    client.close()

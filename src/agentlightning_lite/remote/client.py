@@ -22,6 +22,7 @@ import httpx
 __all__ = ["LEASE_HEADER", "RemoteError", "RunnerClient"]
 
 LEASE_HEADER = "X-AGL-Lease"
+MAX_LEASES = 64  # tokens per request: the header stays small (HTTP servers cap headers at 16 KiB or so)
 
 logger = logging.getLogger("agentlightning_lite.remote")
 
@@ -140,10 +141,20 @@ class RunnerClient:
         return out.get("rollout") if out else None
 
     def heartbeat(self, worker: str, rollout_ids: list[str], leases: list[str] | None = None) -> list[str]:
-        """Renew leases (``leases``: the claims' tokens); returns the rollout ids whose lease is lost."""
-        body = {"worker": worker, "rollout_ids": rollout_ids}
-        out = self.request("POST", "/agl/v1/heartbeat", body, leases=leases)
-        return list(out.get("lost", ())) if out else []
+        """Renew leases; returns the rollout ids whose lease is lost.
+
+        ``leases``: the claims' tokens, one per rollout id, in the same order (sent
+        :data:`MAX_LEASES` rollouts per request).
+        """
+        if leases is not None and len(leases) != len(rollout_ids):
+            raise ValueError("give one lease token per rollout id")
+        lost: list[str] = []
+        for k in range(0, len(rollout_ids), MAX_LEASES):
+            body = {"worker": worker, "rollout_ids": rollout_ids[k : k + MAX_LEASES]}
+            tokens = None if leases is None else [t for t in leases[k : k + MAX_LEASES] if t]
+            out = self.request("POST", "/agl/v1/heartbeat", body, leases=tokens)
+            lost.extend(out.get("lost", ()) if out else ())
+        return lost
 
     def complete(
         self,

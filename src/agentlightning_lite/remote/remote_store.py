@@ -16,7 +16,7 @@ from typing import Any
 from ..store.base import Store
 from ..store.rows import SpanRow, span_to_row
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, TRUSTED, Rollout, Span, check_reward
-from .client import RemoteError, RunnerClient
+from .client import MAX_LEASES, RemoteError, RunnerClient
 
 __all__ = ["RemoteStore"]
 
@@ -106,12 +106,26 @@ class RemoteStore(Store):
 
     def _send(self, batch: list[SpanRow]) -> None:
         with self._lock:
-            leases = sorted({t for t in (self._leases.get(r[1]) for r in batch) if t})
+            leases = {r[1]: self._leases.get(r[1]) for r in batch}
+        part: list[SpanRow] = []
+        tokens: dict[str, None] = {}
+        for r in batch:  # in order, in requests of at most MAX_LEASES rollouts' tokens
+            token = leases[r[1]]
+            if token and token not in tokens and len(tokens) == MAX_LEASES:
+                self._send_part(part, list(tokens))
+                part, tokens = [], {}
+            if token:
+                tokens[token] = None
+            part.append(r)
+        if part:
+            self._send_part(part, list(tokens))
+
+    def _send_part(self, rows: list[SpanRow], leases: list[str]) -> None:
         try:
-            self.client.add_rows([list(r) for r in batch], leases=leases)
+            self.client.add_rows([list(r) for r in rows], leases=leases)
         except RemoteError as exc:
-            self.dropped += len(batch)
-            logger.error("the trainer refused %d spans: %s", len(batch), exc)
+            self.dropped += len(rows)
+            logger.error("the trainer refused %d spans: %s", len(rows), exc)
 
     def _loop(self) -> None:
         while not self._closed:

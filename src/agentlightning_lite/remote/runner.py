@@ -280,7 +280,7 @@ class Runner:
             last = time.monotonic()
             with self._lock:
                 active = list(self._active)
-                leases = [t for t in self._active.values() if t]
+                leases = [self._active[rid] for rid in active]
             if not active:
                 continue
             try:
