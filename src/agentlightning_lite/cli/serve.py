@@ -16,7 +16,11 @@ def add_parser(sub: Any) -> None:
         description=(
             "Serve a policy model at http://HOST:PORT/v1 (OpenAI-compatible). Every call is recorded as an "
             "'llm' span with exact token ids in the store (--db). Route calls to a rollout with the base URL "
-            "http://HOST:PORT/rollout/<rollout_id>/v1."
+            "http://HOST:PORT/rollout/<rollout_id>/v1. OpenTelemetry spans (OTLP/HTTP, protobuf or JSON) "
+            "are taken at http://HOST:PORT/v1/traces (same API key), filed under the rollout named by the "
+            "span or resource attribute agentlightning.rollout_id, another span of the same trace, the "
+            "X-Agl-Rollout-Id header or the URL /rollout/<rollout_id>/v1/traces; a rollout the store "
+            "does not have is started (mode trace)."
         ),
     )
     serve.add_argument("--model", default="smollm2-135m", help="model name, Hugging Face id or local path")
@@ -57,9 +61,22 @@ def _engine(args: argparse.Namespace) -> Any:
     )
 
 
+def make_server(engine: Any, store: Any, **options: Any) -> Any:
+    """The PolicyServer of ``agl-lite serve``: the OpenAI routes and OTLP/HTTP ``/v1/traces``."""
+    from ..remote.otlp import otlp_routes
+    from ..serving import PolicyServer
+
+    class ServeServer(PolicyServer):
+        """A PolicyServer that also takes OpenTelemetry spans (as the trainer's runner routes do)."""
+
+        def extra_routes(self) -> list[Any]:
+            return [*super().extra_routes(), *otlp_routes(self)]
+
+    return ServeServer(engine, store, **options)
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run ``agl-lite serve`` until Ctrl-C / SIGTERM."""
-    from ..serving import PolicyServer
     from ..store import MemoryStore, SQLiteStore
 
     logging.basicConfig(
@@ -68,7 +85,7 @@ def serve(args: argparse.Namespace) -> int:
     store = SQLiteStore(args.db) if args.db else MemoryStore()
     print(f"agl-lite: loading {args.model} ({args.engine})...", file=sys.stderr, flush=True)
     engine = _engine(args)
-    server = PolicyServer(
+    server = make_server(
         engine,
         store,
         host=args.host,
@@ -83,6 +100,7 @@ def serve(args: argparse.Namespace) -> int:
         print(
             f"agl-lite: serving model {server.model_name!r} at {server.base_url}\n"
             f"agl-lite: per-rollout base URL: {server.url}/rollout/<rollout_id>/v1\n"
+            f"agl-lite: OpenTelemetry spans (OTLP/HTTP): {server.url}/v1/traces\n"
             f"agl-lite: recording into {where}; Ctrl-C to stop",
             file=sys.stderr,
             flush=True,

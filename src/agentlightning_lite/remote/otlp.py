@@ -5,20 +5,46 @@ A span's rollout is, in order: its ``agentlightning.rollout_id`` attribute; its 
 this request or an earlier one); the rollout given by the request (the ``X-Agl-Rollout-Id``
 header or a ``/rollout/<id>/v1/traces`` URL). Spans with none are rejected. The GenAI
 semantic-convention mapping is :func:`agentlightning_lite.otel.from_otel`'s.
+
+The HTTP side is shared by every server that takes OTLP: :func:`read_otlp` (body, content type,
+decoding, 4xx on bad input), :func:`otlp_spans` (attribution) and :func:`otlp_response`. The
+trainer's runner routes use them (with their lease checks), and :func:`otlp_routes` mounts them on a
+plain PolicyServer (``agl-lite serve``).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..otel import from_otel
 from ..types import Span
 
-__all__ = ["OTLPError", "TraceRollouts", "decode_json", "decode_protobuf", "spans_from_otlp"]
+if TYPE_CHECKING:  # the HTTP helpers need the serve extra (starlette); decoding does not
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import BaseRoute
+
+    from ..serving.server import PolicyServer
+
+__all__ = [
+    "OTLPError",
+    "TraceRollouts",
+    "decode_json",
+    "decode_protobuf",
+    "otlp_response",
+    "otlp_routes",
+    "otlp_spans",
+    "read_otlp",
+    "spans_from_otlp",
+]
+
+_PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
+_LEASE_ATTR = "agentlightning.lease"  # the runner routes' lease token attribute
 
 ROLLOUT_ATTR = "agentlightning.rollout_id"
 
@@ -327,3 +353,128 @@ def spans_from_otlp(
         except (TypeError, ValueError) as exc:
             raise OTLPError(f"span {s.name!r}: {exc}") from None
     return out
+
+
+# -- HTTP: shared by the runner routes and agl-lite serve ------------------------------------------
+async def read_otlp(request: Request, limit: int) -> tuple[list[OTelLike], str | None, bool]:
+    """Read and decode one OTLP/HTTP export request.
+
+    Returns the decoded spans, the rollout the request names (``/rollout/<id>/v1/traces`` or the
+    ``X-Agl-Rollout-Id`` header; ``None`` when neither) and whether the body was protobuf (the
+    answer is then protobuf too). Bad input is an ``APIError``: 413 over ``limit`` bytes, 415 for
+    another content type, 400 ``invalid_otlp`` for a body that is not an export request.
+    """
+    from ..serving.errors import APIError
+    from ..serving.routes.calls import ROLLOUT_HEADER, read_body
+
+    raw = await read_body(request, limit)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    default = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
+    proto = ctype in _PROTOBUF_TYPES
+    try:
+        if proto:
+            decoded = decode_protobuf(raw)
+        elif ctype in ("application/json", ""):
+            try:
+                body = json.loads(raw) if raw else {}
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise OTLPError(f"invalid JSON: {exc}") from None
+            except RecursionError:
+                raise OTLPError("invalid JSON: nested too deeply") from None
+            decoded = decode_json(body)
+        else:
+            raise APIError(
+                415,
+                f"unsupported content type {ctype!r}: use application/x-protobuf or application/json",
+                code="unsupported_media_type",
+            )
+    except OTLPError as exc:
+        raise APIError(400, str(exc), code="invalid_otlp") from None
+    return decoded, default, proto
+
+
+def otlp_spans(decoded: list[OTelLike], default: str | None, traces: TraceRollouts) -> list[Span]:
+    """:func:`spans_from_otlp` for a request: a span whose rollout cannot be told is a 400."""
+    from ..serving.errors import APIError
+
+    try:
+        return spans_from_otlp(decoded, default, traces)
+    except OTLPError as exc:
+        raise APIError(400, str(exc), code="invalid_otlp") from None
+
+
+def otlp_response(proto: bool) -> Response:
+    """The answer to an export: an empty ``ExportTraceServiceResponse`` (zero bytes in protobuf)."""
+    from starlette.responses import Response
+
+    from ..serving.errors import JSONResponse
+
+    if proto:
+        return Response(b"", media_type="application/x-protobuf")
+    return JSONResponse({})
+
+
+def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRoute]:
+    """``POST /v1/traces`` and ``/rollout/{rollout_id}/v1/traces`` for a PolicyServer on its own.
+
+    What ``agl-lite serve`` mounts (through the server's ``extra_routes`` hook): the same decoding,
+    API key check (401), body limit (413) and attribution as the trainer's runner routes. A rollout
+    a span names that the store does not have is started there (mode ``trace``, metadata
+    ``{"implicit": True, "source": "otlp"}``) and left running: a trace-only agent names its own
+    rollouts. Spans naming no rollout at all are refused (400), as on the trainer. With
+    ``server.flush`` the spans are committed before the answer.
+    """
+    from starlette.concurrency import run_in_threadpool
+    from starlette.routing import Route
+
+    from ..serving.errors import APIError
+    from ..serving.routes.calls import check_auth
+
+    store = server.store
+    traces = TraceRollouts()
+    known: OrderedDict[str, None] = OrderedDict()  # rollouts known to be in the store
+
+    def ensure(rid: str) -> None:
+        if rid in known:
+            known.move_to_end(rid)
+            return
+        if store.get_rollout(rid) is None:
+            try:
+                store.start_rollout(
+                    None, mode="trace", metadata={"implicit": True, "source": "otlp"}, rollout_id=rid
+                )
+            except ValueError:  # another request started it meanwhile
+                if store.get_rollout(rid) is None:
+                    raise
+        known[rid] = None
+        while len(known) > known_size:
+            known.popitem(last=False)
+
+    async def traces_in(request: Request) -> Response:
+        check_auth(server, request)
+        decoded, default, proto = await read_otlp(request, server.max_body_bytes)
+        for d in decoded:  # a runner's lease token (meaningless here): never stored
+            d.attributes.pop(_LEASE_ATTR, None)
+        spans = otlp_spans(decoded, default, traces)
+        for rid in {s.rollout_id for s in spans}:
+            if not 0 < len(rid) <= 256:
+                msg = f"rollout ids are 1 to 256 characters, got {rid[:40]!r}..."
+                raise APIError(400, msg, param="rollout_id")
+        version = int(getattr(server.engine, "version", 0))
+        for s in spans:
+            s.attributes.setdefault("weights_version", version)
+
+        def write() -> None:
+            for rid in {s.rollout_id for s in spans}:
+                ensure(rid)
+            store.add_spans(spans)
+            if server.flush:
+                store.flush()
+
+        await run_in_threadpool(write)
+        return otlp_response(proto)
+
+    return [
+        Route("/v1/traces", traces_in, methods=["POST"]),
+        Route("/rollout/{rollout_id}/v1/traces", traces_in, methods=["POST"]),
+    ]

@@ -32,10 +32,10 @@ from starlette.routing import BaseRoute, Route
 
 from .._json import dumps
 from ..serving.errors import APIError, JSONResponse
-from ..serving.routes.calls import ROLLOUT_HEADER, check_auth, parse_json_object, read_body
+from ..serving.routes.calls import check_auth, parse_json_object, read_body
 from ..serving.server import PolicyServer
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
-from .otlp import OTLPError, TraceRollouts, decode_json, decode_protobuf, spans_from_otlp
+from .otlp import TraceRollouts, otlp_response, otlp_spans, read_otlp
 from .queue import LeaseMismatch, OutcomeCounted, RolloutQueue
 
 __all__ = ["remote_routes"]
@@ -312,37 +312,15 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
 
     @endpoint
     async def otlp(request: Request) -> Response:
-        raw = await read_body(request, limit)
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        default = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
-        proto = ctype in ("application/x-protobuf", "application/protobuf")
-        try:
-            if proto:
-                decoded = decode_protobuf(raw)
-            elif ctype in ("application/json", ""):
-                try:
-                    body = json.loads(raw) if raw else {}
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise OTLPError(f"invalid JSON: {exc}") from None
-                except RecursionError:
-                    raise OTLPError("invalid JSON: nested too deeply") from None
-                decoded = decode_json(body)
-            else:
-                raise APIError(
-                    415,
-                    f"unsupported content type {ctype!r}: use application/x-protobuf or application/json",
-                    code="unsupported_media_type",
-                )
-            leases = request_leases(request)
-            for d in decoded:  # a span's own lease token: checked here, never stored
-                for attrs in (d.attributes, d.resource):
-                    token = attrs.get(LEASE_ATTR)
-                    if isinstance(token, str) and token:
-                        leases.append(token)
-                d.attributes.pop(LEASE_ATTR, None)
-            spans = spans_from_otlp(decoded, default, traces)
-        except OTLPError as exc:
-            raise _bad(str(exc), code="invalid_otlp") from None
+        decoded, default, proto = await read_otlp(request, limit)  # shared with agl-lite serve
+        leases = request_leases(request)
+        for d in decoded:  # a span's own lease token: checked here, never stored
+            for attrs in (d.attributes, d.resource):
+                token = attrs.get(LEASE_ATTR)
+                if isinstance(token, str) and token:
+                    leases.append(token)
+            d.attributes.pop(LEASE_ATTR, None)
+        spans = otlp_spans(decoded, default, traces)
         for s in spans:
             if "weights_version" not in s.attributes:
                 s.attributes["weights_version"] = version_of(s.rollout_id)
@@ -355,9 +333,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
             store.add_spans([s for s in spans if s.rollout_id not in ended])
 
         await run_in_threadpool(write)
-        if proto:  # an empty ExportTraceServiceResponse: zero bytes in protobuf
-            return Response(b"", media_type="application/x-protobuf")
-        return JSONResponse({})
+        return otlp_response(proto)
 
     @endpoint
     async def start(request: Request) -> Response:
