@@ -166,6 +166,40 @@ def test_stop_sequence_and_streaming(server: PolicyServer, engine: HFEngine):
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == full
 
 
+def test_json_schema_reply_of_the_real_model(server: PolicyServer):
+    pytest.importorskip("llguidance")
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "country": {"type": "string", "maxLength": 20},
+        },
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}}
+    q = "What is the capital of France? Answer in JSON with city and country."
+    reply, span = ask(server, q, response_format=fmt, max_tokens=60, temperature=0)
+    doc = json.loads(reply.choices[0].message.content)
+    assert set(doc) == {"city", "country"} and doc["city"] == "Paris"
+    assert span.attributes["response_format"]["schema"] == schema
+    # with a tool offered the reply is the document or a call of that tool, never free text
+    reply, span = ask(
+        server,
+        "What is 17*23? Use the calculator.",
+        tools=[CALC],
+        response_format=fmt,
+        max_tokens=80,
+        temperature=0,
+    )
+    message = reply.choices[0].message
+    if message.tool_calls:
+        assert {c.function.name for c in message.tool_calls} == {"calculator"}
+        assert all(isinstance(json.loads(c.function.arguments), dict) for c in message.tool_calls)
+    else:
+        assert set(json.loads(message.content)) == {"city", "country"}
+
+
 def test_lora_weights_update_in_place(server: PolicyServer, engine: HFEngine):
     torch = pytest.importorskip("torch")
     from peft import get_peft_model_state_dict

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..chat import render_chat
+from ..structured import ResponseFormat, ResponseFormatError
 
 __all__ = ["BatchingEngine", "Engine", "GenRequest", "GenResult"]
 
@@ -30,6 +31,8 @@ class GenRequest:
     token. ``messages``/``tools`` carry the chat request (a scripted engine answers from them).
     ``agent`` is the calling agent (the engine serves it with its adapter, see
     :meth:`Engine.set_routes`); ``adapter`` names the adapter explicitly instead.
+    ``response_format`` asks for JSON (an object, or one that validates against a schema), enforced
+    while decoding by engines that support it (see :meth:`Engine.check_response_format`).
 
     >>> GenRequest(prompt_token_ids=[1, 2, 3], max_tokens=8, temperature=0.0).stop
     []
@@ -48,6 +51,7 @@ class GenRequest:
     request_id: str = ""
     agent: str | None = None
     adapter: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 @dataclass
@@ -158,6 +162,17 @@ class Engine(abc.ABC):
         return ids
 
     # -- generation -----------------------------------------------------------------------
+    def check_response_format(
+        self, fmt: ResponseFormat, tools: Sequence[dict[str, Any]] | None = None
+    ) -> None:
+        """Raise :class:`~agentlightning_lite.serving.structured.ResponseFormatError` unless this engine
+        can honour ``fmt`` (for a chat request offering ``tools``); the server answers a 400 then.
+        Engines that enforce a format while decoding override it; this one cannot."""
+        raise ResponseFormatError(
+            f"'response_format' {fmt.type!r} is not supported by {type(self).__name__}: it cannot constrain "
+            "its output"
+        )
+
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         """Generate for every request (blocking; thread-safe). One result per request, in order."""

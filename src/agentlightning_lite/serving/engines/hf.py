@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from ... import models
+from ..structured import ResponseFormat, ResponseFormatError, grammar, ll_tokenizer, tool_names
 from .base import BatchingEngine, GenRequest, GenResult
 
 __all__ = ["HFEngine"]
@@ -58,6 +59,13 @@ class HFEngine(BatchingEngine):
         routes: which adapter serves which agent (``{"writer": "writer", "checker": None}``,
             ``None`` for the base model); see :meth:`set_routes`. A batch holding several
             agents' requests is decoded one adapter at a time.
+
+    Structured outputs: a request with ``response_format`` (``json_object``, or ``json_schema`` with a
+    schema) is decoded under a token mask from llguidance, so the reply is JSON that fits (unless
+    ``max_tokens`` cuts it: ``finish_reason="length"``); the JSON is compact (no optional
+    whitespace). When tools are offered, the reply is either that JSON or ``<tool_call>`` blocks. The
+    logprobs reported are those of the unmasked policy (what a trainer recomputes), except in
+    ``"processed"`` mode (the masked distribution actually sampled from).
 
     ``engine.model`` is the module (peft-wrapped with ``lora``), ``engine.tokenizer`` its
     tokenizer, ``engine.lock`` is held during each batch (hold it while changing weights) and
@@ -159,6 +167,7 @@ class HFEngine(BatchingEngine):
             self._eos.update(int(e) for e in gen_eos)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else (min(self._eos) if self._eos else 0)
+        self._ll_tok: Any = None  # llguidance's view of the tokenizer, built on the first response_format
         self._rng = torch.Generator(device=self.device)
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         for name, spec in (adapters or {}).items():
@@ -330,6 +339,58 @@ class HFEngine(BatchingEngine):
     def eos_token_ids(self) -> set[int]:
         return set(self._eos)
 
+    def _n_vocab(self) -> int:
+        """The width of the model's logits."""
+        emb = self.model.get_output_embeddings()
+        if emb is not None and getattr(emb, "weight", None) is not None:
+            return int(emb.weight.shape[0])
+        return int(self.model.config.vocab_size)
+
+    def _ll_tokenizer(self) -> Any:
+        if self._ll_tok is None:
+            with self._stats_lock:
+                if self._ll_tok is None:
+                    self._ll_tok = ll_tokenizer(self.tokenizer, self._n_vocab(), sorted(self._eos))
+        return self._ll_tok
+
+    def check_response_format(
+        self, fmt: ResponseFormat, tools: Sequence[dict[str, Any]] | None = None
+    ) -> None:
+        grammar(fmt, tool_names(tools))
+        self._ll_tokenizer()
+
+    def _matcher(self, req: GenRequest) -> Any:
+        """An llguidance matcher for a request with a ``response_format`` (``None`` without one)."""
+        if req.response_format is None:
+            return None
+        import llguidance
+
+        m = llguidance.LLMatcher(
+            self._ll_tokenizer(), grammar(req.response_format, tool_names(req.tools)), log_level=0
+        )
+        if m.is_error():
+            raise ResponseFormatError(f"'response_format' cannot be enforced: {m.get_error()}")
+        return m
+
+    def _allowed(self, matchers: Sequence[Any], width: int) -> Any:
+        """The tokens each row may sample next ([n, width] bool; all for unconstrained rows)."""
+        import numpy as np
+        import torch
+
+        rows = []
+        for m in matchers:
+            if m is None:
+                rows.append(np.ones(width, dtype=bool))
+                continue
+            bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            row = bits[:width].astype(bool)
+            if len(row) < width:
+                row = np.concatenate([row, np.zeros(width - len(row), dtype=bool)])
+            if not row.any():  # cannot happen for a valid grammar; end the reply rather than sample noise
+                row[sorted(self._eos)[0]] = True
+            rows.append(row)
+        return torch.from_numpy(np.stack(rows)).to(self.device)
+
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         import torch
 
@@ -385,24 +446,28 @@ class HFEngine(BatchingEngine):
             return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
         return contextlib.nullcontext()
 
-    def _sample(self, logits: Any, req: GenRequest, gen: Any) -> tuple[Any, Any, tuple[Any, Any] | None]:
+    def _sample(
+        self, logits: Any, req: GenRequest, gen: Any, allowed: Any = None
+    ) -> tuple[Any, Any, tuple[Any, Any] | None]:
         """Pick the next token for one row: its id and logprob as 0-d tensors on the model's device,
-        and the top alternatives as ``(ids, logprobs)`` tensors (no host copy: the caller batches them)."""
+        and the top alternatives as ``(ids, logprobs)`` tensors (no host copy: the caller batches them).
+        ``allowed`` (bool, one per token) masks what may be sampled (structured outputs)."""
         import torch
 
         raw = torch.log_softmax(logits, dim=-1)
+        pick = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
         if req.temperature <= 1e-5:
-            token = torch.argmax(logits)
+            token = torch.argmax(pick)
             report = raw
         else:
             scaled = torch.log_softmax(logits / req.temperature, dim=-1)
-            processed = scaled
+            processed = scaled if allowed is None else torch.log_softmax(pick / req.temperature, dim=-1)
             if req.top_p < 1.0:
-                sorted_lp, order = torch.sort(scaled, descending=True)
+                sorted_lp, order = torch.sort(processed, descending=True)
                 cum = torch.cumsum(sorted_lp.exp(), dim=-1)
                 drop_sorted = (cum - sorted_lp.exp()) >= req.top_p  # keep the smallest set reaching top_p
                 drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-                processed = torch.log_softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
+                processed = torch.log_softmax(processed.masked_fill(drop, float("-inf")), dim=-1)
             token = torch.multinomial(processed.exp(), 1, generator=gen)[0]
             report = {"scaled": scaled, "raw": raw, "processed": processed}[self.logprobs_mode]
         top = None
@@ -411,15 +476,17 @@ class HFEngine(BatchingEngine):
             top = (idx, vals)
         return token, report[token], top
 
-    def _sample_rows(self, logits: Any, temps: Any, greedy: Any) -> tuple[Any, Any]:
+    def _sample_rows(self, logits: Any, temps: Any, greedy: Any, allowed: Any = None) -> tuple[Any, Any]:
         """Sample every row at once (same semantics as :meth:`_sample` without top-p or seeds); the
         token ids and their logprobs stay on the model's device."""
         import torch
 
         raw = torch.log_softmax(logits, dim=-1)
         scaled = torch.log_softmax(logits / temps, dim=-1)
-        sampled = torch.multinomial(scaled.exp(), 1, generator=self._rng).squeeze(-1)
-        tokens = torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
+        pick = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+        probs = scaled.exp() if allowed is None else torch.softmax(pick / temps, dim=-1)
+        sampled = torch.multinomial(probs, 1, generator=self._rng).squeeze(-1)
+        tokens = torch.where(greedy, torch.argmax(pick, dim=-1), sampled)
         report = torch.where(greedy[:, None], raw, raw if self.logprobs_mode == "raw" else scaled)
         lps = report.gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, lps
@@ -440,6 +507,8 @@ class HFEngine(BatchingEngine):
             mask[i, width - k :] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        matchers = [self._matcher(r) for r in requests]
+        constrained = any(m is not None for m in matchers)
         gens = []
         for r in requests:
             if r.seed is None:
@@ -474,13 +543,15 @@ class HFEngine(BatchingEngine):
         pad = torch.full((n,), self.pad_token_id, dtype=torch.long, device=device)
         done_rows, finished = None, 0  # ``done`` on the device, rebuilt only when a row finishes
         for _step in range(max_new):
+            allowed = self._allowed(matchers, logits.shape[-1]) if constrained else None
             if any(fast):
-                step_tok, step_lp = self._sample_rows(logits, temps, greedy)
+                step_tok, step_lp = self._sample_rows(logits, temps, greedy, allowed)
             else:
                 step_tok, step_lp = pad.clone(), torch.zeros(n, device=device)
             for i, r in enumerate(requests):
                 if not (done[i] or fast[i]):
-                    tok, lp, top = self._sample(logits[i], r, gens[i])
+                    row_allowed = None if matchers[i] is None else allowed[i]
+                    tok, lp, top = self._sample(logits[i], r, gens[i], row_allowed)
                     step_tok[i], step_lp[i] = tok, lp
                     if top is not None:
                         row_tops[i].append(top)
@@ -496,6 +567,9 @@ class HFEngine(BatchingEngine):
                     continue
                 tok = step_ids[i]
                 tokens[i].append(tok)
+                m = matchers[i]
+                if m is not None and tok not in self._eos and not m.consume_token(tok):
+                    raise RuntimeError(f"constrained decoding went off its grammar: {m.get_error()}")
                 if tok in self._eos:
                     done[i], finish[i], stop_reason[i] = True, "stop", tok
                 elif r.stop:

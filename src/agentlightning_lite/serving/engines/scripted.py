@@ -14,6 +14,7 @@ from typing import Any
 
 from ...models import load_tokenizer
 from ..chat import format_tool_calls
+from ..structured import ResponseFormat, ResponseFormatError, check_grammar, text_fits, tool_names
 from ..tokenizer import ByteTokenizer
 from .base import Engine, GenRequest, GenResult
 
@@ -51,6 +52,11 @@ class ScriptedEngine(Engine):
     template), ``"bytes"`` (a tiny byte-level tokenizer, instant to load) or a tokenizer object.
     Every reply token gets logprob ``logprob`` (default 0.0); an EOS token is appended when
     the reply ends naturally (``append_eos``), as a real model would emit it.
+
+    A request with ``response_format`` gets its scripted reply when that reply fits the format
+    (a JSON object; JSON valid under the schema; or tool calls, when tools are offered), and a
+    :class:`~agentlightning_lite.serving.structured.ResponseFormatError` otherwise (the server
+    answers a 400 naming ``response_format``): a script cannot be constrained, only checked.
 
     >>> engine = ScriptedEngine(["4", {"tool_calls": [{"name": "calc", "arguments": {"expr": "2+2"}}]}],
     ...                         tokenizer="bytes")
@@ -108,6 +114,14 @@ class ScriptedEngine(Engine):
         if isinstance(reply, BaseException):
             raise reply
         text = reply_text(reply)
+        fmt = req.response_format
+        calls = isinstance(reply, dict) and bool(reply.get("tool_calls"))
+        if fmt is not None and not (calls and req.tools) and not text_fits(fmt, text, tool_names(req.tools)):
+            raise ResponseFormatError(
+                f"the scripted reply {text[:200]!r} does not fit 'response_format' ({fmt.type}"
+                + (f" {fmt.name!r}" if fmt.name else "")
+                + "): ScriptedEngine replies from its script and cannot constrain it"
+            )
         finish, stop_reason = "stop", None
         hits = sorted((text.find(s), s) for s in req.stop if s and s in text)
         if hits:  # cut at the earliest stop string, as a real engine would have stopped there
@@ -134,6 +148,11 @@ class ScriptedEngine(Engine):
             weights_version=self.version,
             adapter=self._adapter_of(req),
         )
+
+    def check_response_format(
+        self, fmt: ResponseFormat, tools: Sequence[dict[str, Any]] | None = None
+    ) -> None:
+        check_grammar(fmt, tool_names(tools))  # each reply is checked against it when generated
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         t0 = time.perf_counter()

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import models
+from ..structured import ResponseFormat, ResponseFormatError
 from .base import BatchingEngine, GenRequest, GenResult
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,12 @@ class VLLMEngine(BatchingEngine):
         **llm_kwargs: passed to ``vllm.AsyncEngineArgs`` (or ``vllm.LLM``): ``gpu_memory_utilization``,
             ``max_model_len``, ``logprobs_mode``... vLLM reports raw logprobs (before temperature)
             by default.
+
+    A request's ``response_format`` goes to vLLM's own structured outputs, as vLLM's OpenAI server
+    passes it on: ``json_object`` as ``json_object=True``, ``json_schema`` as ``json=<schema>``, in
+    ``SamplingParams(structured_outputs=StructuredOutputsParams(...))`` (vLLM 0.10.2 and later) or
+    ``SamplingParams(guided_decoding=GuidedDecodingParams(...))`` (earlier). vLLM picks its backend
+    (``structured_outputs_config`` / ``guided_decoding_backend`` engine arguments) and checks the schema.
 
     Each request carries its agent's ``LoRARequest``. After :meth:`update_weights` the requests
     admitted from then on use a new ``LoRARequest`` (a fresh id per version), so vLLM loads the
@@ -361,8 +368,29 @@ class VLLMEngine(BatchingEngine):
             return self.version
 
     # -- generation -----------------------------------------------------------------------
+    def _structured(self, fmt: ResponseFormat) -> tuple[str, Any]:
+        """The ``SamplingParams`` keyword and value that ask vLLM to enforce ``fmt``."""
+        module = getattr(self._vllm, "sampling_params", None)
+        fields = {"json_object": True} if fmt.type == "json_object" else {"json": fmt.json_schema()}
+        cls = getattr(module, "StructuredOutputsParams", None)
+        if cls is not None:
+            return "structured_outputs", cls(**fields)
+        cls = getattr(module, "GuidedDecodingParams", None)
+        if cls is not None:
+            return "guided_decoding", cls(**fields)
+        raise ResponseFormatError(
+            "'response_format' is not supported by this vLLM "
+            "(it has neither StructuredOutputsParams nor GuidedDecodingParams)"
+        )
+
+    def check_response_format(
+        self, fmt: ResponseFormat, tools: Sequence[dict[str, Any]] | None = None
+    ) -> None:
+        self._structured(fmt)  # vLLM checks the schema itself when the request is added
+
     def sampling_params(self, req: GenRequest) -> Any:
         """The ``vllm.SamplingParams`` of one request (logprobs of the sampled token always on)."""
+        extra = dict([self._structured(req.response_format)]) if req.response_format is not None else {}
         return self._vllm.SamplingParams(
             n=1,
             temperature=float(req.temperature),
@@ -372,6 +400,7 @@ class VLLMEngine(BatchingEngine):
             seed=req.seed,
             logprobs=int(req.top_logprobs),  # 0: just the sampled token's logprob
             skip_special_tokens=True,
+            **extra,
         )
 
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:

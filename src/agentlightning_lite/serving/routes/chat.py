@@ -14,6 +14,7 @@ from ..chat import ChatFormatError, parse_tool_calls, select_tools
 from ..engines.base import GenResult
 from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params, parse_params
+from ..structured import ResponseFormat, ResponseFormatError, parse_response_format
 from .calls import (
     budget,
     engine_failed,
@@ -50,6 +51,7 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         prompt_text = engine.apply_chat_template(messages, tools, tool_choice)
     except ChatFormatError as exc:
         raise bad_request(str(exc), exc.param) from None
+    fmt = await response_format(server, body, offered or None)
     prompt_ids = engine.encode(prompt_text)
     max_tokens = budget(server, len(prompt_ids), p, "messages")
     request_id = "chatcmpl-" + secrets.token_hex(12)
@@ -61,6 +63,8 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         "prompt_text": prompt_text,
         "engine": type(engine).__name__,
     }
+    if fmt is not None:
+        attrs["response_format"] = fmt.record()
     task = task_of(messages)
     reqs = gen_requests(
         prompt_ids,
@@ -71,11 +75,14 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         tools=offered or None,
         prompt=prompt_text,
         agent=call.agent,
+        response_format=fmt,
     )
     try:
         results = await generate(server, reqs, call.rollout_id, request)
     except APIError:
         raise
+    except ResponseFormatError as exc:  # the engine could not honour it (a script that does not fit)
+        raise bad_request(str(exc), "response_format") from None
     except Exception as exc:
         raise await engine_failed(
             server, call, "chat.completions", start, messages, attrs, prompt_ids, task, exc
@@ -139,6 +146,19 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         },
         headers={"x-request-id": request_id},
     )
+
+
+async def response_format(
+    server: PolicyServer, body: dict[str, Any], tools: list[dict[str, Any]] | None = None
+) -> ResponseFormat | None:
+    """The request's ``response_format``, checked by the engine; a 400 naming it otherwise."""
+    try:
+        fmt = parse_response_format(body.get("response_format"))
+        if fmt is not None:  # compiling a schema (and, once, the tokenizer's masks) takes a moment
+            await run_in_threadpool(server.engine.check_response_format, fmt, tools)
+    except ResponseFormatError as exc:
+        raise bad_request(str(exc), "response_format") from None
+    return fmt
 
 
 def _logprobs(

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from ..engines.base import GenRequest, GenResult
 from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params, parse_params, parse_prompts
+from ..structured import ResponseFormatError
 from .calls import (
     budget,
     engine_failed,
@@ -25,6 +26,7 @@ from .calls import (
     sse,
     usage,
 )
+from .chat import response_format
 
 if TYPE_CHECKING:
     from ..server import PolicyServer
@@ -47,17 +49,22 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     if vocab is not None and any(t >= vocab for _, ids in encoded for t in ids):
         raise bad_request(f"'prompt' holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
     budgets = [budget(server, len(ids), p, "prompt") for _, ids in encoded]
+    fmt = await response_format(server, body)
     request_id = "cmpl-" + secrets.token_hex(12)
     attrs: dict[str, Any] = {"api": "completions", "request_id": request_id, "engine": type(engine).__name__}
+    if fmt is not None:
+        attrs["response_format"] = fmt.record()
     reqs: list[GenRequest] = []
     for (text, ids), n_new in zip(encoded, budgets, strict=True):
-        reqs += gen_requests(ids, p, n_new, request_id, prompt=text, agent=call.agent)
+        reqs += gen_requests(ids, p, n_new, request_id, prompt=text, agent=call.agent, response_format=fmt)
     inputs = [text if text is not None else {"prompt_token_ids": ids} for text, ids in encoded]
     task = inputs[0] if len(inputs) == 1 else inputs
     try:
         results = await generate(server, reqs, call.rollout_id, request)
     except APIError:
         raise
+    except ResponseFormatError as exc:
+        raise bad_request(str(exc), "response_format") from None
     except Exception as exc:
         raise await engine_failed(
             server, call, "completions", start, task, attrs | {"params": p.record()}, encoded[0][1], task, exc
