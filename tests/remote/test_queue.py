@@ -168,6 +168,7 @@ def test_memory_stays_flat_over_100_000_rollouts() -> None:
     finally:
         tracemalloc.stop()
     growth = held[100_000] - held[20_000]  # 80,000 rollouts later (it was about 1 KiB each)
+    print({f"after {k:,} rollouts": f"{v / 2**20:.1f} MiB traced" for k, v in held.items()})
     assert growth < 2**20, f"{growth / 2**20:.1f} MiB more after 80,000 more rollouts"
     assert len(q._attempts) == 0 and len(q._ended) == q.keep_ended == 10_000
 
