@@ -92,6 +92,20 @@ def test_configs_validate() -> None:
         agl.GRPO(loss_agg="sum")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="gamma"):
         agl.PPO(gamma=2.0)
+    # the shared knobs are validated once, in the base class, for both algorithms
+    for algo in (agl.GRPO, agl.PPO):
+        with pytest.raises(ValueError, match=rf"{algo.__name__}: unknown loss_agg 'sum'; one of token-mean"):
+            algo(loss_agg="sum")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=rf"{algo.__name__}: micro_batch_tokens must be an integer >= 1"):
+            algo(micro_batch_tokens=0)
+        with pytest.raises(ValueError, match=rf"{algo.__name__}: unknown kl_estimator"):
+            algo(kl_estimator="k2")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=rf"{algo.__name__}: mini_batch_size"):
+            algo(mini_batch_size=0)
+    assert not agl.GRPO().needs_values and agl.PPO().needs_values
+    assert (
+        agl.PPO(lr=1e-5, value_lr=1e-3).value_head_lr() == 1e-3 and agl.PPO(lr=2e-5).value_head_lr() == 2e-5
+    )
     with pytest.raises(ValueError, match="rank"):
         agl.LoRA(r=0)
 
@@ -169,7 +183,7 @@ def test_chunked_logprobs_match_the_full_logits(tiny_llama: Any, lora: bool) -> 
 
     full = run(lambda: batching._forward_logprobs_full(model, batch, head, batching.nullcontext()))
     for chunk in (None, 1, 3):
-        lp, v, grads = run(lambda: batching.forward_logprobs(model, batch, head, chunk_tokens=chunk))
+        lp, v, grads = run(lambda c=chunk: batching.forward_logprobs(model, batch, head, chunk_tokens=c))
         assert torch.allclose(lp * mask, full[0] * mask, atol=1e-6, rtol=0), chunk
         assert torch.allclose(v * mask, full[1] * mask, atol=1e-6, rtol=0)
         assert grads.keys() == full[2].keys() and len(grads) > 2
@@ -204,7 +218,45 @@ def test_chunked_logprobs_keep_one_chunk_of_logits(tiny_llama: Any) -> None:
         lp.sum().backward()
         return sum(sizes)
 
-    full = saved_vocab_elements(lambda: batching._forward_logprobs_full(model, batch, None, batching.nullcontext()))
+    full = saved_vocab_elements(
+        lambda: batching._forward_logprobs_full(model, batch, None, batching.nullcontext())
+    )
     chunked = saved_vocab_elements(lambda: batching.forward_logprobs(model, batch, chunk_tokens=2))
     assert full >= 2 * batch.response_ids.numel() * vocab  # logits and log_softmax of every position
     assert chunked <= vocab  # at most the output layer's weight; no logits
+
+
+def _rollout(rid: str, calls: int, tokens: int) -> list[Sample]:
+    return [Sample([1], [2] * tokens, None, 0.0, "g", rollout_id=rid, index=i) for i in range(calls)]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_rollout_mean_weighs_every_rollout_the_same(split: bool) -> None:
+    """``loss_agg="rollout-mean-token-mean"``: a rollout of 3 calls x 10 tokens gets the same share of
+    the loss (and of its gradient) as a rollout of one 2-token call, wherever the micro batches cut;
+    under ``"token-mean"`` the long rollout takes 30/32 of it."""
+    long, short = _rollout("long", 3, 10), _rollout("short", 1, 2)
+    chunks = [long[:2], [long[2], *short]] if split else [[*long, *short]]
+
+    def shares(mode: str) -> dict[str, float]:
+        algo = agl.GRPO(loss_agg=mode)  # type: ignore[arg-type]
+        batches = [collate(c, pad_id=0) for c in chunks]
+        token_losses = [torch.ones(b.response_mask.shape, requires_grad=True) for b in batches]
+        weights = algo.loss_weights(chunks, [b.response_mask for b in batches])
+        total = sum(
+            aggregate(t, b.response_mask, mode, weights=w) * weight
+            for t, b, (weight, w) in zip(token_losses, batches, weights, strict=True)
+        )
+        assert float(total) == pytest.approx(1.0)  # a mean of token losses that are all 1
+        total.backward()  # type: ignore[union-attr]
+        out = {"long": 0.0, "short": 0.0}
+        for c, t in zip(chunks, token_losses, strict=True):
+            for i, s in enumerate(c):
+                out[s.rollout_id] += float(t.grad[i].sum())  # type: ignore[index]
+        return out
+
+    assert shares("rollout-mean-token-mean") == pytest.approx({"long": 0.5, "short": 0.5})
+    assert shares("token-mean") == pytest.approx({"long": 30 / 32, "short": 2 / 32})
+    assert shares("seq-mean-token-mean") == pytest.approx({"long": 3 / 4, "short": 1 / 4})
+    with pytest.raises(ValueError, match="needs the per-token weights"):
+        aggregate(torch.ones(1, 2), torch.ones(1, 2), "rollout-mean-token-mean")

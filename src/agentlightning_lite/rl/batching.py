@@ -231,7 +231,9 @@ def forward_logprobs(
             parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
             parts.append(_chunk_logprobs(*args))
-    logp = torch.zeros(keep.shape, dtype=torch.float32, device=hidden.device).index_put((keep,), torch.cat(parts))
+    logp = torch.zeros(keep.shape, dtype=torch.float32, device=hidden.device).index_put(
+        (keep,), torch.cat(parts)
+    )
     values = None
     if value_head is not None:
         values = value_head(hidden.float())

@@ -10,17 +10,28 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 
-__all__ = ["GRPO", "LossAggregation", "aggregate", "group_advantages", "kl_penalty", "policy_loss"]
+from .policy_gradient import LossAggregation, PolicyGradient
 
-LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+if TYPE_CHECKING:
+    from .batching import Sample
+
+__all__ = [
+    "GRPO",
+    "LossAggregation",
+    "PolicyGradient",
+    "aggregate",
+    "group_advantages",
+    "kl_penalty",
+    "policy_loss",
+]
 
 
 @dataclass
-class GRPO:
+class GRPO(PolicyGradient):
     """Every GRPO knob in one place.
 
     Args:
@@ -38,49 +49,39 @@ class GRPO:
         micro_batch_tokens: most padded tokens per forward/backward: bounds the activation memory
             of the update (which grows with the tokens of a micro batch).
         max_grad_norm: gradient clipping by global norm.
-        scale_rewards: divide by the group's std (``True``, GRPO) or only subtract its mean
-            (``False``, Dr.GRPO, Liu et al. 2025: the std division biases toward easy/hard tasks).
         loss_agg: how token losses become one number:
             ``"token-mean"``: mean over all response tokens of the batch (DAPO);
             ``"seq-mean-token-mean"``: mean over each response's tokens, then over responses (GRPO);
             ``"seq-mean-token-sum-norm"``: each response's token sum divided by the constant
-            ``max_response_tokens``, then mean over responses (Dr.GRPO: no length bias).
+            ``max_response_tokens``, then mean over responses (Dr.GRPO: no length bias);
+            ``"rollout-mean-token-mean"``: mean over each rollout's tokens (all its calls), then
+            over rollouts: every rollout weighs the same, whatever its number of calls or tokens.
         max_response_tokens: the constant of ``seq-mean-token-sum-norm``.
         eps: added to the std before dividing.
+        scale_rewards: divide by the group's std (``True``, GRPO) or only subtract its mean
+            (``False``, Dr.GRPO, Liu et al. 2025: the std division biases toward easy/hard tasks).
+
+    The knobs shared with :class:`~.ppo.PPO` live in :class:`~.policy_gradient.PolicyGradient`
+    and are validated there, once.
 
     >>> import agentlightning_lite as agl
     >>> agl.GRPO(group_size=8, clip=0.2, kl_coef=0.0, lr=1e-5).loss_agg
     'token-mean'
     """
 
-    group_size: int = 4
-    clip: float = 0.2
-    clip_high: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    epochs: int = 1
-    mini_batch_size: int | None = None
-    micro_batch_size: int = 8
-    micro_batch_tokens: int = 2048
-    max_grad_norm: float = 1.0
     scale_rewards: bool = True
-    loss_agg: LossAggregation = "token-mean"
-    max_response_tokens: int = 512
-    eps: float = 1e-6
 
-    def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError("group_size must be >= 1")
-        if not 0 < self.clip < 1:
-            raise ValueError(f"clip must be in (0, 1), got {self.clip}")
-        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
-            raise ValueError(f"unknown loss_agg {self.loss_agg!r}")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"unknown kl_estimator {self.kl_estimator!r}")
-        if self.micro_batch_size < 1 or self.epochs < 1:
-            raise ValueError("micro_batch_size and epochs must be >= 1")
+    def advantages(self, samples: list[Sample]) -> dict[str, float]:
+        """Group-relative advantages of the calls (:func:`group_advantages`), set on each sample."""
+        adv, gstats = group_advantages(
+            [s.reward for s in samples], [s.group for s in samples], scale=self.scale_rewards, eps=self.eps
+        )
+        for s, a in zip(samples, adv, strict=True):
+            s.advantage = a
+        stats = {f"grpo/{k}": v for k, v in gstats.items()}
+        if all(a == 0.0 for a in adv):
+            stats["train/skipped_update"] = 1.0  # every group had zero spread: no gradient
+        return stats
 
 
 def group_advantages(
@@ -165,12 +166,15 @@ def aggregate(
     mode: str,
     max_tokens: int = 512,
     segments: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce per-token losses ``[batch, tokens]`` to a scalar; see :class:`GRPO` ``loss_agg``.
 
     ``segments`` (``[batch, tokens]``, 1, 2, ... per call, 0 elsewhere) marks rows that hold several
     calls (trajectory mode): the ``seq-mean-*`` modes then treat each call as its own sequence, so a
-    merged episode aggregates exactly as its calls would one by one.
+    merged episode aggregates exactly as its calls would one by one. ``"rollout-mean-token-mean"``
+    needs ``weights`` (``[batch, tokens]``, from :func:`~.policy_gradient.micro_batch_weights`: they
+    know which rollout each row belongs to) and returns ``sum(loss * mask * weights)``.
 
     >>> import torch
     >>> loss, mask = torch.tensor([[1.0, 1.0], [4.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
@@ -182,6 +186,10 @@ def aggregate(
     2.5
     """
     mask = mask.to(loss.dtype)
+    if mode == "rollout-mean-token-mean":
+        if weights is None:
+            raise ValueError("loss aggregation 'rollout-mean-token-mean' needs the per-token weights")
+        return (loss * mask * weights.to(loss.dtype)).sum()
     if mode == "token-mean":
         return (loss * mask).sum() / mask.sum().clamp(min=1.0)
     if mode not in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):

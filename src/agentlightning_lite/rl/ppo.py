@@ -8,28 +8,35 @@ token, and GAE (Schulman et al. 2016) turns both into per-token advantages. As i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .grpo import LossAggregation
+from .policy_gradient import PolicyGradient
+
+if TYPE_CHECKING:
+    from .batching import Sample, TokenBatch
 
 __all__ = ["PPO", "ValueHead", "gae", "value_loss"]
 
 
 @dataclass
-class PPO:
-    """Every PPO knob in one place (shared knobs mean what they mean in :class:`GRPO`).
+class PPO(PolicyGradient):
+    """Every PPO knob in one place (shared knobs, validated once in
+    :class:`~.policy_gradient.PolicyGradient`, mean what they mean in :class:`~.grpo.GRPO`).
 
     Args:
+        group_size: rollouts per task (PPO does not need groups; >1 gives more samples per task).
+        epochs: optimisation passes over each step's samples.
+        value_lr: learning rate of the value head (``None``: ``lr``).
         gamma: discount between response tokens of one call (1.0: undiscounted, as usual for LLMs).
         lam: GAE lambda.
         vf_coef: weight of the value loss.
         vf_clip: clip range of the value update (PPO2 style); ``None`` disables it.
         whiten_advantages: normalise advantages over the batch's response tokens.
-        group_size: rollouts per task (PPO does not need groups; >1 gives more samples per task).
 
     >>> import agentlightning_lite as agl
     >>> agl.PPO(lam=0.95, vf_coef=0.1).gamma
@@ -37,34 +44,69 @@ class PPO:
     """
 
     group_size: int = 1
-    clip: float = 0.2
-    clip_high: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    lr: float = 1e-5
-    value_lr: float | None = None
-    weight_decay: float = 0.0
     epochs: int = 2
-    mini_batch_size: int | None = None
-    micro_batch_size: int = 8
-    micro_batch_tokens: int = 2048
-    max_grad_norm: float = 1.0
+    value_lr: float | None = None
     gamma: float = 1.0
     lam: float = 0.95
     vf_coef: float = 0.1
     vf_clip: float | None = 0.2
     whiten_advantages: bool = True
-    loss_agg: LossAggregation = "token-mean"
-    max_response_tokens: int = 512
-    eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if not 0 < self.clip < 1:
-            raise ValueError(f"clip must be in (0, 1), got {self.clip}")
+        super().__post_init__()
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ValueError("gamma and lam must be in [0, 1]")
-        if self.group_size < 1 or self.micro_batch_size < 1 or self.epochs < 1:
-            raise ValueError("group_size, micro_batch_size and epochs must be >= 1")
+            raise ValueError(f"PPO: gamma and lam must be in [0, 1], got gamma={self.gamma}, lam={self.lam}")
+        if self.value_lr is not None and not self.value_lr >= 0:
+            raise ValueError(f"PPO: value_lr must be >= 0 or None, got {self.value_lr}")
+        if self.vf_coef < 0 or (self.vf_clip is not None and not self.vf_clip > 0):
+            raise ValueError(
+                f"PPO: vf_coef must be >= 0 and vf_clip > 0 or None, got {self.vf_coef}, {self.vf_clip}"
+            )
+
+    @property
+    def needs_values(self) -> bool:
+        return True
+
+    def value_head_lr(self) -> float:
+        return self.value_lr or self.lr
+
+    @property
+    def value_coef(self) -> float:
+        return self.vf_coef
+
+    def value_loss(
+        self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
+    ) -> torch.Tensor:
+        return value_loss(values, old_values, returns, self.vf_clip)
+
+    def token_advantages(
+        self,
+        chunks: Sequence[Sequence[Sample]],
+        batches: Sequence[TokenBatch],
+        values: Sequence[torch.Tensor | None],
+        merged: bool = False,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """GAE over each call's tokens (its credited reward at its last token), then, with
+        ``whiten_advantages``, normalised over every trained token of the step."""
+        advs: list[torch.Tensor] = []
+        rets: list[torch.Tensor | None] = []
+        for c, b, v in zip(chunks, batches, values, strict=True):
+            if v is None:
+                raise ValueError("PPO needs the value head's values of every micro batch")
+            rewards = torch.zeros(b.response_mask.shape)  # filled on the host, copied once
+            for i, s in enumerate(c):  # each call's credit at its last token
+                rewards[i, : len(s.response_ids)] = torch.tensor(s.token_rewards())
+            rewards = rewards.to(b.response_mask.device)
+            segs = b.segment_ids if merged else None
+            a, r = gae(rewards, v, b.response_mask, self.gamma, self.lam, segs)
+            advs.append(a)
+            rets.append(r)
+        if self.whiten_advantages:
+            mask_all = torch.cat([b.response_mask.flatten() for b in batches]).bool()
+            flat = torch.cat([a.flatten() for a in advs])[mask_all]
+            mu, sd = flat.mean(), flat.std().clamp(min=1e-6) if flat.numel() > 1 else torch.tensor(1.0)
+            advs = [((a - mu) / sd) * b.response_mask for a, b in zip(advs, batches, strict=True)]
+        return advs, rets
 
 
 class ValueHead(nn.Module):
