@@ -95,6 +95,10 @@ def test_a_second_runner_cannot_act_on_the_first_runners_rollout(
     with pytest.raises(RemoteError) as exc:
         intruder.complete(rid, "succeeded", reward=-1.0, lease=own["lease"])
     assert exc.value.status == 403 and exc.value.code == "invalid_lease"
+    # what the key lets everyone read never shows the token
+    for path in (f"/agl/v1/rollouts/{rid}", "/agl/v1/rollouts", "/agl/v1/status"):
+        r = httpx.get(runners.url + path, headers=AUTH)
+        assert r.status_code == 200 and claimed["lease"] not in r.text, path
     # nothing changed: no outcome, no reward, no spans, the lease not renewed
     ro = store.get_rollout(rid)
     assert (ro.status, ro.reward, store.spans(rid)) == ("running", None, [])
