@@ -141,3 +141,23 @@ def dumps(value: Any) -> str:
 def loads(text: str | None) -> Any:
     """Inverse of :func:`dumps`; ``None`` stays ``None``."""
     return None if text is None else json.loads(text)
+
+
+def json_or_text(value: Any, *, containers_only: bool = False) -> Any:
+    """``value`` decoded when it is a string holding JSON; anything else (other text too) as it is.
+
+    Frameworks hand over tool arguments and message fields either as JSON text or already decoded.
+    ``containers_only`` decodes only text that starts an object or an array, so that text such as
+    ``42`` or ``true`` stays text. Never raises (JSON nested too deep to decode stays text).
+
+    >>> json_or_text('{"a": 1}'), json_or_text("2+3"), json_or_text({"a": 1})
+    ({'a': 1}, '2+3', {'a': 1})
+    >>> json_or_text("42"), json_or_text("42", containers_only=True)
+    (42, '42')
+    """
+    if isinstance(value, str) and (not containers_only or value[:1] in ("{", "[")):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+    return value

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from ._toolcalls import tool_calls
 from .types import Span, check_reward
 
 __all__ = ["AIRRule", "IntermediateReward", "Rule", "ToolStatus", "as_rules", "call_before"]
@@ -71,24 +71,6 @@ def call_before(calls: Sequence[Span], span: Span, agent: str | None = None) -> 
     return best
 
 
-def _tool_call_ids(output: Any) -> set[str]:
-    """Tool-call ids in an LLM span's output (OpenAI message shape, or a list of such)."""
-    ids: set[str] = set()
-    stack = [output]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            calls = item.get("tool_calls")
-            if isinstance(calls, list):
-                for c in calls:
-                    if isinstance(c, dict) and isinstance(c.get("id"), str):
-                        ids.add(c["id"])
-            stack.extend(v for k, v in item.items() if k in ("choices", "message", "messages"))
-        elif isinstance(item, list):
-            stack.extend(item)
-    return ids
-
-
 def requesting_call(calls: Sequence[Span], tool: Span) -> int | None:
     """The index of the LLM call that asked for ``tool``.
 
@@ -104,7 +86,7 @@ def requesting_call(calls: Sequence[Span], tool: Span) -> int | None:
     call_id = tool.attributes.get("tool_call_id")
     if call_id:
         for i in range(len(calls) - 1, -1, -1):
-            if call_id in _tool_call_ids(calls[i].output):
+            if any(c.id == call_id for c in tool_calls(calls[i].output)):
                 return i
     best: int | None = None
     for i, c in enumerate(calls):

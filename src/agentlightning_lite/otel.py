@@ -15,13 +15,12 @@ that touch OTel objects need ``opentelemetry-sdk`` (``pip install agentlightning
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ._json import dumps
+from ._json import dumps, json_or_text
 from .store.base import Store
 from .tracer import Tracer, _span_var
 from .types import Rollout, Span
@@ -34,7 +33,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 __all__ = ["MirrorStore", "SpanProcessor", "export", "from_otel", "to_otel"]
 
 _NS = 1_000_000_000
-logger = logging.getLogger("agentlightning_lite.otel")
+logger = logging.getLogger(__name__)
 
 _PREFIX = "agentlightning."
 _OP_TO_KIND = {
@@ -56,24 +55,6 @@ def _require_otel() -> None:
         raise ImportError(
             "OpenTelemetry support needs the SDK: pip install 'agentlightning-lite[otel]'"
         ) from None
-
-
-def _maybe_json(value: Any) -> Any:
-    if isinstance(value, str) and value[:1] in ("{", "["):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _json_or_text(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]] | None:
@@ -130,18 +111,19 @@ def _from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) ->
     agent = attrs.get("gen_ai.agent.name")
     model = attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model")
 
-    # spans exported by agentlightning-lite hold JSON in these fields; others may hold plain text
-    decode = _json_or_text if _PREFIX + "span_id" in attrs else _maybe_json
+    # spans exported by agentlightning-lite hold JSON in these fields; others may hold plain text,
+    # so in theirs only objects and arrays are decoded
+    foreign = _PREFIX + "span_id" not in attrs
     inp = attrs.get(_PREFIX + "input")
     if inp is None:
         inp = attrs.get("gen_ai.input.messages", attrs.get("gen_ai.tool.call.arguments"))
-    inp = _indexed(attrs, "gen_ai.prompt.") if inp is None else decode(inp)
+    inp = _indexed(attrs, "gen_ai.prompt.") if inp is None else json_or_text(inp, containers_only=foreign)
     out = attrs.get(_PREFIX + "output")
     if out is None:
         out = attrs.get("gen_ai.output.messages", attrs.get("gen_ai.tool.call.result"))
-    out = _indexed(attrs, "gen_ai.completion.") if out is None else decode(out)
+    out = _indexed(attrs, "gen_ai.completion.") if out is None else json_or_text(out, containers_only=foreign)
 
-    extra = _maybe_json(attrs.pop(_PREFIX + "attributes", None))
+    extra = json_or_text(attrs.pop(_PREFIX + "attributes", None), containers_only=True)
     attributes: dict[str, Any] = {
         k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.items() if not k.startswith(_PREFIX)
     }

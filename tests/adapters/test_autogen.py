@@ -13,10 +13,11 @@ pytest.importorskip("autogen_agentchat")
 pytest.importorskip("autogen_ext.models.openai")
 
 from autogen_agentchat import EVENT_LOGGER_NAME as AGENTCHAT_LOGGER
-from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.agents import AssistantAgent, BaseChatAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import SelectSpeakerEvent
-from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat
+from autogen_agentchat.teams import BaseGroupChat, RoundRobinGroupChat, SelectorGroupChat
+from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
 from autogen_core import EVENT_LOGGER_NAME as CORE_LOGGER
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
@@ -91,15 +92,37 @@ def check_tools(spans: list[agl.Span], first_server: agl.Span) -> None:
     assert {t.agent for t in tools.values()} == {"writer"}
 
 
+#: what instrument() patches: (class, attribute)
+PATCHED = [
+    (BaseChatAgent, "run"),
+    (BaseChatAgent, "run_stream"),
+    (ChatAgentContainer, "handle_request"),
+    (BaseGroupChat, "run_stream"),
+]
+
+
+def hooks() -> dict[str, Any]:
+    """What of AutoGen instrument() changes: the patched methods, the event loggers' filters and levels."""
+    loggers = [logging.getLogger(name) for name in (CORE_LOGGER, AGENTCHAT_LOGGER)]
+    return {
+        "methods": [cls.__dict__[attr] for cls, attr in PATCHED],
+        "filters": [list(lg.filters) for lg in loggers],
+        "levels": [lg.level for lg in loggers],
+    }
+
+
 def test_single_agent_zero_code_instrument(store, serve):
     tracer = agl.Tracer(store)
     server = serve(script, store)
-    core_level = logging.getLogger(CORE_LOGGER).level
+    before = hooks()
     with agl_autogen.instrument() as handle:
+        during = hooks()
+        assert [a is b for a, b in zip(during["methods"], before["methods"], strict=True)] == [False] * 4
+        assert [len(f) - len(g) for f, g in zip(during["filters"], before["filters"], strict=True)] == [1, 1]
         with tracer.rollout("2+3?") as ro:
             result = asyncio.run(writer(client(server.llm(ro.id))).run(task="2+3?"))
             ro.reward(1.0)
-    assert not handle.active and logging.getLogger(CORE_LOGGER).level == core_level
+    assert not handle.active and hooks() == before
     assert result.messages[-1].content == "The sum is 5."
     spans = store.spans(ro.id)
     ours = [s for s in spans if s.attributes.get("agl.source") == "autogen"]
@@ -115,10 +138,26 @@ def test_single_agent_zero_code_instrument(store, serve):
     )
     assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:explode", -0.5)]
 
-    # uninstrumented: nothing of AutoGen's is recorded
+    # uninstrumented: the agent runs (two model calls, on the server) and nothing of AutoGen's is recorded
     with tracer.rollout("again") as ro2:
         asyncio.run(writer(client(server.llm(ro2.id))).run(task="2+3?"))
-    assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
+    assert [s.attributes.get("server") for s in store.spans(ro2.id)] == ["agl"] * 2
+
+
+def test_uninstrument_after_two_instruments_restores_autogen(store, serve):
+    """Each instrument() wraps what the one before installed: uninstrument() undoes the latest first,
+    so that AutoGen's methods and its loggers' levels end as they were before the first."""
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    before = hooks()
+    first, second = agl_autogen.instrument(), agl_autogen.instrument()
+    assert hooks()["methods"] != before["methods"]
+    agl_autogen.uninstrument()
+    assert not first.active and not second.active
+    assert hooks() == before
+    with tracer.rollout("again") as ro:
+        asyncio.run(writer(client(server.llm(ro.id))).run(task="2+3?"))
+    assert [s.attributes.get("server") for s in store.spans(ro.id)] == ["agl"] * 2
 
 
 def test_team_with_model_client_wrapper_and_instrument(store, serve):

@@ -14,6 +14,7 @@ from crewai.tools import tool
 
 import agentlightning_lite as agl
 from agentlightning_lite.adapters import crewai as agl_crewai
+from agentlightning_lite.adapters._common import message_dict
 from agentlightning_lite.adapters.crewai import LightningListener
 
 from .conftest import assert_joined, assert_transitions_have_server_tokens, called_tools, system_text
@@ -99,17 +100,73 @@ def test_crew_two_agents_with_tools(store, serve):
     assert [t.agent for t in agl.transitions(store, rollout_ids=[ro.id], agents=["Checker"])] == ["Checker"]
 
 
+def _bus_handlers_of(listener: LightningListener) -> list[Any]:
+    """The handlers on CrewAI's event bus that are methods of ``listener``."""
+    from crewai.events import crewai_event_bus
+
+    registered = [*crewai_event_bus._sync_handlers.values(), *crewai_event_bus._async_handlers.values()]
+    return [h for handlers in registered for h in handlers if getattr(h, "__self__", None) is listener]
+
+
 def test_zero_code_instrument_and_uninstrument(store, serve):
     tracer = agl.Tracer(store)
     server = serve(script, store)
     with agl_crewai.instrument() as handle, tracer.rollout("2+3?") as ro:
+        assert len(_bus_handlers_of(handle.handler)) == 15  # every event the listener records
         crew(server.llm(ro.id)).kickoff()
         handle.handler.flush()
     assert len(assert_joined(store, ro.id, "crewai")) == 3
+    assert not handle.active and _bus_handlers_of(handle.handler) == []
     with tracer.rollout("again") as ro2:
         crew(server.llm(ro2.id)).kickoff()
         LightningListener.flush()
-    assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
+    # the crew ran (three model calls, on the server) and nothing of CrewAI's was recorded
+    assert [s.attributes.get("server") for s in store.spans(ro2.id)] == ["agl"] * 3
+
+
+def test_uninstrument_removes_every_listener_instrument_installed():
+    first, second = agl_crewai.instrument(), agl_crewai.instrument()
+    assert _bus_handlers_of(first.handler) and _bus_handlers_of(second.handler)
+    agl_crewai.uninstrument()
+    assert not first.active and not second.active
+    assert _bus_handlers_of(first.handler) == [] and _bus_handlers_of(second.handler) == []
+
+
+def test_tool_runs_whose_arguments_differ_from_the_call_get_the_first_call_of_their_name():
+    """The tool call a tool span answers, when CrewAI ran the tool with arguments other than the
+    model's (coerced, or reformatted): the first unanswered call of its name, as in every adapter.
+    The listener used to accept such a call only if it was the last one its agent asked, which gave
+    the Writer's ``add`` no id at all and swapped the Checker's two ``add`` ids."""
+
+    def span(span_id: str, kind: str, agent: str, t: float, **kw: Any) -> agl.Span:
+        attributes = {"agl.source": "crewai"}
+        return agl.Span(
+            span_id=span_id, rollout_id="r", parent_id="crew", kind=kind, agent=agent,
+            start_time=t, end_time=t + 0.5, attributes=attributes, **kw,
+        )  # fmt: skip
+
+    def asked(*calls: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
+        return message_dict("assistant", None, [{"id": i, "name": n, "args": a} for i, n, a in calls])
+
+    crew_span = agl.Span(span_id="crew", rollout_id="r", kind="chain", start_time=0.0, end_time=20.0)
+    spans = [
+        crew_span,
+        span(
+            "w-llm", "llm", "Writer", 1.0, output=asked(("w1", "add", {"a": 2}), ("w2", "explode", {"x": 1}))
+        ),
+        span("w-add", "tool", "Writer", 2.0, name="add", input={"a": "2"}),
+        span("w-explode", "tool", "Writer", 3.0, name="explode", input='{"x": 1}'),
+        span("c-llm", "llm", "Checker", 4.0, output=asked(("c1", "add", {"a": 1}), ("c2", "add", {"a": 2}))),
+        span("c-add-1", "tool", "Checker", 5.0, name="add", input="a=1"),
+        span("c-add-2", "tool", "Checker", 6.0, name="add", input="a=2"),
+    ]
+    listener = LightningListener()
+    try:
+        fixed = listener._adopt_orphans(crew_span, spans)
+    finally:
+        listener.close()
+    ids = {span_id: s.attributes["tool_call_id"] for span_id, s in fixed.items()}
+    assert ids == {"w-add": "w1", "w-explode": "w2", "c-add-1": "c1", "c-add-2": "c2"}
 
 
 def test_a_long_lived_listener_forgets_finished_crews(store, serve):

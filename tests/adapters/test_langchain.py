@@ -15,6 +15,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import ToolException, tool
+from langchain_core.tracers import context as lc_context
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
@@ -147,6 +148,11 @@ class _State(TypedDict):
     answer: str
 
 
+def configure_hooks_holding(handler: LightningCallback) -> int:
+    """How many of LangChain's configure hooks hand ``handler`` to every run."""
+    return sum(var.get() is handler for var, *_ in lc_context._configure_hooks if var.name.startswith("agl_"))
+
+
 def test_langgraph_zero_code_instrument_and_uninstrument(store, serve):
     def script(messages):
         sys = system_text(messages)
@@ -183,7 +189,7 @@ def test_langgraph_zero_code_instrument_and_uninstrument(store, serve):
         return g.compile()
 
     with agl_langchain.instrument() as handle:
-        assert handle.active
+        assert handle.active and configure_hooks_holding(handle.handler) == 1
         with tracer.rollout("2+3?") as ro:
             result = build(server.llm(ro.id)).invoke({"question": "2+3?", "plan": "", "answer": ""})
     assert result["answer"] == "5"
@@ -206,7 +212,8 @@ def test_langgraph_zero_code_instrument_and_uninstrument(store, serve):
     )
     assert_transitions_have_server_tokens(store, ro.id)
 
-    # after uninstrument() nothing is recorded any more
+    # after uninstrument() the hook is gone and nothing is recorded any more
+    assert configure_hooks_holding(handle.handler) == 0
     with tracer.rollout("again") as ro2:
         build(server.llm(ro2.id)).invoke({"question": "2+3?", "plan": "", "answer": ""})
     assert [s.attributes.get("agl.source") for s in store.spans(ro2.id)] == [None] * 3

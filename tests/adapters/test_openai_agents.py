@@ -71,6 +71,11 @@ def math_script(messages: list[dict[str, Any]]) -> Any:
     }
 
 
+def processors() -> list[Any]:
+    """The trace processors registered with the SDK."""
+    return list(get_trace_provider()._multi_processor._processors)
+
+
 def chat_model(llm: agl.LLM) -> OpenAIChatCompletionsModel:
     return OpenAIChatCompletionsModel(
         model=llm.model, openai_client=AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
@@ -123,6 +128,7 @@ def test_handoff_multi_agent_zero_code_with_chat_completions_switch(store, serve
     tracer = agl.Tracer(store)
     server = serve(script, store)
     handle = agl_agents.instrument()
+    assert processors().count(handle.handler) == 1
     try:
         with tracer.rollout("2+3?") as ro:
             llm = server.llm(ro.id)
@@ -149,10 +155,12 @@ def test_handoff_multi_agent_zero_code_with_chat_completions_switch(store, serve
     ts = assert_transitions_have_server_tokens(store, ro.id, agents=["math"])
     assert [t.agent for t in ts] == ["math", "math"]
 
-    # uninstrumented: a new run records nothing of the SDK's own
+    # uninstrumented: the processor is gone, and a new run (one model call, on the server) records
+    # nothing of the SDK's own
+    assert not handle.active and processors() == []
     with tracer.rollout("again") as ro2:
         asyncio.run(Runner.run(Agent(name="math", model=chat_model(server.llm(ro2.id))), "2+3?"))
-    assert all(s.attributes.get("server") == "agl" for s in store.spans(ro2.id))
+    assert [s.attributes.get("server") for s in store.spans(ro2.id)] == ["agl"]
 
 
 def test_streamed_run_with_handoff_and_tools_is_joined(store, serve):

@@ -102,6 +102,25 @@ def test_legacy_indexed_prompt_attributes(tracer: agl.Tracer, otel) -> None:
     assert span.output == [{"role": "assistant", "content": "hello"}]
 
 
+def test_text_of_another_instrumentation_stays_text(tracer: agl.Tracer, otel) -> None:
+    """In spans another instrumentation made, only objects and arrays are decoded (``42`` stays text),
+    and text that only looks like JSON, nested deeper than the decoder goes, is kept as text instead
+    of raising into the program when the span ends."""
+    deep = "[" * 100_000
+    with tracer.rollout("t") as ro:
+        with otel.start_as_current_span("execute_tool calc") as t:
+            t.set_attributes(
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "calc",
+                    "gen_ai.tool.call.arguments": deep,
+                    "gen_ai.tool.call.result": "42",
+                }
+            )
+    (span,) = tracer.store.spans(ro.id)
+    assert span.kind == "tool" and span.input == deep and span.output == "42"
+
+
 def make_episode(tracer: agl.Tracer) -> str:
     with tracer.rollout("q") as ro:
         with tracer.span("agent", "writer", agent="writer"):

@@ -18,9 +18,9 @@ from ..join import RESPONSE_ID, SOURCE, join_rollout
 from ..store.base import Store
 from ..tracer import SpanHandle, Tracer
 
-__all__ = ["Instrumentation", "Recorder", "as_tracer", "message_dict"]
+__all__ = ["Installed", "Instrumentation", "Recorder", "as_tracer", "message_dict"]
 
-logger = logging.getLogger("agentlightning_lite.adapters")
+logger = logging.getLogger(__name__)
 
 
 def as_tracer(tracer: Tracer | Store | None) -> Tracer | None:
@@ -264,6 +264,55 @@ class Instrumentation:
 
     def __repr__(self) -> str:
         return f"<Instrumentation {self.framework} {'active' if self.active else 'removed'}>"
+
+
+class Installed:
+    """The instrumentations an adapter module's ``instrument()`` installed and has not removed yet.
+
+    :meth:`add` wraps what undoes one installation in an :class:`Instrumentation` that leaves this
+    registry when it is removed; :meth:`uninstrument` removes all of them, the latest first (an
+    installation that wrapped an earlier one is undone before it).
+
+    >>> installed, undone = Installed("demo"), []
+    >>> first = installed.add(None, lambda: undone.append(1))
+    >>> second = installed.add(None, lambda: undone.append(2))
+    >>> len(installed), installed.uninstrument(), undone, len(installed), first.active
+    (2, None, [2, 1], 0, False)
+    """
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+        self._active: list[Instrumentation] = []
+        self._lock = threading.Lock()
+
+    def add(self, handler: Any, undo: Callable[[], None]) -> Instrumentation:
+        """Register one installation: ``handler`` is what it installed, ``undo`` removes it."""
+
+        def remove() -> None:
+            try:
+                undo()
+            finally:
+                with self._lock:
+                    if inst in self._active:
+                        self._active.remove(inst)
+
+        inst = Instrumentation(self.framework, handler, remove)
+        with self._lock:
+            self._active.append(inst)
+        return inst
+
+    def uninstrument(self) -> None:
+        """Remove every instrumentation ``instrument()`` installed and has not removed, the latest first."""
+        with self._lock:
+            active = list(self._active)
+        for inst in reversed(active):
+            inst.uninstrument()
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def __repr__(self) -> str:
+        return f"<Installed {self.framework}: {len(self)} active>"
 
 
 def _tool_call_dict(tc: Any) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from autogen_core import EVENT_LOGGER_NAME as CORE_LOGGER
 from autogen_core.logging import LLMCallEvent
 from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
 
+from .._json import json_or_text
 from ..store.base import Store
 from ..tracer import Tracer
-from ._common import Instrumentation, Recorder, message_dict
+from ._common import Installed, Instrumentation, Recorder, message_dict
 
 __all__ = [
     "LightningEventHandler",
@@ -296,7 +297,7 @@ class LightningEventHandler(logging.Handler):
                     call.name,
                     parent_key=parent,
                     agent=event.source,
-                    input=_args(call.arguments),
+                    input=json_or_text(call.arguments),
                     attributes={"tool_call_id": call.id},
                 )
         elif isinstance(event, ToolCallExecutionEvent):
@@ -334,15 +335,6 @@ class LightningEventHandler(logging.Handler):
         )
         rec.set_response_id(key, rid)
         rec.end(key, output=output)
-
-
-def _args(arguments: Any) -> Any:
-    import json
-
-    try:
-        return json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        return arguments
 
 
 class _LevelTap(logging.Filter):
@@ -420,7 +412,7 @@ def _wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of:
     return wrapper
 
 
-_installed: list[Instrumentation] = []
+_installed = Installed("autogen")
 
 
 def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instrumentation:
@@ -480,18 +472,9 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     def undo() -> None:
         for step in reversed(undo_steps):
             step()
-        if inst in _installed:
-            _installed.remove(inst)
 
-    inst = Instrumentation("autogen", handler, undo)
-    _installed.append(inst)
-    return inst
+    return _installed.add(handler, undo)
 
 
-def uninstrument() -> None:
-    """Remove every instrumentation :func:`instrument` installed.
-
-    >>> uninstrument()
-    """
-    for inst in list(_installed):
-        inst.uninstrument()
+#: Remove every instrumentation :func:`instrument` installed and has not removed, the latest first.
+uninstrument = _installed.uninstrument

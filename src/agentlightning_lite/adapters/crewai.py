@@ -6,7 +6,6 @@ Create ``LightningListener()`` once (CrewAI listeners register on construction),
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -33,16 +32,17 @@ from crewai.events.types.tool_usage_events import (
     ToolUsageStartedEvent,
 )
 
+from .._toolcalls import PendingCalls
 from ..ids import new_span_id
 from ..join import SOURCE, join_spans
 from ..store.base import Store
 from ..tracer import SpanHandle, Tracer
 from ..types import Span
-from ._common import Instrumentation, Recorder, message_dict
+from ._common import Installed, Instrumentation, Recorder, message_dict
 
 __all__ = ["LightningListener", "instrument", "uninstrument"]
 
-logger = logging.getLogger("agentlightning_lite.adapters")
+logger = logging.getLogger(__name__)
 
 #: At most this many CrewAI event ids are remembered (a crew's own are dropped when it ends; the
 #: rest, reserved for parents this listener does not record, go oldest first past the limit).
@@ -92,15 +92,6 @@ def _tool_name(tool: Any) -> Any:
     """``getattr(tool, "name", str(tool))`` without rendering ``str(tool)`` when the tool has a name."""
     name = getattr(tool, "name", _tool_name)
     return str(tool) if name is _tool_name else name
-
-
-def _args(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _text(value: Any) -> Any:
@@ -438,32 +429,17 @@ class LightningListener(BaseEventListener):
         known = {s.span_id for s in spans} | {crew.span_id}
         inf = float("inf")
         fixed: dict[str, Any] = {}
-        asked: dict[str | None, list[tuple[float, str, str, Any]]] = {}  # agent -> (end, id, name, args)
+        asked: dict[str | None, PendingCalls] = {}  # agent -> the tool calls its LLM calls asked for
         for s in spans:
-            if s.kind == "llm" and isinstance(s.output, dict):
-                for c in s.output.get("tool_calls") or ():
-                    fn = c.get("function") or {}
-                    entry = (
-                        s.end_time or s.start_time,
-                        c.get("id"),
-                        fn.get("name"),
-                        _args(fn.get("arguments")),
+            if s.kind == "llm":
+                asked.setdefault(s.agent, PendingCalls()).add(s.output, s.end_time or s.start_time)
+        for s in spans:
+            if s.kind == "tool" and "tool_call_id" not in s.attributes and s.agent in asked:
+                call = asked[s.agent].claim(s.name, s.input, started_at=s.start_time)
+                if call is not None and call.id:
+                    fixed[s.span_id] = s.model_copy(
+                        update={"attributes": {**s.attributes, "tool_call_id": call.id}}
                     )
-                    asked.setdefault(s.agent, []).append(entry)
-        for s in spans:
-            if s.kind == "tool" and "tool_call_id" not in s.attributes:
-                pending = asked.get(s.agent, [])
-                for i, (t_end, cid, name, args) in enumerate(pending):
-                    if (
-                        name == s.name
-                        and t_end <= s.start_time + 0.05
-                        and (args == s.input or i == len(pending) - 1)
-                    ):
-                        pending.pop(i)
-                        fixed[s.span_id] = s.model_copy(
-                            update={"attributes": {**s.attributes, "tool_call_id": cid}}
-                        )
-                        break
         for s in spans:
             if s.parent_id is None or s.parent_id in known:
                 continue
@@ -532,7 +508,7 @@ class LightningListener(BaseEventListener):
         self._end(key, _End(output=_text(output), error=error, end_time=_ts(event)))
 
 
-_installed: list[Instrumentation] = []
+_installed = Installed("crewai")
 
 
 def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instrumentation:
@@ -546,21 +522,8 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     True
     """
     listener = LightningListener(tracer, join=join)
-
-    def undo() -> None:
-        listener.close()
-        if inst in _installed:
-            _installed.remove(inst)
-
-    inst = Instrumentation("crewai", listener, undo)
-    _installed.append(inst)
-    return inst
+    return _installed.add(listener, listener.close)
 
 
-def uninstrument() -> None:
-    """Remove every listener :func:`instrument` installed.
-
-    >>> uninstrument()
-    """
-    for inst in list(_installed):
-        inst.uninstrument()
+#: Remove every instrumentation :func:`instrument` installed and has not removed, the latest first.
+uninstrument = _installed.uninstrument

@@ -17,7 +17,7 @@ from langchain_core.tracers import context as _lc_context
 
 from ..store.base import Store
 from ..tracer import Tracer
-from ._common import Instrumentation, Recorder, message_dict
+from ._common import Installed, Instrumentation, Recorder, message_dict
 
 __all__ = ["LightningCallback", "instrument", "uninstrument"]
 
@@ -282,7 +282,7 @@ class LightningCallback(BaseCallbackHandler):
         self._end(run_id, error=error)
 
 
-_installed: list[Instrumentation] = []
+_installed = Installed("langchain")
 
 
 def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instrumentation:
@@ -303,18 +303,9 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
 
     def undo() -> None:
         _lc_context._configure_hooks[:] = [h for h in _lc_context._configure_hooks if h[0] is not var]
-        if inst in _installed:
-            _installed.remove(inst)
 
-    inst = Instrumentation("langchain", handler, undo)
-    _installed.append(inst)
-    return inst
+    return _installed.add(handler, undo)
 
 
-def uninstrument() -> None:
-    """Remove every instrumentation :func:`instrument` installed.
-
-    >>> uninstrument()
-    """
-    for inst in list(_installed):
-        inst.uninstrument()
+#: Remove every instrumentation :func:`instrument` installed and has not removed, the latest first.
+uninstrument = _installed.uninstrument

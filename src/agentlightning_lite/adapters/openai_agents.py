@@ -7,28 +7,20 @@ Chat Completions, not the Responses API: point the SDK at it with
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from agents.tracing import TracingProcessor, get_trace_provider
 from agents.tracing import add_trace_processor as _add_trace_processor
 
+from .._json import json_or_text
+from .._toolcalls import PendingCalls
 from ..store.base import Store
 from ..tracer import Tracer
-from ._common import Instrumentation, Recorder, message_dict
+from ._common import Installed, Instrumentation, Recorder, message_dict
 
 __all__ = ["LightningProcessor", "instrument", "uninstrument"]
 
 _SKIPPED = ("task", "turn")  # structural spans of the runner: their children hang under the agent span
-
-
-def _args(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _dump(obj: Any) -> Any:
@@ -125,7 +117,7 @@ class LightningProcessor(TracingProcessor):
 
     def __init__(self, tracer: Tracer | Store | None = None, join: bool = True) -> None:
         self.recorder = Recorder("openai_agents", tracer, join=join)
-        self._calls: dict[str, list[tuple[str, str, Any]]] = {}  # agent span -> (id, name, args) asked
+        self._calls: dict[str, PendingCalls] = {}  # agent span -> tool calls its model asked for
 
     # -- traces ---------------------------------------------------------------------------
     def on_trace_start(self, trace: Any) -> None:
@@ -202,11 +194,12 @@ class LightningProcessor(TracingProcessor):
                 self.recorder.set_response_id(key, getattr(response, "id", None))
             self._remember_calls(h.parent_id, output)
         elif kind_name == "function":
-            h.input = _args(data.input)
+            h.input = json_or_text(data.input)
             output = data.output
-            call_id = self._match_call(h.parent_id, data.name, h.input)
-            if call_id:
-                h.attributes["tool_call_id"] = call_id
+            pending = self._calls.get(h.parent_id or "")
+            answered = pending.claim(data.name, data.input) if pending is not None else None
+            if answered is not None and answered.id:
+                h.attributes["tool_call_id"] = answered.id
         elif kind_name == "handoff":
             output = {"from_agent": data.from_agent, "to_agent": data.to_agent}
         elif kind_name == "guardrail":
@@ -222,25 +215,12 @@ class LightningProcessor(TracingProcessor):
 
     # -- tool call ids --------------------------------------------------------------------
     def _remember_calls(self, agent_span_id: str | None, output: Any) -> None:
-        if agent_span_id is None or not isinstance(output, dict):
+        if agent_span_id is None:
             return
-        for c in output.get("tool_calls") or ():
-            fn = c.get("function") or {}
-            self._calls.setdefault(agent_span_id, []).append(
-                (c.get("id"), fn.get("name"), _args(fn.get("arguments")))
-            )
-
-    def _match_call(self, agent_span_id: str | None, name: str, args: Any) -> str | None:
-        pending = self._calls.get(agent_span_id or "", [])
-        for i, (cid, cname, cargs) in enumerate(pending):
-            if cname == name and (cargs == args or args is None):
-                pending.pop(i)
-                return cid
-        for i, (cid, cname, _) in enumerate(pending):
-            if cname == name:
-                pending.pop(i)
-                return cid
-        return None
+        pending = self._calls.get(agent_span_id) or PendingCalls()
+        pending.add(output)
+        if pending:  # kept until the agent span ends
+            self._calls[agent_span_id] = pending
 
     def shutdown(self) -> None:
         """Nothing to flush: spans are written to the store as they end."""
@@ -249,7 +229,7 @@ class LightningProcessor(TracingProcessor):
         """Nothing to flush: spans are written to the store as they end."""
 
 
-_installed: list[Instrumentation] = []
+_installed = Installed("openai_agents")
 
 
 def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instrumentation:
@@ -270,18 +250,9 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
         multi = get_trace_provider()._multi_processor  # the SDK has no remove_processor
         with multi._lock:
             multi._processors = tuple(p for p in multi._processors if p is not processor)
-        if inst in _installed:
-            _installed.remove(inst)
 
-    inst = Instrumentation("openai_agents", processor, undo)
-    _installed.append(inst)
-    return inst
+    return _installed.add(processor, undo)
 
 
-def uninstrument() -> None:
-    """Remove every processor :func:`instrument` installed.
-
-    >>> uninstrument()
-    """
-    for inst in list(_installed):
-        inst.uninstrument()
+#: Remove every instrumentation :func:`instrument` installed and has not removed, the latest first.
+uninstrument = _installed.uninstrument
