@@ -61,24 +61,29 @@ class MemoryStore(Store):
         self._add_rows([span_to_row(s) for s in spans])
 
     def _add_rows(self, rows: list[SpanRow]) -> None:
-        moved: list[tuple[SpanRow, str]] = []
-        late: list[tuple[SpanRow, str, float]] = []
+        moved: list[tuple[SpanRow, str]] | None = None
+        late: list[tuple[SpanRow, str, float]] | None = None
         with self._lock:
-            owners, ended = self._span_rollout, self._ended
+            owners, ended, buckets = self._span_rollout, self._ended, self._spans
             for r in rows:
                 sid, rid = r[0], r[1]
                 end = ended.get(rid)
                 if end is not None and r[6] > end:  # started after its rollout ended
+                    late = late or []
                     late.append((r, self._rollouts[rid].status, end))
                     continue
                 stored = owners.setdefault(sid, rid)
                 if stored != rid:  # a span id belongs to one rollout
+                    moved = moved or []
                     moved.append((r, stored))
                     continue
                 # a replaced span keeps its original position, as in SQLiteStore
-                self._spans.setdefault(rid, {})[sid] = r
+                bucket = buckets.get(rid)
+                if bucket is None:
+                    bucket = buckets[rid] = {}
+                bucket[sid] = r
         if moved or late:
-            log_dropped(moved, late)
+            log_dropped(moved or [], late or [])
 
     def spans(self, rollout_id: str) -> list[Span]:
         with self._lock:
