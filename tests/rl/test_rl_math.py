@@ -260,3 +260,61 @@ def test_rollout_mean_weighs_every_rollout_the_same(split: bool) -> None:
     assert shares("seq-mean-token-mean") == pytest.approx({"long": 3 / 4, "short": 1 / 4})
     with pytest.raises(ValueError, match="needs the per-token weights"):
         aggregate(torch.ones(1, 2), torch.ones(1, 2), "rollout-mean-token-mean")
+
+
+@pytest.mark.parametrize("mode", ["call", "trajectory"])
+def test_trainer_update_weighs_rollouts_equally(tiny_llama: Any, tmp_path: Any, mode: str) -> None:
+    """Through the trainer's update: with ``rollout-mean-token-mean`` the gradient over a 4-call rollout
+    and a 1-call rollout is the mean of each rollout's own token-mean gradient, whatever the micro
+    batches (2 samples each here) and whether the calls are trained one by one or merged."""
+    import random
+
+    from agentlightning_lite.rl.trajectory import merge_trajectories
+    from agentlightning_lite.serving.engines import HFEngine
+    from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+    engine = HFEngine(
+        tiny_llama(),
+        tokenizer=ByteTokenizer(),
+        lora=agl.LoRA(r=4, alpha=8, target_modules=["q_proj"]),
+        seed=0,
+    )
+    with torch.no_grad():
+        for n, p in engine.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    rng = random.Random(0)
+
+    def rollout(rid: str, calls: int, max_len: int) -> list[Sample]:
+        prompt, out = [rng.randrange(256) for _ in range(6)], []
+        for k in range(calls):
+            response = [rng.randrange(256) for _ in range(rng.randint(max_len // 2, max_len))]
+            out.append(Sample(list(prompt), response, None, 0.0, 0, advantage=rng.uniform(-1, 1),
+                              rollout_id=rid, index=k, agent="a"))  # fmt: skip
+            prompt = prompt + response + [rng.randrange(256)]
+        return out
+
+    long, short = rollout("long", 4, 12), rollout("short", 1, 3)
+
+    def grads(samples: list[Sample], loss_agg: str) -> dict[str, torch.Tensor]:
+        algo = agl.GRPO(lr=0.0, max_grad_norm=1e9, loss_agg=loss_agg, micro_batch_size=2)  # type: ignore[arg-type]
+        trainer = agl.Trainer(engine=engine, algorithm=algo, store=agl.MemoryStore(), output_dir=tmp_path,
+                              loggers=[], old_logprobs="recompute")  # fmt: skip
+        trainer.transitions_mode = mode
+        if mode == "trajectory":
+            samples, _ = merge_trajectories(samples)
+        trainer._optimise(trainer.policy, samples)
+        out = {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+        trainer.close()
+        return out
+
+    both = grads(long + short, "rollout-mean-token-mean")
+    g_long, g_short = grads(long, "token-mean"), grads(short, "token-mean")
+    by_tokens = grads(long + short, "token-mean")
+    assert len(both) > 0
+    for n, g in both.items():
+        expected = 0.5 * g_long[n] + 0.5 * g_short[n]
+        torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-7, msg=n)
+    # under token-mean the short rollout's share is its token count's: far from a half
+    n = next(iter(both))
+    assert not torch.allclose(by_tokens[n], both[n], rtol=1e-2, atol=0)

@@ -33,10 +33,11 @@ from ..transitions import transitions
 from ._memory import peak_rss_mib, release_host_memory, rss_mib
 from .batching import Sample, collate, forward_logprobs
 from .checkpoint import latest_checkpoint, load_checkpoint, save_adapter, save_checkpoint
-from .grpo import GRPO, aggregate, group_advantages, kl_penalty, policy_loss
+from .grpo import GRPO, aggregate, kl_penalty, policy_loss
 from .lora import LoRA, check_4bit_available
 from .metrics import MetricsLogger, plot_reward_curve
-from .ppo import PPO, ValueHead, gae, value_loss
+from .policy_gradient import PolicyGradient
+from .ppo import PPO, ValueHead
 from .rollouts import RolloutResult, RolloutSpec, run_rollouts
 from .sft import SFT, sft_update
 from .trajectory import merge_trajectories
@@ -376,11 +377,9 @@ class Trainer:
     def _make_optimizer(self, params: list[torch.nn.Parameter]) -> tuple[torch.optim.Optimizer, Any]:
         groups: list[dict[str, Any]] = [{"params": params, "lr": self.algorithm.lr}]
         head = None
-        if isinstance(self.algorithm, PPO):
+        if isinstance(self.algorithm, PolicyGradient) and self.algorithm.needs_values:
             head = ValueHead(int(self.policy.config.hidden_size)).to(self.device)
-            groups.append(
-                {"params": list(head.parameters()), "lr": self.algorithm.value_lr or self.algorithm.lr}
-            )
+            groups.append({"params": list(head.parameters()), "lr": self.algorithm.value_head_lr()})
         return torch.optim.AdamW(groups, weight_decay=self.algorithm.weight_decay), head
 
     def _adapter_specs(self) -> dict[str, Any]:
@@ -835,19 +834,9 @@ class Trainer:
         stats: dict[str, float] = {}
         if isinstance(algo, SFT):
             return self._sft_update(policy, samples)
-        if isinstance(algo, GRPO):
-            adv, gstats = group_advantages(
-                [s.reward for s in samples],
-                [s.group for s in samples],
-                scale=algo.scale_rewards,
-                eps=algo.eps,
-            )
-            for s, a in zip(samples, adv, strict=True):
-                s.advantage = a
-            stats.update({f"grpo/{k}": v for k, v in gstats.items()})
-            if all(a == 0.0 for a in adv):
-                stats["train/skipped_update"] = 1.0  # every group had zero spread: no gradient
-                return stats
+        stats.update(algo.advantages(samples))  # each call's advantage (GRPO: within its group)
+        if stats.get("train/skipped_update"):
+            return stats  # e.g. every GRPO group had zero spread: no gradient
         if self.transitions_mode == "trajectory":  # after the per-call advantages: each call keeps its own
             samples, tstats = merge_trajectories(samples)
             stats.update(tstats)
@@ -954,7 +943,7 @@ class Trainer:
                         eng[i, : len(lps)] = torch.tensor(lps)  # type: ignore[arg-type]
                     eng = eng.to(self.device)
                 trust = eng is not None and (self.old_logprobs == "engine" or agree is True)
-                needs_values = isinstance(algo, PPO)
+                needs_values = algo.needs_values
                 lp = v = None
                 if not trust or needs_values:
                     lp, v = forward_logprobs(model, b, value_head, self.autocast)
@@ -974,30 +963,9 @@ class Trainer:
         mean_mismatch = mismatch_sum / mismatch_n if mismatch_n else float("nan")
         use_engine = self.old_logprobs == "engine" or agree is True
 
-        # 2. advantages per token
-        advs, rets = [], []
+        # 2. advantages per token: the algorithm's own (GRPO: each call's; PPO: GAE on the old values)
         merged = self.transitions_mode == "trajectory"
-        for c, b, v in zip(chunks, batches, old_v, strict=True):
-            segs = b.segment_ids if merged else None
-            if isinstance(algo, PPO):
-                rewards = torch.zeros(b.response_mask.shape)  # filled on the host, copied once
-                for i, s in enumerate(c):  # each call's credit at its last token
-                    rewards[i, : len(s.response_ids)] = torch.tensor(s.token_rewards())
-                rewards = rewards.to(self.device)
-                a, r = gae(rewards, v, b.response_mask, algo.gamma, algo.lam, segs)  # type: ignore[arg-type]
-                advs.append(a)
-                rets.append(r)
-            else:
-                tok_adv = torch.zeros(b.response_mask.shape)  # filled on the host, copied once
-                for i, s in enumerate(c):  # each call's advantage on its response tokens
-                    tok_adv[i, : len(s.response_ids)] = torch.tensor(s.token_advantages())
-                advs.append(tok_adv.to(self.device) * b.response_mask)
-                rets.append(None)
-        if isinstance(algo, PPO) and algo.whiten_advantages:
-            mask_all = torch.cat([b.response_mask.flatten() for b in batches]).bool()
-            flat = torch.cat([a.flatten() for a in advs])[mask_all]
-            mu, sd = flat.mean(), flat.std().clamp(min=1e-6) if flat.numel() > 1 else torch.tensor(1.0)
-            advs = [((a - mu) / sd) * b.response_mask for a, b in zip(advs, batches, strict=True)]
+        advs, rets = algo.token_advantages(chunks, batches, old_v, merged)
 
         # 3. optimise: epochs x mini-batches, gradient accumulation over micro-batches
         model.train()
@@ -1011,10 +979,11 @@ class Trainer:
         for _epoch in range(algo.epochs):
             for start in range(0, len(order), per_mini):
                 group = order[start : start + per_mini]
-                n_tokens = sum(float(batches[j].response_mask.sum()) for j in group)
-                n_seqs = sum(s.num_segments for j in group for s in chunks[j])
+                # each micro batch weighs its share of the mini batch, as one big batch would
+                masks = [batches[j].response_mask for j in group]
+                weights = algo.loss_weights([chunks[j] for j in group], masks)
                 optimizer.zero_grad(set_to_none=True)
-                for j in group:
+                for j, (weight, tok_w) in zip(group, weights, strict=True):
                     b = batches[j]
                     segs = b.segment_ids if merged else None
                     lp, v = forward_logprobs(model, b, value_head, self.autocast)
@@ -1026,31 +995,20 @@ class Trainer:
                         logs.setdefault("train/kl", []).append(
                             float((kl.detach() * b.response_mask).sum() / b.response_mask.sum())
                         )
-                    if isinstance(algo, PPO):
-                        vl = value_loss(v, old_v[j], rets[j], algo.vf_clip)  # type: ignore[arg-type]
-                        tok_loss = tok_loss + algo.vf_coef * vl
+                    if algo.needs_values:
+                        vl = algo.value_loss(v, old_v[j], rets[j])  # type: ignore[arg-type]
+                        tok_loss = tok_loss + algo.value_coef * vl
                         logs.setdefault("ppo/value_loss", []).append(
                             float((vl.detach() * b.response_mask).sum() / b.response_mask.sum())
                         )
-                    # weight each micro batch by its share of the mini batch, as one big batch would
-                    if algo.loss_agg == "token-mean":
-                        weight = float(b.response_mask.sum()) / max(n_tokens, 1.0)
-                    else:
-                        weight = sum(s.num_segments for s in chunks[j]) / max(n_seqs, 1)
-                    loss = (
-                        aggregate(tok_loss, b.response_mask, algo.loss_agg, algo.max_response_tokens, segs)
-                        * weight
-                    )
+                    agg = (algo.loss_agg, algo.max_response_tokens, segs, tok_w)
+                    loss = aggregate(tok_loss, b.response_mask, *agg) * weight
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"non-finite loss at step {self.step}: {float(loss)}")
                     loss.backward()
                     logs.setdefault("train/loss", []).append(float(loss.detach()) / max(weight, 1e-12))
                     logs.setdefault("train/pg_loss", []).append(
-                        float(
-                            aggregate(
-                                pg.detach(), b.response_mask, algo.loss_agg, algo.max_response_tokens, segs
-                            )
-                        )
+                        float(aggregate(pg.detach(), b.response_mask, *agg))
                     )
                     logs.setdefault("train/clip_frac", []).append(float(pstats["clip_frac"]))
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
