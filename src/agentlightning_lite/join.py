@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
+from ._json import json_or_text
 from .store.base import Store
 from .types import Span
 
@@ -59,12 +60,8 @@ def is_server_llm(span: Span) -> bool:
 
 
 def _norm_args(args: Any) -> Any:
-    if isinstance(args, str):
-        try:
-            return json.loads(args)
-        except ValueError:
-            return args.strip()
-    return args
+    decoded = json_or_text(args)
+    return args.strip() if decoded is args and isinstance(args, str) else decoded  # text: stripped
 
 
 _Reply: TypeAlias = "tuple[str, tuple[tuple[str, str], ...]] | None"

@@ -108,3 +108,26 @@ def test_claim_prefers_equal_arguments_else_the_first_call_of_that_name() -> Non
     timed.add(ASKED, asked_at=10.0)
     assert timed.claim("add", None, started_at=9.0) is None  # asked after the tool started: not its call
     assert timed.claim("add", None, started_at=9.96).id == "c1"  # within the clock slack
+
+
+def test_tool_arguments_nested_deeper_than_the_decoder_goes_do_not_stop_the_join() -> None:
+    """A degenerate model can write ``[[[[...`` as a tool call's arguments: such text is compared as
+    text when an adapter's LLM span is joined with the server's, and transitions() still come out."""
+    deep = "[" * 2_000
+    call = {"id": "c1", "function": {"name": "add", "arguments": deep}}
+    reply = {"role": "assistant", "tool_calls": [call]}
+    store = agl.MemoryStore()
+    rid = store.start_rollout("q").rollout_id
+    framework = agl.Span(
+        span_id="f", rollout_id=rid, kind="llm", name="chat", agent="solver", start_time=0.0, end_time=2.0,
+        output=reply, attributes={"agl.source": "langchain"},
+    )  # fmt: skip
+    server = agl.Span(
+        span_id="s", rollout_id=rid, kind="llm", name="chat", start_time=0.5, end_time=1.5, output=reply,
+        attributes={"server": "agl"}, prompt_token_ids=[1, 2], response_token_ids=[3],
+        response_logprobs=[-0.5],
+    )  # fmt: skip
+    store.add_spans([framework, server])
+    store.finish_rollout(rid, reward=1.0)
+    (t,) = agl.transitions(store, rollout_ids=[rid])
+    assert t.agent == "solver" and t.response_token_ids == [3] and t.metadata["span_id"] == "s"
