@@ -177,3 +177,18 @@ def test_a_sync_agent_past_its_timeout_writes_nothing_into_the_timeout_rollout(
         out = capsys.readouterr().out
         assert "timeout" in out and "before_the_deadline" in out
         assert "reward" not in out.replace("reward -", "").replace("reward —", "")
+
+
+def test_the_rules_hold_across_processes_sharing_a_sqlite_file(tmp_path: Path) -> None:
+    """Two stores on one file (two processes): the rules are checked against what is committed."""
+    with agl.SQLiteStore(tmp_path / "runs.db") as trainer, agl.SQLiteStore(tmp_path / "runs.db") as runner:
+        a, b = trainer.start_rollout("a"), trainer.start_rollout("b")
+        trainer.add_spans([_span(a.rollout_id, "s1", time.time())])
+        end = trainer.finish_rollout(b.rollout_id, status="timeout").end_time
+        trainer.flush()
+        assert end is not None
+        runner.add_spans([_span(b.rollout_id, "s1", end - 1.0), _span(b.rollout_id, "s2", end + 1.0)])
+        runner.add_spans([_span(b.rollout_id, "s3", end - 1.0)])
+        runner.flush()
+        assert [s.span_id for s in trainer.spans(a.rollout_id)] == ["s1"]
+        assert [s.span_id for s in trainer.spans(b.rollout_id)] == ["s3"]
