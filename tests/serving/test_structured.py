@@ -14,7 +14,7 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.serving.engines import GenRequest, ScriptedEngine
-from agentlightning_lite.serving.structured import ResponseFormat, text_fits
+from agentlightning_lite.serving.structured import ResponseFormat, ResponseFormatError, text_fits
 
 pytest.importorskip("llguidance")
 
@@ -115,6 +115,13 @@ def test_hf_engine_masks_only_constrained_rows_and_reports_policy_logprobs(tiny_
         logits = engine.model(input_ids=full).logits[0, len(ids) - 1 : -1].float()
     want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(bound.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(torch.tensor(bound.logprobs), want, atol=1e-4)
+    # a format the engine cannot enforce fails that request only, not the batch it would have joined
+    broken = ResponseFormat("json_schema", {"type": "strin"})
+    bad = engine.submit(GenRequest(ids, max_tokens=4, response_format=broken))
+    good = engine.submit(GenRequest(ids, max_tokens=4))
+    with pytest.raises(ResponseFormatError, match="cannot be enforced"):
+        bad.result(timeout=30)
+    assert len(good.result(timeout=30).token_ids) == 4
 
 
 @pytest.mark.parametrize(
@@ -243,3 +250,27 @@ def test_agents_sdk_structured_output_agent_end_to_end(serve: Any, tiny_engine: 
     (span,) = llm_spans(store, ro.rollout_id)
     assert span.agent == "picker" and span.attributes["response_format"]["type"] == "json_schema"
     assert Pick.model_validate_json(span.output["content"]) == result.final_output
+
+
+def test_langchain_with_structured_output_json_schema(serve: Any, tiny_engine: Any) -> None:
+    """LangChain's ``with_structured_output(method="json_schema")`` (what LangGraph's
+    ``create_react_agent(response_format=...)`` calls for its final answer) gets a parsed model."""
+    pytest.importorskip("langchain_openai")
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Pick(BaseModel):
+        color: Literal["red", "green", "blue"]
+        label: str = Field(max_length=6)
+        count: int = Field(ge=0, le=9)
+
+    store = agl.MemoryStore()
+    server = serve(tiny_engine(), store)
+    llm = server.llm(store.start_rollout("pick").rollout_id)
+    chat = ChatOpenAI(
+        model=llm.model, base_url=llm.base_url, api_key=llm.api_key, max_retries=0, max_tokens=200
+    )
+    pick = chat.with_structured_output(Pick, method="json_schema").invoke("Pick a color.")
+    assert isinstance(pick, Pick)
+    (span,) = llm_spans(store, llm.rollout_id)
+    assert span.attributes["response_format"]["name"] == "Pick"

@@ -76,9 +76,9 @@ class PolicyServer:
     attributes ``policy``, ``server``, ``usage``, ``params``, ``tools``, ``finish_reason``,
     ``prompt_text``, ``weights_version`` and ``adapter`` (the LoRA adapter that served the call,
     ``None`` for the base model), and ``response_format`` when the request asked for JSON (enforced
-    by the engine, see :mod:`.structured`; a format the engine cannot honour gets a 400). The agent comes from the URL
-    (``/rollout/<id>/agent/<name>/v1``), else the ``X-Agl-Agent`` header, else a model name
-    ``<model>@<agent>``; an engine with several adapters serves each agent with its own
+    by the engine, see :mod:`.structured`; a format the engine cannot honour gets a 400). The agent
+    comes from the URL (``/rollout/<id>/agent/<name>/v1``), else the ``X-Agl-Agent`` header, else a
+    model name ``<model>@<agent>``; an engine with several adapters serves each agent with its own
     (``engine.set_routes``). Calls to plain ``/v1`` (no rollout; also settable with the
     ``X-Agl-Rollout-Id`` header) each get their own implicit rollout of mode ``trace``
     (metadata ``{"implicit": True}``), or are not recorded with ``record_unrouted=False``.

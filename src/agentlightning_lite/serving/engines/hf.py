@@ -7,6 +7,7 @@ A trainer can update the (optionally peft-wrapped) model in place between steps.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -358,6 +359,18 @@ class HFEngine(BatchingEngine):
     ) -> None:
         grammar(fmt, tool_names(tools))
         self._ll_tokenizer()
+
+    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+        """Queue one generation; a ``response_format`` this engine cannot enforce fails its own future
+        at once (not the batch it would have joined)."""
+        if request.response_format is not None:
+            try:
+                self.check_response_format(request.response_format, request.tools)
+            except ResponseFormatError as exc:
+                failed: concurrent.futures.Future[GenResult] = concurrent.futures.Future()
+                failed.set_exception(exc)
+                return failed
+        return super().submit(request)
 
     def _matcher(self, req: GenRequest) -> Any:
         """An llguidance matcher for a request with a ``response_format`` (``None`` without one)."""
