@@ -460,7 +460,7 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
             if not 0 < len(rid) <= 256:
                 msg = f"rollout ids are 1 to 256 characters, got {rid[:40]!r}..."
                 raise APIError(400, msg, param="rollout_id")
-        version = int(getattr(server.engine, "version", 0))
+        version = int(server.engine.version)
         for s in spans:
             s.attributes.setdefault("weights_version", version)
 

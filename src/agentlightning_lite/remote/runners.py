@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
 from .queue import Job, RolloutQueue
 from .routes import remote_routes
@@ -77,7 +78,7 @@ class RemoteRunners:
     # -- serving --------------------------------------------------------------------------------
     def serve(
         self,
-        engine: Any,
+        engine: ServingEngine,
         store: Store,
         rollout_timeout: float | None = None,
         server_options: dict[str, Any] | None = None,
@@ -106,7 +107,7 @@ class RemoteRunners:
             lease_timeout=self.lease_timeout,
             max_attempts=self.max_attempts,
             rollout_timeout=rollout_timeout,
-            version=lambda: int(getattr(engine, "version", 0)),
+            version=lambda: int(engine.version),
         )
         server = QueueServer(engine, store, **options)
         self.server = server.start()

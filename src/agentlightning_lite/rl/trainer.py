@@ -28,6 +28,7 @@ from ..credit import CreditRule
 from ..store.base import Store
 from ..store.recovery import INTERRUPTED, recover_interrupted
 from ..store.sqlite import SQLiteStore
+from ..serving.engines.contract import InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
 from ..tracer import Tracer
 from ..transitions import transitions
 from ._memory import peak_rss_mib, release_host_memory, rss_mib
@@ -238,7 +239,7 @@ class Trainer:
         model: Any = "smollm2-135m",
         algorithm: GRPO | PPO | SFT | None = None,
         lora: LoRA | None = None,
-        engine: Any = "auto",
+        engine: str | ServingEngine = "auto",
         engine_options: dict[str, Any] | None = None,
         store: Store | None = None,
         agents: Sequence[str] | None = None,
@@ -338,7 +339,7 @@ class Trainer:
         self.policy = self._training_model()
         self.device = next(self.policy.parameters()).device
         # the update computes in the engine's precision (HFEngine(autocast=...)), else bf16 on CUDA
-        self.autocast = getattr(self.engine, "autocast_dtype", None)
+        self.autocast = self.engine.autocast_dtype if isinstance(self.engine, InPlaceEngine) else None
         if self.autocast is None and self.device.type == "cuda" and torch.cuda.is_bf16_supported():
             self.autocast = torch.bfloat16
         self.gradient_checkpointing = bool(gradient_checkpointing)
@@ -387,7 +388,7 @@ class Trainer:
         assert plan is not None
         return {**plan.trained, **plan.frozen}
 
-    def _make_engine(self, engine: Any, model: Any) -> Any:
+    def _make_engine(self, engine: str | ServingEngine, model: Any) -> ServingEngine:
         from ..serving import engines as eng
 
         if self.lora.load_in_4bit:
@@ -416,14 +417,14 @@ class Trainer:
             return eng.VLLMEngine(model, lora=str(init), **options)
         raise ValueError(f"engine must be 'auto', 'hf', 'vllm' or an engine instance, got {engine!r}")
 
-    def _make_multi_engine(self, engine: Any, model: Any) -> Any:
+    def _make_multi_engine(self, engine: str | ServingEngine, model: Any) -> ServingEngine:
         """An engine serving one adapter per policy, routed by agent (agents not named: base model)."""
         from ..serving import engines as eng
 
         plan = self._plan
         assert plan is not None
         if not isinstance(engine, str):
-            if not hasattr(engine, "add_adapter"):
+            if not isinstance(engine, MultiAdapterEngine):
                 raise TypeError(
                     f"policies= needs an engine that serves several adapters; {type(engine).__name__} "
                     "cannot (pass engine='hf', engine='vllm' or an agl.engines.HFEngine)"
@@ -455,7 +456,7 @@ class Trainer:
 
     def _training_model(self) -> Any:
         """The peft model the optimiser updates: the HF engine's own module, or a separate copy."""
-        model = getattr(self.engine, "model", None)
+        model = self.engine.model if isinstance(self.engine, InPlaceEngine) else None
         if model is not None and hasattr(model, "peft_config") and isinstance(model, torch.nn.Module):
             return model  # train in place: the engine serves the updated adapter at once
         from ..serving import engines as eng
@@ -514,11 +515,21 @@ class Trainer:
                     "resume=True but no checkpoint in %s: starting fresh", self.output_dir / "checkpoints"
                 )
             else:
-                state = load_checkpoint(
-                    ckpt, self.policy, self.optimizer, self.value_head, policies=self._policy_states()
-                )
+                state: dict[str, Any] = {}
+
+                def restore(_model: Any) -> None:
+                    state.update(
+                        load_checkpoint(
+                            ckpt, self.policy, self.optimizer, self.value_head, policies=self._policy_states()
+                        )
+                    )
+
+                if self._trains_in_place():  # the engine loads it under its lock and bumps its version
+                    self._trainable_engine().update_weights(restore)
+                else:
+                    restore(self.policy)
+                    self._push_weights()
                 self.step, self._epoch, self._cursor = state["step"], state["epoch"], state["cursor"]
-                self._push_weights()
                 logger.info("resumed from %s (step %d)", ckpt, self.step)
         last: dict[str, Any] = {}
         bar = _progress(total, "training", initial=min(self.step, total))
@@ -605,7 +616,7 @@ class Trainer:
             "train/timeout_rollouts": float(sum(r.status == "timeout" for r in results)),
             "time/rollouts_s": t_roll,
             "time/update_s": t_update,
-            "engine/version": float(getattr(self.engine, "version", 0)),
+            "engine/version": float(self.engine.version),
             **_memory_stats(),
             **sample_stats,
             **update_stats,
@@ -686,9 +697,8 @@ class Trainer:
     ) -> list[RolloutResult]:
         bar = _progress(len(specs), desc) if desc else None
         # the agents start together: let a batching engine wait for their first requests
-        expect = getattr(self.engine, "expect", None)
-        if expect is not None and llm_for is None:
-            expect(min(len(specs), self.concurrency))
+        if llm_for is None:
+            self.engine.expect(min(len(specs), self.concurrency))
         if self.runners is not None:
             try:
                 return self._run_remote(agent, specs, bar)
@@ -768,7 +778,7 @@ class Trainer:
         )
         samples: list[Sample] = []
         too_long = stale = 0
-        current = int(getattr(self.engine, "version", 0))
+        current = int(self.engine.version)
         for t in ts:
             assert t.prompt_token_ids is not None and t.response_token_ids is not None
             if not t.response_token_ids or t.reward is None:
@@ -848,7 +858,7 @@ class Trainer:
             result.update(self._optimise(model, samples, policy))
 
         if self._trains_in_place():
-            self.engine.update_weights(step)  # under the engine's lock: no generation mid-update
+            self._trainable_engine().update_weights(step)  # under the engine's lock: no generation mid-update
         else:
             step(self.policy)
             self._push_weights(policy)
@@ -872,7 +882,7 @@ class Trainer:
             )
 
         if self._trains_in_place():
-            self.engine.update_weights(step)
+            self._trainable_engine().update_weights(step)
         else:
             step(self.policy)
             self._push_weights(policy)
@@ -895,24 +905,27 @@ class Trainer:
             self.optimizer, self.value_head = self._policies[0].optimizer, self._policies[0].value_head
 
     def _trains_in_place(self) -> bool:
-        return getattr(self.engine, "model", None) is self.policy
+        return isinstance(self.engine, InPlaceEngine) and self.engine.model is self.policy
 
     def _push_weights(self, policy: _Policy | None = None) -> None:
         """Hand the adapter(s) to an engine that does not share the training model (vLLM)."""
-        if self._trains_in_place():
-            self.engine.version += 1
-            return
         from peft import get_peft_model_state_dict
 
+        engine = self._trainable_engine()
         if self._plan is None:
-            self.engine.update_weights(get_peft_model_state_dict(self.policy))
+            engine.update_weights(get_peft_model_state_dict(self.policy))
             return
         for pol in [policy] if policy is not None else self._policies:
             state = get_peft_model_state_dict(self.policy, adapter_name=pol.adapter)
-            self.engine.update_weights(state, adapter=pol.adapter)
+            engine.update_weights(state, adapter=pol.adapter)
+
+    def _trainable_engine(self) -> TrainableEngine:
+        if not isinstance(self.engine, TrainableEngine):
+            raise TypeError(f"{type(self.engine).__name__} takes no new weights (it has no update_weights)")
+        return self.engine
 
     def _pad_id(self) -> int:
-        return int(getattr(self.engine, "pad_token_id", 0) or 0)
+        return int(self.engine.pad_token_id or 0) if isinstance(self.engine, InPlaceEngine) else 0
 
     def _optimise(self, model: Any, samples: list[Sample], policy: _Policy | None = None) -> dict[str, float]:
         algo = self.algorithm
@@ -1073,9 +1086,8 @@ class Trainer:
             self._server.stop()
             self._server = None
         self.metrics.close()
-        close = getattr(self.engine, "close", None)
-        if self._owns_engine and callable(close):
-            close()
+        if self._owns_engine:
+            self.engine.close()
         self.store.close()
 
     def __enter__(self) -> Trainer:

@@ -6,8 +6,21 @@
 """
 
 from .base import BatchingEngine, Engine, GenRequest, GenResult
+from .contract import InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
 from .hf import HFEngine
 from .scripted import ScriptedEngine
 from .vllm import VLLMEngine
 
-__all__ = ["BatchingEngine", "Engine", "GenRequest", "GenResult", "HFEngine", "ScriptedEngine", "VLLMEngine"]
+__all__ = [
+    "BatchingEngine",
+    "Engine",
+    "GenRequest",
+    "GenResult",
+    "HFEngine",
+    "InPlaceEngine",
+    "MultiAdapterEngine",
+    "ScriptedEngine",
+    "ServingEngine",
+    "TrainableEngine",
+    "VLLMEngine",
+]

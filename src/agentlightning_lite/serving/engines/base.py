@@ -92,7 +92,10 @@ class Engine(abc.ABC):
 
     Subclasses set ``model_name``, ``tokenizer`` (a Hugging Face tokenizer or one with the same
     ``encode``/``decode``/``apply_chat_template``) and ``max_context``, and implement
-    :meth:`generate`. ``version`` counts weight updates; ``lock`` guards the weights.
+    :meth:`generate`. ``version`` counts weight updates; ``lock`` guards the weights. The typed
+    contract callers rely on is in :mod:`.contract`: every engine is a ``ServingEngine``; one that
+    takes new weights adds ``update_weights(source, adapter=None)`` (a ``TrainableEngine``, and only it
+    changes its ``version``); one that serves several adapters adds ``add_adapter``.
 
     >>> from agentlightning_lite.serving.engines import ScriptedEngine
     >>> engine = ScriptedEngine(["Hello!"], tokenizer="bytes")
@@ -246,10 +249,6 @@ class Engine(abc.ABC):
     def expect(self, n: int, wait_s: float = 2.0) -> None:
         """A hint that ``n`` requests are about to arrive together; batching engines wait for them."""
         return None
-
-    def update_weights(self, source: Any) -> int:
-        """Load new policy weights; returns the new ``version``. Engines that train override it."""
-        raise NotImplementedError(f"{type(self).__name__} has no weights to update")
 
     # -- statistics -----------------------------------------------------------------------
     def _record_batch(

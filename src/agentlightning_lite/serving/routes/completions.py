@@ -45,7 +45,7 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     ]
     if any(not ids for _, ids in encoded):
         raise bad_request("'prompt' must not be empty", "prompt")
-    vocab = getattr(engine, "vocab_size", None)
+    vocab = engine.vocab_size
     if vocab is not None and any(t >= vocab for _, ids in encoded for t in ids):
         raise bad_request(f"'prompt' holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
     budgets = [budget(server, len(ids), p, "prompt") for _, ids in encoded]
