@@ -225,6 +225,7 @@ def test_fit_stops_with_the_first_error_when_every_rollout_fails(engine: object,
     with pytest.raises(RuntimeError, match="No module named 'openai'") as err:
         trainer.fit(agent, TASKS, steps=3)
     assert "ModuleNotFoundError" in str(err.value) and "max_failed_steps=1" in str(err.value)
+    assert str(err.value).startswith("every rollout of step 1 failed or timed out")
     assert trainer.step == 1  # stopped after the first step, not at step 3
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["train/failed_rollouts"]) for r in rows] == [(1, 8.0)]  # the step is logged
@@ -232,7 +233,7 @@ def test_fit_stops_with_the_first_error_when_every_rollout_fails(engine: object,
 
     # a configurable number of such steps in a row; None never stops
     second = make(engine, tmp_path / "two", max_failed_steps=2)
-    with pytest.raises(RuntimeError, match="2 steps in a row"):
+    with pytest.raises(RuntimeError, match=r"2 steps in a row \(steps 1-2\)"):
         second.fit(agent, TASKS, steps=4)
     assert second.step == 2
     second.close()

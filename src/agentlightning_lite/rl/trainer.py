@@ -629,10 +629,13 @@ class Trainer:
         if limit is None or self._failed_steps < limit or self._first_failure is None:
             return
         status, error = self._first_failure
-        steps = "step" if self._failed_steps == 1 else f"{self._failed_steps} steps in a row"
+        n = self._failed_steps
+        first = self.step - n + 1
+        steps = f"step {self.step}" if n == 1 else f"{n} steps in a row (steps {first}-{self.step})"
         raise RuntimeError(
-            f"every rollout of {steps} failed (up to step {self.step}; max_failed_steps={limit}), so there "
-            f"is nothing to train on. The first rollout ended {status!r} with: {error or 'no error recorded'}"
+            f"every rollout of {steps} failed or timed out, so there is nothing to train on "
+            f"(max_failed_steps={limit}; None never stops). The last step's first rollout ended "
+            f"{status!r} with: {error or 'no error recorded'}"
         )
 
     def evaluate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
