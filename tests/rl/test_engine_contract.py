@@ -1,0 +1,74 @@
+"""The engine contract: which engines satisfy which protocol, and the trainer relying on it
+(it checks protocols, never probes attributes, and never writes an engine's version)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentlightning_lite as agl
+from agentlightning_lite.serving import engines
+from agentlightning_lite.serving.engines import (
+    InPlaceEngine,
+    MultiAdapterEngine,
+    ServingEngine,
+    TrainableEngine,
+)
+
+
+def test_scripted_engine_serves_only() -> None:
+    engine = engines.ScriptedEngine(["hi"], tokenizer="bytes")
+    assert isinstance(engine, ServingEngine)
+    assert not isinstance(engine, TrainableEngine)
+    assert not isinstance(engine, MultiAdapterEngine)
+    assert not hasattr(engine, "update_weights")  # no method that only raises: the contract is honest
+
+
+def test_hf_engine_trains_in_place_and_serves_several_adapters(tiny_engine: Any) -> None:
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    assert isinstance(engine, InPlaceEngine) and isinstance(engine, TrainableEngine)
+    assert isinstance(engine, MultiAdapterEngine)
+    assert engine.update_weights(lambda model: None) == 1  # the engine counts its own updates
+    assert engine.version == 1
+
+
+def test_vllm_engine_takes_weights_but_does_not_train_in_place(fake_vllm: Any, tmp_path: Path) -> None:
+    engine = engines.VLLMEngine("smollm2-135m", max_model_len=256)
+    try:
+        assert isinstance(engine, TrainableEngine)
+        assert not isinstance(engine, InPlaceEngine)  # its weights live in vLLM: the trainer pushes copies
+        assert not isinstance(engine, MultiAdapterEngine)
+    finally:
+        engine.close()
+
+
+def test_trainer_refuses_policies_on_an_engine_without_add_adapter(fake_vllm: Any, tmp_path: Path) -> None:
+    engine = engines.ScriptedEngine(["hi"], tokenizer="bytes")
+    with pytest.raises(TypeError, match="serves several adapters"):
+        agl.Trainer(engine=engine, policies={"a": agl.LoRA(r=2)}, store=agl.MemoryStore(), output_dir=tmp_path,
+                    loggers=[])
+
+
+def test_resume_loads_the_checkpoint_through_the_engine(tiny_engine: Any, tmp_path: Path) -> None:
+    """An in-place engine gets the checkpoint through ``update_weights(fn)``: under its lock, and the
+    engine (not the trainer) bumps its version."""
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    first = agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, loggers=[])
+    first.save_checkpoint()
+    first.close()
+    calls: list[bool] = []
+    update = engine.update_weights
+
+    def spy(source: Any, adapter: str | None = None) -> int:
+        calls.append(callable(source))  # a function run on the engine's model, under its lock
+        return update(source, adapter)
+
+    engine.update_weights = spy
+    second = agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, loggers=[])
+    second.fit(lambda task, llm: 1.0, [{"q": 0}], steps=0, resume=True)
+    assert calls == [True]
+    assert engine.version == 1
+    second.close()
+
