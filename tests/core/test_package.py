@@ -108,5 +108,7 @@ def test_ci_checks_each_documented_extra_alone() -> None:
         assert f"extras-{extra}" in sessions
     for family in ("langchain", "openai-agents", "autogen", "crewai"):
         assert f"newest-{family}" in sessions
-    ci = (root / ".ci" / "run").read_text(encoding="utf-8")
-    assert "make test" in ci and "nox" in ci and "set -euo pipefail" in ci
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "set -euo pipefail" in ci and ci.index("make test") < ci.index("make envs")
+    make = (root / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^envs: \$\(STAMP\)\n\t\$\(BIN\)/nox ", make, re.M)
