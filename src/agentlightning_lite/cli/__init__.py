@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from ..store.sqlite import NotOurDatabase
-from . import plot, recover, runner, runs, serve, train, transitions
+from . import export, plot, recover, runner, runs, serve, train, transitions, ui
 from ._common import (
     _EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     transitions.add_parsers(sub)
     plot.add_parser(sub)
     recover.add_parser(sub)
+    ui.add_parser(sub)
+    export.add_parser(sub)
     return parser
 
 
@@ -86,6 +88,8 @@ _COMMANDS = {
     "export-sft": transitions.export_sft_cmd,
     "plot": plot.plot,
     "recover": recover.recover,
+    "ui": ui.ui,
+    "export": export.export,
 }
 
 

@@ -1,0 +1,500 @@
+"""What the web view shows, read from a store opened read-only and from a run's ``metrics.jsonl``.
+
+Nothing here imports a web framework or torch: the pages (:mod:`.app`) render what these functions
+return. The rollout list is one indexed-or-scanned ``SELECT ... LIMIT`` with keyset pagination (the
+page after a row is "rows whose sort key comes after that row's"), so page 2,000 costs what page 1
+costs, and the per-row span counts are read for the rows of the page only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import join
+from .._json import loads
+from ..air import AIRRule
+from ..credit import CreditRule
+from ..store.sqlite import _ROLLOUT_COLUMNS, _row_rollout
+from ..transitions import rollout_transitions
+from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, Transition
+
+__all__ = ["RolloutQuery", "RunData", "group_advantages", "read_metrics"]
+
+#: how the list can be sorted: name -> SQL expression (never NULL, so keyset comparisons hold)
+SORTS: dict[str, str] = {
+    "start": "start_time",
+    "reward": "COALESCE(reward, -1e308)",
+    "duration": "COALESCE(end_time - start_time, -1.0)",
+}
+PAGE_SIZES = (25, 50, 100, 200)
+
+
+@dataclass
+class RolloutQuery:
+    """The rollout list's filters, sort and page position, as the page's query string gives them."""
+
+    mode: str | None = None
+    status: str | None = None
+    agent: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    sort: str = "start"
+    order: str = "desc"
+    limit: int = 50
+    after: tuple[float, int] | None = None  #: the sort key and rowid of the last row of the previous page
+    before: tuple[float, int] | None = None  #: ... of the first row of the next page (going back)
+
+    @classmethod
+    def from_params(cls, params: Any) -> RolloutQuery:
+        """Parse a query string mapping; raises ``ValueError`` naming the bad parameter."""
+
+        def choice(name: str, allowed: Sequence[str], default: str | None) -> str | None:
+            value = params.get(name) or default
+            if value is not None and value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+            return value
+
+        def number(name: str) -> float | None:
+            text = (params.get(name) or "").strip()
+            if not text:
+                return None
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"{name} must be a number, got {text!r}") from None
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {text!r}")
+            return value
+
+        def cursor(name: str) -> tuple[float, int] | None:
+            text = params.get(name)
+            if not text:
+                return None
+            key, _, rowid = text.rpartition(":")
+            try:
+                return float(key), int(rowid)
+            except ValueError:
+                raise ValueError(
+                    f"{name} must be KEY:ROWID as the page's links write it, got {text!r}"
+                ) from None
+
+        try:
+            limit = int(params.get("limit") or 50)
+        except ValueError:
+            raise ValueError(f"limit must be one of {PAGE_SIZES}, got {params.get('limit')!r}") from None
+        if limit not in PAGE_SIZES:
+            raise ValueError(f"limit must be one of {PAGE_SIZES}, got {limit}")
+        return cls(
+            mode=choice("mode", ROLLOUT_MODES, None),
+            status=choice("status", ROLLOUT_STATUSES, None),
+            agent=params.get("agent") or None,
+            min_reward=number("min_reward"),
+            max_reward=number("max_reward"),
+            sort=choice("sort", tuple(SORTS), "start") or "start",
+            order=choice("order", ("asc", "desc"), "desc") or "desc",
+            limit=limit,
+            after=cursor("after"),
+            before=cursor("before"),
+        )
+
+    def params(self, **change: Any) -> dict[str, str]:
+        """The query string of this query with some fields changed (for the page's links)."""
+        values = {
+            "mode": self.mode,
+            "status": self.status,
+            "agent": self.agent,
+            "min_reward": self.min_reward,
+            "max_reward": self.max_reward,
+            "sort": self.sort,
+            "order": self.order,
+            "limit": self.limit,
+        }
+        values.update(change)
+        return {k: _fmt_param(v) for k, v in values.items() if v is not None and v != ""}
+
+
+def _fmt_param(v: Any) -> str:
+    if isinstance(v, tuple):
+        return f"{v[0]!r}:{v[1]}"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+@dataclass
+class RolloutRow:
+    """One line of the rollout list."""
+
+    rowid: int
+    rollout_id: str
+    mode: str
+    status: str
+    start_time: float
+    end_time: float | None
+    reward: float | None
+    error: str | None
+    task: Any
+    step: Any
+    key: float
+    spans: int = 0
+    llm_calls: int = 0
+    tool_errors: int = 0
+    agents: list[str] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.end_time is None else self.end_time - self.start_time
+
+    @property
+    def cursor(self) -> tuple[float, int]:
+        return (self.key, self.rowid)
+
+
+@dataclass
+class RolloutPage:
+    rows: list[RolloutRow]
+    total: int  #: rollouts matching the filters
+    next: tuple[float, int] | None  #: cursor of the next page (None on the last)
+    prev: tuple[float, int] | None  #: cursor of the previous page (None on the first)
+    seconds: float  #: time the queries took
+
+
+class RunData:
+    """The store (read-only) and the run directory behind the web view; safe to share between threads."""
+
+    def __init__(
+        self,
+        store: Any,
+        output_dir: str | os.PathLike[str] | None = None,
+        tokenizer: Any = None,
+        credit: CreditRule | None = None,
+        air: AIRRule | Iterable[AIRRule] | None = None,
+        agents: Iterable[str] | None = None,
+    ) -> None:
+        self.store = store
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.tokenizer = tokenizer
+        self.credit = credit
+        self.air = air
+        self.agents = None if agents is None else list(agents)
+        self._lock = threading.Lock()
+        self._agents_cache: tuple[float, list[str]] | None = None
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self.store._query(sql, params)
+
+    # -- the list --------------------------------------------------------------------------
+    def agent_names(self, max_age_s: float = 30.0) -> list[str]:
+        """The agents that appear in the store's spans (cached for ``max_age_s``)."""
+        cached = self._agents_cache
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return cached[1]
+        names = [r[0] for r in self._query("SELECT DISTINCT agent FROM spans WHERE agent IS NOT NULL")]
+        names = sorted(names)[:500]
+        self._agents_cache = (time.monotonic(), names)
+        return names
+
+    def rollouts(self, q: RolloutQuery) -> RolloutPage:
+        """One page of the rollout list."""
+        t0 = time.perf_counter()
+        where, params = _filters(q)
+        key = SORTS[q.sort]
+        desc = q.order == "desc"
+        page_where = list(where)
+        page_params = list(params)
+        going_back = q.before is not None and q.after is None
+        cur = q.before if going_back else q.after
+        if cur is not None:
+            # rows after the cursor in the page's order (before it when going back)
+            forward_op = "<" if desc else ">"
+            op = forward_op if not going_back else ("<" if forward_op == ">" else ">")
+            page_where.append(f"({key}, rowid) {op} (?, ?)")
+            page_params += [cur[0], cur[1]]
+        ascending = (not desc) != going_back
+        direction = "ASC" if ascending else "DESC"
+        sql = (
+            f"SELECT rowid, rollout_id, mode, status, start_time, end_time, reward, error, "
+            f"substr(task, 1, 400), json_extract(metadata, '$.step'), {key} FROM rollouts"
+            + (" WHERE " + " AND ".join(page_where) if page_where else "")
+            + f" ORDER BY {key} {direction}, rowid {direction} LIMIT ?"
+        )
+        raw = self._query(sql, [*page_params, q.limit + 1])
+        more = len(raw) > q.limit
+        raw = raw[: q.limit]
+        if going_back:
+            raw.reverse()
+        rows = [
+            RolloutRow(
+                rowid=r[0],
+                rollout_id=r[1],
+                mode=r[2],
+                status=r[3],
+                start_time=r[4],
+                end_time=r[5],
+                reward=r[6],
+                error=r[7],
+                task=_task_preview(r[8]),
+                step=r[9],
+                key=float(r[10]),
+            )
+            for r in raw
+        ]
+        self._span_counts(rows)
+        count_sql = "SELECT COUNT(*) FROM rollouts" + (" WHERE " + " AND ".join(where) if where else "")
+        total = int(self._query(count_sql, params)[0][0])
+        if going_back:
+            nxt = rows[-1].cursor if rows else None
+            prev = rows[0].cursor if rows and more else None
+        else:
+            nxt = rows[-1].cursor if rows and more else None
+            prev = rows[0].cursor if rows and cur is not None else None
+        return RolloutPage(rows, total, nxt, prev, time.perf_counter() - t0)
+
+    def _span_counts(self, rows: list[RolloutRow]) -> None:
+        if not rows:
+            return
+        by_id = {r.rollout_id: r for r in rows}
+        marks = ", ".join("?" * len(by_id))
+        for rid, agent, kind, status, dup, n in self._query(
+            "SELECT rollout_id, agent, kind, status, instr(attributes, ?) > 0, COUNT(*) FROM spans "
+            f"WHERE rollout_id IN ({marks}) GROUP BY 1, 2, 3, 4, 5",
+            [f'"{join.DUPLICATE_OF}"', *by_id],
+        ):
+            row = by_id[rid]
+            row.spans += n
+            if kind == "llm" and not dup:
+                row.llm_calls += n
+            if kind == "tool" and status == "error":
+                row.tool_errors += n
+            if agent and agent not in row.agents:
+                row.agents.append(agent)
+
+    # -- one rollout ------------------------------------------------------------------------
+    def rollout(self, rollout_id: str) -> tuple[Rollout, list[Span]] | None:
+        with self._lock:
+            ro = self.store.get_rollout(rollout_id)
+            if ro is None:
+                return None
+            return ro, self.store.spans(rollout_id)
+
+    def transitions_of(self, ro: Rollout, spans: Sequence[Span]) -> tuple[list[Transition], list[str]]:
+        """The rollout's transitions as training would build them, and the warnings that came with them."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = rollout_transitions(ro, spans, agents=self.agents, credit=self.credit, air=self.air)
+        return out, [str(w.message) for w in caught]
+
+    def group_of(self, ro: Rollout) -> list[Rollout]:
+        """The rollouts trained with ``ro`` (GRPO's group: the same step and task), ``ro`` included."""
+        step, task_index = ro.metadata.get("step"), ro.metadata.get("task_index")
+        if ro.mode != "train" or step is None or task_index is None:
+            return [ro]
+        rows = self._query(
+            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE mode = 'train' "
+            "AND json_extract(metadata, '$.step') = ? AND json_extract(metadata, '$.task_index') = ? "
+            "ORDER BY start_time, rowid",
+            (step, task_index),
+        )
+        group = [_row_rollout(r) for r in rows]
+        return group if any(g.rollout_id == ro.rollout_id for g in group) else [ro]
+
+    def token_view(self, rollout_id: str) -> dict[str, Any] | None:
+        """Everything the tokens page shows: each LLM call's response tokens with the value each was
+        trained with (the credited reward, and GRPO's advantage within the rollout's group)."""
+        found = self.rollout(rollout_id)
+        if found is None:
+            return None
+        ro, spans = found
+        ts, notes = self.transitions_of(ro, spans)
+        group = self.group_of(ro)
+        advantages: dict[str, float] = {}
+        group_calls = 0
+        if len(group) > 1:
+            rewards: list[float] = []
+            keys: list[str] = []
+            for g in group:
+                if g.reward is None:
+                    continue  # the trainer drops rollouts without a reward
+                if g.rollout_id == ro.rollout_id:
+                    g_ts = ts
+                else:
+                    g_found = self.rollout(g.rollout_id)
+                    g_ts = [] if g_found is None else self.transitions_of(g, g_found[1])[0]
+                for t in g_ts:
+                    if t.reward is None or not t.response_token_ids or t.prompt_token_ids is None:
+                        continue
+                    rewards.append(float(t.reward))
+                    keys.append(f"{t.rollout_id}/{t.metadata.get('span_id')}")
+            adv = group_advantages(rewards)
+            advantages = dict(zip(keys, adv, strict=True))
+            group_calls = len(rewards)
+        by_span = {t.metadata.get("span_id"): t for t in ts}
+        calls = []
+        for s in spans:
+            if s.kind != "llm":
+                continue
+            t = by_span.get(s.span_id)
+            reason = None if t is not None else _why_not_trained(s, self.agents)
+            if t is not None and not (t.response_token_ids and t.prompt_token_ids is not None):
+                reason = "no token ids: the call was not made through the PolicyServer"
+            a = advantages.get(f"{ro.rollout_id}/{s.span_id}") if reason is None else None
+            calls.append(
+                {
+                    "span": s,
+                    "transition": t if reason is None else None,
+                    "reason": reason,
+                    "advantage": a,
+                    "tokens": self._tokens(s, a, t.reward if t is not None and reason is None else None),
+                    "adapter": s.attributes.get("adapter"),
+                    "weights_version": s.attributes.get("weights_version"),
+                    "prompt_text": s.attributes.get("prompt_text"),
+                }
+            )
+        scale = max(
+            [abs(tok["value"]) for c in calls for tok in c["tokens"] if tok["value"] is not None] or [1.0]
+        )
+        for c in calls:
+            for tok in c["tokens"]:
+                tok["shade"] = (
+                    None if tok["value"] is None else max(-1.0, min(1.0, tok["value"] / (scale or 1.0)))
+                )
+        return {
+            "rollout": ro,
+            "calls": calls,
+            "notes": notes,
+            "group": group,
+            "group_calls": group_calls,
+            "shaded_by": "advantage" if advantages else "reward",
+            "decoded": self.tokenizer is not None,
+        }
+
+    def _tokens(self, s: Span, advantage: float | None, reward: float | None) -> list[dict[str, Any]]:
+        ids = s.response_token_ids or []
+        lps = s.response_logprobs or []
+        value = advantage if advantage is not None else reward
+        texts = self.token_texts(ids)
+        return [
+            {
+                "id": tid,
+                "text": texts[i],
+                "logprob": lps[i] if i < len(lps) else None,
+                "value": value,
+            }
+            for i, tid in enumerate(ids)
+        ]
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each token's text with the tokenizer given, else ``⟨id⟩``."""
+        tok = self.tokenizer
+        if tok is None:
+            return [f"⟨{i}⟩" for i in ids]
+        out = []
+        for i in ids:
+            try:
+                out.append(tok.decode([int(i)]))
+            except Exception:
+                out.append(f"⟨{i}⟩")
+        return out
+
+    # -- the training run -------------------------------------------------------------------
+    def metrics(self, since: int = 0) -> dict[str, Any]:
+        """The rows of ``output_dir/metrics.jsonl`` from row ``since`` on, and how fresh the file is."""
+        if self.output_dir is None:
+            return {"rows": [], "total": 0, "path": None, "age_s": None}
+        path = self.output_dir / "metrics.jsonl"
+        rows = read_metrics(path)
+        age = None
+        if path.exists():
+            age = max(0.0, time.time() - path.stat().st_mtime)
+        return {"rows": rows[since:], "total": len(rows), "path": str(path), "age_s": age}
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The JSON rows of a ``metrics.jsonl``; a line the trainer is still writing (no newline yet) or a
+    damaged one is skipped."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    rows = []
+    with open(p, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.endswith("\n") or not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """GRPO's advantages over one group, as ``rl.grpo.group_advantages`` computes them (without torch):
+    ``(r - mean) / (sample std + eps)``, all 0.0 when the rewards do not differ.
+
+    >>> [round(a, 3) for a in group_advantages([1.0, 0.0])]
+    [0.707, -0.707]
+    >>> group_advantages([1.0, 1.0])
+    [0.0, 0.0]
+    """
+    if len(rewards) < 2:
+        return [0.0] * len(rewards)
+    mean = statistics.fmean(rewards)
+    std = statistics.stdev(rewards)
+    if std < 1e-8:
+        return [0.0] * len(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def _why_not_trained(s: Span, agents: list[str] | None) -> str:
+    if s.status == "error":
+        return "the call failed: no response to learn from"
+    if s.attributes.get(join.DUPLICATE_OF):
+        return "a framework's view of a call recorded with tokens (that one is trained)"
+    if s.attributes.get(join.SOURCE) and not s.has_tokens:
+        return "recorded by a framework adapter without token ids: the agent called a model not served here"
+    if agents is not None and s.agent not in agents:
+        return f"agent {s.agent!r} is not among the trained agents"
+    return "not a policy call"
+
+
+def _filters(q: RolloutQuery) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    if q.mode:
+        where.append("mode = ?")
+        params.append(q.mode)
+    if q.status:
+        where.append("status = ?")
+        params.append(q.status)
+    if q.min_reward is not None:
+        where.append("reward >= ?")
+        params.append(q.min_reward)
+    if q.max_reward is not None:
+        where.append("reward <= ?")
+        params.append(q.max_reward)
+    if q.agent:
+        where.append("rollout_id IN (SELECT rollout_id FROM spans WHERE agent = ?)")
+        params.append(q.agent)
+    return where, params
+
+
+def _task_preview(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return loads(text)
+    except ValueError:
+        return text  # cut in the middle by substr: show the start as text

@@ -1,0 +1,255 @@
+"""The web view over real SQLite files, served on 127.0.0.1 and read over real HTTP."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentlightning_lite.cli.readstore import ReadOnlyStore
+from agentlightning_lite.ui import RunData, UIServer, group_advantages
+
+from . import _stores
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, Any]:
+    req = urllib.request.Request(url, headers=headers or {})
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a: Any, **k: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(req, timeout=30) as r:
+            return r.status, r.read().decode(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), e.headers
+
+
+def ids_in(html: str) -> list[str]:
+    return re.findall(r'class="rollout-link" href="/rollouts/([^"]+)"', html)
+
+
+def test_list_filters_and_sorts(view: Any) -> None:
+    ids = view.ids
+    code, html, _ = get(view.url + "/")
+    assert code == 200
+    assert set(ids_in(html)) == {*ids["train"], ids["val"], ids["failed"]}
+    assert ids_in(html)[0] == ids["failed"]  # newest first
+    assert set(ids_in(get(view.url + "/?mode=train")[1])) == set(ids["train"])
+    assert ids_in(get(view.url + "/?status=failed")[1]) == [ids["failed"]]
+    judged = get(view.url + "/?agent=judge")[1]  # the agent is on the spans, not the rollout
+    assert set(ids_in(judged)) == set(ids["train"]) and '<span id="total">4</span>' in judged
+    high = ids_in(get(view.url + "/?min_reward=0.5")[1])
+    assert set(high) == {ids["train"][0], ids["train"][2], ids["val"]}
+    low = ids_in(get(view.url + "/?max_reward=0.25&mode=train")[1])
+    assert set(low) == {ids["train"][1], ids["train"][3]}
+    by_reward = ids_in(get(view.url + "/?sort=reward&order=asc&mode=train")[1])
+    assert set(by_reward[:2]) == {ids["train"][1], ids["train"][3]}  # the two 0.0 rewards first
+    page = get(view.url + "/?mode=train")[1]
+    assert "calculator" not in page and "judge" in page  # agents column lists solver, judge
+    assert "1 tool error" in page
+
+
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("mode=nope", "mode must be one of train, val, trace"),
+        ("min_reward=abc", "min_reward must be a number"),
+        ("limit=7", "limit must be one of"),
+        ("after=xyz", "after must be KEY:ROWID"),
+        ("sort=name", "sort must be one of start, reward, duration"),
+    ],
+)
+def test_bad_query_is_a_400_naming_the_parameter(view: Any, query: str, message: str) -> None:
+    code, html, _ = get(view.url + "/?" + query)
+    assert code == 400 and message in html
+
+
+def test_rollout_page_shows_the_span_tree(view: Any) -> None:
+    rid = view.ids["train"][1]  # reward 0, its tool failed
+    code, html, _ = get(view.url + f"/rollouts/{rid}")
+    assert code == 200
+    tree = html[html.index('id="span-tree"') :]
+    # the agent span holds the llm and tool spans (nested list), the reward is at the root
+    agent_at = tree.index(f'id="span-{rid}-agent"')
+    assert agent_at < tree.index(f'id="span-{rid}-c1"') < tree.index(f'id="span-{rid}-tool"')
+    assert "ZeroDivisionError: division by zero" in tree and 'class="outcome error"' in tree
+    assert "what is 0+2?" in tree  # the call's messages
+    assert "calculator({&#34;expr&#34;: &#34;x&#34;})" in tree  # the tool call it asked for
+    assert "exact_match" in html and "(final)" in html
+    assert re.search(r"\+\d+\.\d ms · \d+\.\d ms", tree)  # offset and duration of each span
+    # the training signal of the rollout: its 2 policy calls, AIR's tool_status on the first
+    table = html[html.index('id="transitions"') : html.index("</table>", html.index('id="transitions"'))]
+    assert table.count("<tr>") == 3 and "-0.5" in table
+    assert "have no token ids" in html  # the judge's call to another model, said loudly
+    assert get(view.url + "/rollouts/nope")[0] == 404
+
+
+def test_tokens_page_shades_by_the_advantage_trained_with(view: Any) -> None:
+    rid = view.ids["train"][0]
+    code, html, _ = get(view.url + f"/tokens/{rid}")
+    assert code == 200
+    assert '<strong id="shaded-by">advantage</strong>' in html
+    # the group: this rollout (reward 1) and its twin (reward 0), 2 calls each, AIR on the tool call
+    credited = re.findall(r'<td class="credited">([^<]+)</td>', html)
+    assert credited == ["1.25", "1"]  # 1 + tool success 0.25 on the call before the tool; then 1
+    twin = get(view.url + f"/tokens/{view.ids['train'][1]}")[1]
+    assert re.findall(r'<td class="credited">([^<]+)</td>', twin) == ["-0.5", "0"]
+    expected = group_advantages([1.25, 1.0, -0.5, 0.0])
+    shown = [float(x) for x in re.findall(r'<td class="advantage">([^<]+)</td>', html)]
+    assert shown == pytest.approx(expected[:2], abs=1e-3)
+    # each response token of a trained call carries its id, logprob and value, decoded by the tokenizer
+    assert 'title="id 99 · logprob -0.500 · advantage ' in html and ">c</span>" in html
+    judge = html[html.index('id="call-2"') :]
+    assert "not trained: recorded by a framework adapter without token ids" in judge
+    assert "adapter solver" in html and "adapter (base model)" in judge
+    assert "tool_error:calculator -0.5" in twin and "tool_ok:calculator 0.25" in html
+
+
+def test_advantages_match_the_trainers_grpo() -> None:
+    grpo = pytest.importorskip("agentlightning_lite.rl.grpo")
+    rewards = [1.25, 1.0, 0.5, 0.0, 0.0]
+    theirs, _ = grpo.group_advantages(rewards, ["g"] * len(rewards))
+    assert group_advantages(rewards) == pytest.approx(theirs, abs=1e-9)
+    assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+
+
+def test_tokens_without_tokenizer_are_ids_and_val_rollouts_use_the_reward(small: dict[str, Any]) -> None:
+    store = ReadOnlyStore(small["db"])
+    try:
+        with UIServer(RunData(store)) as server:
+            html = get(server.url + f"/tokens/{small['ids']['val']}")[1]
+    finally:
+        store.close()
+    assert '<strong id="shaded-by">reward</strong>' in html
+    assert ">⟨118⟩</span>" in html  # "v" of "val answer", as an id
+    assert "pass <code>--model</code> to decode them" in html
+
+
+def test_run_page_and_metrics_follow_the_file(view: Any, small: dict[str, Any]) -> None:
+    code, html, _ = get(view.url + "/run")
+    assert code == 200 and "/static/uPlot.iife.min.js" in html and '"train/kl"' in html
+    assert get(view.url + "/static/uPlot.iife.min.js")[0] == 200
+    m = json.loads(get(view.url + "/api/metrics")[1])
+    assert m["total"] == 5 and m["rows"][3]["val/reward_mean"] == pytest.approx(0.6)
+    with open(small["run"] / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 5, "train/reward_mean": 0.9}) + "\n")
+        f.write('{"step": 6, "train/rew')  # a row the trainer is still writing
+    m = json.loads(get(view.url + "/api/metrics?since=5")[1])
+    assert m["total"] == 6 and m["rows"] == [{"step": 5, "train/reward_mean": 0.9}] and m["age_s"] < 60
+    assert get(view.url + "/api/metrics?since=-1")[0] == 400
+
+
+def test_the_store_file_is_not_touched(small: dict[str, Any]) -> None:
+    db: Path = small["db"]
+    before = hashlib.sha256(db.read_bytes()).hexdigest(), sorted(p.name for p in db.parent.iterdir())
+    store = ReadOnlyStore(db)
+    with UIServer(RunData(store, small["run"])) as server:
+        for path in (
+            "/",
+            "/?agent=solver",
+            f"/rollouts/{small['ids']['train'][0]}",
+            f"/tokens/{small['ids']['train'][0]}",
+        ):
+            assert get(server.url + path)[0] == 200
+        with pytest.raises(PermissionError):
+            store.add_spans([])
+    store.close()
+    after = hashlib.sha256(db.read_bytes()).hexdigest(), sorted(p.name for p in db.parent.iterdir())
+    assert before == after
+
+
+def test_api_key(small: dict[str, Any]) -> None:
+    store = ReadOnlyStore(small["db"])
+    with pytest.raises(ValueError, match="needs an API key"):
+        UIServer(RunData(store), host="0.0.0.0")
+    try:
+        with UIServer(RunData(store), api_key="s3cret") as server:
+            code, html, _ = get(server.url + "/")
+            assert code == 401 and "?key=KEY" in html
+            assert get(server.url + "/api/metrics")[0] == 401
+            assert get(server.url + "/?key=wrong")[0] == 401
+            assert get(server.url + "/", {"Authorization": "Bearer s3cret"})[0] == 200
+            code, _, headers = get(server.url + "/?mode=train&key=s3cret")
+            assert code == 303 and headers["location"] == "/?mode=train"
+            cookie = headers["set-cookie"].split(";")[0]
+            assert "httponly" in headers["set-cookie"].lower()
+            assert get(server.url + "/?mode=train", {"Cookie": cookie})[0] == 200
+    finally:
+        store.close()
+
+
+def test_list_is_fast_on_100k_rollouts(tmp_path: Path) -> None:
+    db = tmp_path / "big.db"
+    t0 = time.perf_counter()
+    _stores.big_store(db, 100_000)
+    made = time.perf_counter() - t0
+    store = ReadOnlyStore(db)
+    try:
+        with UIServer(RunData(store)) as server:
+            get(server.url + "/")  # the first request warms the page cache
+            timings = {}
+            for query in (
+                "",
+                "sort=reward&order=asc",
+                "mode=train&status=failed",
+                "agent=agent3&min_reward=0.5",
+                "sort=duration&limit=200",
+            ):
+                t = time.perf_counter()
+                code, html, _ = get(server.url + "/?" + query)
+                timings[query or "(none)"] = time.perf_counter() - t
+                assert code == 200 and len(ids_in(html)) > 0
+            # keyset pages: page 2 follows page 1 without overlap, "previous" gives page 1 back
+            first = get(server.url + "/?sort=reward")[1]
+            nxt = re.search(r'id="next" href="/\?([^"]+)"', first).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
+            second = get(server.url + "/?" + nxt)[1]
+            assert not set(ids_in(first)) & set(ids_in(second)) and len(ids_in(second)) == 50
+            prev = re.search(r'id="prev" href="/\?([^"]+)"', second).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
+            assert ids_in(get(server.url + "/?" + prev)[1]) == ids_in(first)
+            assert '<span id="total">100000</span>' in first
+    finally:
+        store.close()
+    print(
+        f"\n100,000-rollout store made in {made:.2f} s; list page:",
+        ", ".join(f"{q}: {s * 1000:.0f} ms" for q, s in timings.items()),
+    )
+    assert max(timings.values()) < 2.0
+
+
+def test_cli_serves_and_refuses_an_open_bind_without_key(small: dict[str, Any]) -> None:
+    cmd = [sys.executable, "-m", "agentlightning_lite.cli", "ui", str(small["db"])]
+    refused = subprocess.run(
+        [*cmd, "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "AGL_API_KEY": ""},
+    )
+    assert refused.returncode == 2 and "needs an API key" in refused.stderr
+    missing = subprocess.run(
+        [*cmd[:-1], str(small["db"]) + ".nope"], capture_output=True, text=True, timeout=60
+    )
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    proc = subprocess.Popen(
+        [*cmd, "--port", "0", "--output-dir", str(small["run"])], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        url = re.search(r"at (http://127\.0\.0\.1:\d+)/", line).group(1)  # type: ignore[union-attr]
+        code, html, _ = get(url + "/run")
+        assert code == 200 and str(small["run"] / "metrics.jsonl") in html
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
