@@ -1,4 +1,5 @@
-"""Shared fixtures: every store test runs against both store implementations; a stand-in ``vllm``."""
+"""Shared fixtures: every store test runs against both store implementations; a stand-in ``vllm``;
+the tiny Llama (``tiny_llama``) and engines over it (``tiny_engine``), built by ``tests/_helpers.py``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import enum
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+from ._helpers import tiny_llama
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -169,12 +172,12 @@ def tiny_hf_engine(step_delay_s: float = 0.0, no_eos: bool = False, **kw: Any) -
     """An HFEngine over a one-layer random-init Llama with the byte tokenizer: loads in well under a
     second. ``step_delay_s`` makes every forward pass (one decoding step) that slow; ``no_eos`` keeps
     it from ever ending a reply early, so a request runs to its ``max_tokens``."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     from agentlightning_lite.serving.engines import HFEngine
 
     tok = ByteTokenizer()
-    config = transformers.LlamaConfig(
+    model = tiny_llama(
         vocab_size=len(tok),
         hidden_size=16,
         intermediate_size=32,
@@ -187,8 +190,6 @@ def tiny_hf_engine(step_delay_s: float = 0.0, no_eos: bool = False, **kw: Any) -
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
 
     def hook(module: Any, args: Any, output: Any) -> Any:
         if step_delay_s:
@@ -201,6 +202,14 @@ def tiny_hf_engine(step_delay_s: float = 0.0, no_eos: bool = False, **kw: Any) -
     options: dict[str, Any] = {"model_name": "tiny", "seed": 0, "num_threads": 1}
     options.update(kw)
     return HFEngine(model, tokenizer=tok, **options)
+
+
+@pytest.fixture(name="tiny_llama")
+def tiny_llama_fixture() -> Callable[..., Any]:
+    """A factory of the seeded two-layer Llama of :func:`tests._helpers.tiny_llama` (keyword
+    arguments override its ``LlamaConfig``: ``max_position_embeddings`` is 512 by default)."""
+    pytest.importorskip("transformers")
+    return tiny_llama
 
 
 @pytest.fixture

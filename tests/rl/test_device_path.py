@@ -26,6 +26,8 @@ from agentlightning_lite.rl.trainer import _is_checkpointing
 from agentlightning_lite.serving.engines import GenRequest, HFEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
+from .._helpers import tiny_llama as shared_tiny_llama
+
 CUDA = torch.cuda.is_available()
 
 # Tolerances on the mean absolute difference per token between the engine's logprobs (incremental
@@ -39,22 +41,9 @@ CUDA = torch.cuda.is_available()
 TOLERANCE = {"cpu": 1e-4, "cuda": 5e-2, "cpu-bf16": 5e-2}
 
 
-def tiny_llama(vocab: int = 258) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=257,
-        eos_token_id=257,
-    )
-    return LlamaForCausalLM(cfg).eval()
+def tiny_llama() -> Any:
+    """The shared tiny Llama (tests/_helpers.py), twice as wide as its default."""
+    return shared_tiny_llama(hidden_size=64, intermediate_size=128)
 
 
 def chat(llm: agl.LLM, content: str) -> str:

@@ -12,6 +12,8 @@ import torch
 import agentlightning_lite as agl
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
+from .._helpers import lora_weights
+
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 LR = 1e-2
 
@@ -23,10 +25,6 @@ def engine(tiny_llama: Any) -> Iterator[Any]:
     eng = HFEngine(tiny_llama(), tokenizer=ByteTokenizer(), seed=0, model_name="tiny", max_batch_size=16)
     yield eng
     eng.close()
-
-
-def adapter_weights(model: Any, adapter: str) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if f".{adapter}." in n}
 
 
 def ask(llm: agl.LLM, agent: str, text: str, temperature: float) -> Any:
@@ -70,7 +68,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     assert sorted(engine.adapters) == ["rewriter", "writer"]
     assert trainer.policies == {"writer": ["writer"], "rewriter": ["rewriter"]}
     assert engine.adapter_for("writer") == "writer" and engine.adapter_for("checker") is None
-    before = {a: adapter_weights(model, a) for a in ("writer", "rewriter")}
+    before = {a: lora_weights(model, a) for a in ("writer", "rewriter")}
     assert all(len(w) == 2 * 3 * 2 for w in before.values())  # A and B, 3 modules, 2 layers
 
     # what the frozen checker says before training, read back through the server
@@ -104,7 +102,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
         if name == "writer":
             assert all(g is None for g in others.values())
         # each adapter moved by its own gradient: AdamW's first step is exactly -lr * g / (|g| + eps)
-        after = adapter_weights(model, name)
+        after = lora_weights(model, name)
         for n, g in mine.items():
             assert g is not None
             torch.testing.assert_close(
@@ -137,7 +135,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     assert probe_before.choices[0].message.content == probe_after.choices[0].message.content
     # ...while the trained writer's are not
     w_before = {n: before["writer"][n] for n in before["writer"]}
-    assert any(not torch.equal(w_before[n], p) for n, p in adapter_weights(model, "writer").items())
+    assert any(not torch.equal(w_before[n], p) for n, p in lora_weights(model, "writer").items())
 
     # a saved adapter per policy, and a checkpoint that restores both
     saved = trainer.save()
@@ -145,7 +143,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     assert (saved / "writer" / "adapter_config.json").is_file()
     ckpt = trainer.save_checkpoint()
     assert (ckpt / "policies" / "rewriter" / "optimizer.pt").is_file()
-    trained = {a: adapter_weights(model, a) for a in ("writer", "rewriter")}
+    trained = {a: lora_weights(model, a) for a in ("writer", "rewriter")}
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_" in n:
@@ -154,7 +152,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
 
     load_checkpoint(ckpt, model, None, policies=trainer._policy_states())
     for a in ("writer", "rewriter"):
-        assert all(torch.equal(trained[a][n], w) for n, w in adapter_weights(model, a).items())
+        assert all(torch.equal(trained[a][n], w) for n, w in lora_weights(model, a).items())
     trainer.close()
 
 
@@ -185,13 +183,11 @@ def test_shared_and_frozen_adapter_policies(engine: Any, tmp_path: Path, tiny_ll
     )
     assert trainer.policies == {"writer": ["writer", "rewriter"]}
     assert (engine.adapter_for("rewriter"), engine.adapter_for("checker")) == ("writer", "checker")
-    frozen_before = adapter_weights(trainer.policy, "checker")
+    frozen_before = lora_weights(trainer.policy, "checker")
     assert frozen_before and any(float(w.abs().max()) > 0 for n, w in frozen_before.items() if "lora_B" in n)
     out = trainer.fit(writer_rewriter_checker, [{"q": "Say hi."}], steps=1)
     assert out["writer/train/samples"] == 4.0  # the writer's and the rewriter's calls, 2 rollouts
-    assert all(
-        torch.equal(frozen_before[n], w) for n, w in adapter_weights(trainer.policy, "checker").items()
-    )
+    assert all(torch.equal(frozen_before[n], w) for n, w in lora_weights(trainer.policy, "checker").items())
     adapters = {
         (s.agent, s.attributes["adapter"])
         for r in trainer.store.rollouts(mode="train")

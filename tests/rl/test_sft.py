@@ -15,6 +15,8 @@ from agentlightning_lite.rl.sft import sft_loss
 from agentlightning_lite.serving.engines import ScriptedEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
+from .._helpers import lora_weights
+
 ANSWERS = {"2+2?": "four", "3+3?": "six", "5+5?": "ten", "1+1?": "two"}
 
 
@@ -56,19 +58,15 @@ def recorded_samples(store: agl.Store) -> list[Sample]:
     ]
 
 
-def lora_state(model: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-
-
 def check_sft_step(trainer: agl.Trainer, tasks: list[dict[str, str]], wrong: str | None) -> None:
     """One SFT step: the adapter moves and the loss on the recorded teacher calls goes down."""
-    start = lora_state(trainer.policy)
+    start = lora_weights(trainer.policy)
     stats = trainer.fit(agent, tasks, steps=1)
     samples = recorded_samples(trainer.store)
     assert len(samples) == len(tasks)  # one call per rollout, every rollout recorded
     trained = stats["train/sequences"]
     assert trained == len(tasks) - (1 if wrong else 0)  # min_reward=1.0 left the failed episode out
-    end = lora_state(trainer.policy)
+    end = lora_weights(trainer.policy)
     assert any(not torch.equal(start[n], end[n]) for n in start), "the adapter did not change"
     kept = [s for s in samples if s.reward >= 1.0]
     pad = int(trainer.engine.pad_token_id or 0)
@@ -103,7 +101,7 @@ def test_sft_step_on_teacher_traces_tiny(tiny_trainer: agl.Trainer) -> None:
 def test_sft_then_grpo_on_the_same_adapter(tiny_trainer: agl.Trainer) -> None:
     tasks = [{"q": q} for q in ANSWERS]
     tiny_trainer.fit(agent, tasks, steps=1)
-    warm = lora_state(tiny_trainer.policy)
+    warm = lora_weights(tiny_trainer.policy)
     stats = tiny_trainer.fit(agent, tasks[:2], steps=2, algorithm=agl.GRPO(group_size=2, lr=1e-2))
     assert tiny_trainer.step == 2  # the step count runs on across calls
     assert isinstance(tiny_trainer.algorithm, agl.GRPO)
@@ -112,7 +110,7 @@ def test_sft_then_grpo_on_the_same_adapter(tiny_trainer: agl.Trainer) -> None:
     assert len(runs) == 12  # 4 teacher rollouts, then 8 policy rollouts
     models = {s.model for r in runs for s in tiny_trainer.store.spans(r.rollout_id) if s.kind == "llm"}
     assert models == {"scripted", "tiny"}
-    assert lora_state(tiny_trainer.policy).keys() == warm.keys()
+    assert lora_weights(tiny_trainer.policy).keys() == warm.keys()
 
 
 def test_sft_rejects_bad_settings(tiny_llama: Any) -> None:

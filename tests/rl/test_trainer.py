@@ -16,6 +16,8 @@ import torch
 
 import agentlightning_lite as agl
 
+from .._helpers import lora_weights
+
 pytestmark = pytest.mark.slow
 
 
@@ -26,10 +28,6 @@ def engine() -> Iterator[object]:
     eng = HFEngine("smollm2-135m", lora=agl.LoRA(r=4, alpha=8), seed=0, max_batch_size=16)
     yield eng
     eng.close()
-
-
-def lora_weights(trainer: agl.Trainer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad}
 
 
 def chatty_agent(task: dict, llm: agl.LLM) -> float:
@@ -57,14 +55,14 @@ def make(engine: object, tmp_path: Path, **kw: object) -> agl.Trainer:
 
 def test_two_real_grpo_steps_change_the_lora_weights(engine: object, tmp_path: Path) -> None:
     trainer = make(engine, tmp_path)
-    before = lora_weights(trainer)
+    before = lora_weights(trainer.policy)
     version = engine.version  # type: ignore[attr-defined]
     engine.reset_stats()  # type: ignore[attr-defined]
     trainer.fit(chatty_agent, TASKS, steps=2)
     # a step's 8 rollouts run at once (default concurrency) and the engine decodes them as one batch
     assert trainer.concurrency == 8
     assert engine.stats["requests"] == 16 and engine.stats["batches"] == 2  # type: ignore[attr-defined]
-    after = lora_weights(trainer)
+    after = lora_weights(trainer.policy)
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) > len(before) // 2, "most LoRA matrices must move"
     assert engine.version == version + 2  # type: ignore[attr-defined]  # the engine serves the new weights
@@ -105,7 +103,7 @@ def test_crashes_and_timeouts_do_not_stop_training(engine: object, tmp_path: Pat
 
     trainer = make(engine, tmp_path, rollout_timeout=20, failed_reward=0.0)
     trainer.batch_size = 3
-    before = lora_weights(trainer)
+    before = lora_weights(trainer.policy)
     out = trainer.fit(agent, [TASKS[0], TASKS[1], TASKS[2]], steps=1)
     statuses = sorted(r.status for r in trainer.store.rollouts())
     assert (
@@ -117,7 +115,7 @@ def test_crashes_and_timeouts_do_not_stop_training(engine: object, tmp_path: Pat
     )
     assert out["train/failed_rollouts"] == 4 and out["train/timeout_rollouts"] == 4
     assert out["train/samples"] >= 8  # the failed ones' calls count with reward 0
-    assert any(not torch.equal(v, lora_weights(trainer)[k]) for k, v in before.items())
+    assert any(not torch.equal(v, lora_weights(trainer.policy)[k]) for k, v in before.items())
     release.set()  # the timed-out agents finish late; their rollouts stay 'timeout'
     time.sleep(0.5)
     assert sorted(r.status for r in trainer.store.rollouts()).count("timeout") == 4
@@ -127,7 +125,7 @@ def test_crashes_and_timeouts_do_not_stop_training(engine: object, tmp_path: Pat
 def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
     first = make(engine, tmp_path, save_every=1)
     first.fit(chatty_agent, TASKS, steps=1)
-    saved = lora_weights(first)
+    saved = lora_weights(first.policy)
     cursor = first._cursor
     first.close()
     assert (tmp_path / "checkpoints" / "step-000001" / "adapter" / "adapter_model.safetensors").is_file()
@@ -139,7 +137,7 @@ def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
     second = make(engine, tmp_path, save_every=1)
     second.fit(chatty_agent, TASKS, steps=1, resume=True)  # already at step 1: loads, trains nothing
     assert second.step == 1 and second._cursor == cursor
-    assert all(torch.equal(saved[n], w) for n, w in lora_weights(second).items())
+    assert all(torch.equal(saved[n], w) for n, w in lora_weights(second.policy).items())
     assert len(second.optimizer.state) > 0  # AdamW moments restored
     second.fit(chatty_agent, TASKS, steps=2)
     assert second.step == 2
