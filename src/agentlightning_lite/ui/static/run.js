@@ -45,9 +45,9 @@
       if (plots[id]) plots[id].plot.destroy();
       holder.innerHTML = "";
       var opts = {
-        title: title, width: Math.min(560, box.clientWidth || 560), height: 220,
+        title: title, width: Math.min(540, box.clientWidth || 540), height: 220,
         scales: { x: { time: false } },
-        axes: [{ label: "step" }, {}],
+        axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, {}],
         series: [{ label: "step" }].concat(cd.keys.map(function (k, j) {
           return { label: k, stroke: COLORS[j % COLORS.length], width: 2, spanGaps: true, points: { show: true, size: 4 } };
         })),
