@@ -8,10 +8,12 @@ import math
 import os
 import socket
 import threading
+import warnings
 
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite import tracer as tracer_module
 
 
 def run_agent(tracer: agl.Tracer, question: str) -> str:
@@ -131,9 +133,28 @@ def test_last_emitted_reward_becomes_final(tracer: agl.Tracer) -> None:
     assert rewards == [("partial", False), ("judge", True)]
 
 
-def test_emit_outside_rollout_warns_and_records_nothing() -> None:
-    with pytest.warns(RuntimeWarning, match="outside a rollout"):
-        agl.emit_signal("lonely_signal_for_test")
+def test_emit_outside_rollout_warns_and_records_nothing(
+    tracer: agl.Tracer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracer_module, "_warned_outside", set())  # the warning comes once per process
+    with tracer.rollout("t") as ro:
+        agl.emit_signal("inside", value=1)
+        agl.emit_reward(0.5, final=True)
+    store = tracer.store
+    spans_before = [(s.span_id, s.name, s.output) for s in store.spans(ro.id)]
+    assert [name for _, name, _ in spans_before] == ["inside", "reward"]
+    with pytest.warns(RuntimeWarning, match=r"agl\.emit_signal\(\) called outside a rollout: nothing was"):
+        agl.emit_signal("lonely", value=2, status="error")
+    with pytest.warns(RuntimeWarning, match=r"agl\.emit_reward\(\) called outside a rollout: nothing was"):
+        agl.emit_reward(1.0, final=True)
+    with warnings.catch_warnings():  # once per function: later calls are silent
+        warnings.simplefilter("error")
+        agl.emit_signal("lonely again")
+        agl.emit_reward(0.0)
+    # nothing recorded: no new rollout, the ended one keeps its spans and its reward
+    (only,) = store.rollouts()
+    assert only.rollout_id == ro.id and only.reward == 0.5 and only.status == "succeeded"
+    assert [(s.span_id, s.name, s.output) for s in store.spans(ro.id)] == spans_before
 
 
 def test_span_outside_rollout_opens_implicit_trace_rollout(tracer: agl.Tracer) -> None:

