@@ -19,7 +19,6 @@ from typing import Any
 
 _libc: Any = None
 _checked = False
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
 def _malloc_trim() -> Any:
@@ -34,24 +33,6 @@ def _malloc_trim() -> Any:
             except OSError:
                 _libc = None
     return getattr(_libc, "malloc_trim", None)
-
-
-def map_large_blocks(threshold: int = 1 << 20) -> bool:
-    """Serve every heap block of ``threshold`` bytes or more from its own mapping, returned to the
-    operating system when freed (glibc ``mallopt(M_MMAP_THRESHOLD)``, what ``MALLOC_MMAP_THRESHOLD_``
-    does from the environment); whether it could. A CPU update's activations are blocks of 1 to 10
-    MiB; in the heap, freed ones are kept and fragment it, so the peak RSS is about twice what is in
-    use at once (``benchmarks/perf/memory_results.md``: 6.8 GiB vs 2.9 GiB). Process-wide; a no-op
-    off glibc.
-
-    >>> map_large_blocks()  # doctest: +SKIP
-    True
-    """
-    _malloc_trim()
-    mallopt = getattr(_libc, "mallopt", None)
-    if mallopt is None:
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold)))
 
 
 def release_host_memory() -> bool:
