@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 import agentlightning_lite as agl
@@ -80,12 +80,42 @@ def test_chat_bodies(server: PolicyServer, client: httpx.Client, body: dict[str,
         assert _spans(server.store) == before + len(n)
 
 
+def _prompts(prompt: Any) -> list[Any]:
+    """The prompts of an accepted ``/v1/completions`` body: a string or one list of token ids is one."""
+    if isinstance(prompt, str) or all(isinstance(x, int) for x in prompt):
+        return [prompt]
+    return list(prompt)
+
+
 @given(body=completion_body)
+@example(body={"prompt": "2+2=", "n": 2, "max_tokens": 4, "logprobs": 1})
+@example(body={"prompt": [[50, 51], [52]], "stream": True, "max_tokens": 3})
 def test_completion_bodies(server: PolicyServer, client: httpx.Client, body: dict[str, Any]) -> None:
     before = _spans(server.store)
-    err = _check(_post(client, "/v1/completions", body))
+    resp = _post(client, "/v1/completions", body)
+    err = _check(resp)
     if err is not None:
-        assert _spans(server.store) == before
+        assert _spans(server.store) == before  # nothing written for a refused request
+        event("refused")
+        return
+    # accepted: n completions of each prompt, each one an llm span
+    expected = len(_prompts(body["prompt"])) * body.get("n", 1)
+    if body.get("stream") is True:
+        assert resp.text.rstrip().endswith("data: [DONE]")
+        events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+        ends = [c for e in events for c in e["choices"] if c["finish_reason"] is not None]
+        assert sorted(c["index"] for c in ends) == list(range(expected))
+        event("accepted, streamed")
+    else:
+        reply = resp.json()
+        assert reply["object"] == "text_completion"
+        choices = reply["choices"]
+        assert [c["index"] for c in choices] == list(range(expected))
+        assert all(isinstance(c["text"], str) and c["finish_reason"] in ("stop", "length") for c in choices)
+        usage = reply["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        event("accepted")
+    assert _spans(server.store) == before + expected
 
 
 @given(body=json_values)
