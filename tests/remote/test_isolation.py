@@ -271,3 +271,87 @@ def test_many_rollouts_tokens_go_in_small_requests(
     assert all(len(store.spans(rid)) == 1 for rid in rids)
     remote.close()
     client.close()
+
+
+def _chat(rid: str) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """Every way to route an LLM call to a rollout: (path, body, extra headers)."""
+    chat = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 4}
+    completion = {"prompt": "2+2=", "max_tokens": 4}
+    return [
+        (f"/rollout/{rid}/v1/chat/completions", chat, {}),
+        (f"/rollout/{rid}/v1/completions", completion, {}),
+        (f"/rollout/{rid}/agent/solver/v1/chat/completions", chat, {}),
+        ("/v1/chat/completions", chat, {"x-agl-rollout-id": rid}),
+        (f"/rollout/{rid}/lease/forged/v1/chat/completions", chat, {}),
+        (f"/rollout/{rid}/lease/forged/agent/solver/v1/completions", completion, {}),
+    ]
+
+
+def test_llm_calls_to_a_claimed_rollout_need_its_lease(served: Callable[..., agl.RemoteRunners]) -> None:
+    """An intruder with the key but not the lease cannot add LLM spans (token ids: training data)."""
+    store = agl.MemoryStore()
+    runners = served(store, api_key=KEY)
+    assert runners.queue is not None
+    runners.queue.submit([("2+2?", "train", {})])
+    holder = RunnerClient(runners.url, api_key=KEY)
+    claimed = holder.claim("holder", wait=1.0)
+    assert claimed is not None
+    rid, lease = claimed["rollout_id"], claimed["lease"]
+    assert claimed["llm_path"] == f"/rollout/{rid}/lease/{lease}/v1"
+    with httpx.Client(base_url=runners.url, headers=AUTH) as http:
+        for path, body, headers in _chat(rid):
+            for extra in ({}, {"x-agl-lease": "forged"}, {"x-agl-lease": claimed["lease"][:-1]}):
+                r = http.post(path, json=body, headers={**headers, **extra})
+                assert r.status_code == 403, (path, extra, r.status_code, r.text)
+                assert r.json()["error"]["code"] == "invalid_lease"
+        assert store.spans(rid) == []  # nothing recorded
+        # the holder: the lease in the URL it was given, or in the header
+        r = http.post(claimed["llm_path"] + "/chat/completions", json=_chat(rid)[0][1])
+        assert r.status_code == 200, r.text
+        r = http.post(f"/rollout/{rid}/v1/completions", json=_chat(rid)[1][1], headers={"x-agl-lease": lease})
+        assert r.status_code == 200, r.text
+        r = http.post(claimed["llm_path"] + "/traces", json=_otlp(rid))  # OTLP beside it takes it too
+        assert r.status_code == 200, r.text
+    assert sorted(s.kind for s in store.spans(rid)) == ["llm", "llm", "tool"]
+    assert all(lease not in str(s.model_dump()) for s in store.spans(rid))
+    holder.close()
+
+
+def test_an_unchanged_agent_building_its_own_client_works_under_the_lease(
+    served: Callable[..., agl.RemoteRunners],
+) -> None:
+    """The agent builds its own OpenAI clients from ``llm.base_url`` and ``llm.api_key`` (one per
+    agent too, with ``for_agent``): the runner's base URL carries the lease, so its calls land."""
+    from openai import OpenAI
+
+    store = agl.MemoryStore()
+    runners = served(store, api_key=KEY)
+
+    def agent(task: str, llm: agl.LLM) -> float:
+        replies = []
+        for endpoint in (llm, llm.for_agent("checker")):
+            client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+            reply = client.chat.completions.create(
+                model=endpoint.model, messages=[{"role": "user", "content": task}], max_tokens=32
+            )
+            replies.append(reply.choices[0].message.content or "")
+        return float(all("4" in r for r in replies))
+
+    with agl.remote.Runner(agent, runners.url, api_key=KEY) as runner:
+        [job] = runners.run([("2+2?", "train", {})])
+    assert (job.status, job.reward, job.error) == ("succeeded", 1.0, None)
+    assert runner.counted == 1
+    spans = [s for s in store.spans(job.rollout_id) if s.kind == "llm"]
+    assert [s.agent for s in spans] == [None, "checker"]
+    assert all(s.response_token_ids for s in spans)
+
+
+def test_rollouts_without_a_lease_keep_the_plain_url(served: Callable[..., agl.RemoteRunners]) -> None:
+    """In-process and trace rollouts (not handed out by the queue) need no lease."""
+    store = agl.MemoryStore()
+    runners = served(store, api_key=KEY)
+    rid = store.start_rollout("2+2?", mode="train").rollout_id
+    with httpx.Client(base_url=runners.url, headers=AUTH) as http:
+        r = http.post(f"/rollout/{rid}/v1/chat/completions", json=_chat(rid)[0][1])
+        assert r.status_code == 200, r.text
+    assert [s.kind for s in store.spans(rid)] == ["llm"]

@@ -292,3 +292,22 @@ def test_the_remote_stores_caches_are_bounded(
     assert [r.status for r in store.rollouts()] == ["succeeded"] * 5
     remote.close()
     client.close()
+
+
+def test_the_cancelled_rollouts_the_server_remembers_are_bounded() -> None:
+    """One entry per cancelled rollout would grow for ever over a long run: the last 10,000 stay."""
+    from agentlightning_lite.serving.engines import ScriptedEngine
+
+    store = agl.MemoryStore()
+    with agl.PolicyServer(ScriptedEngine(["4"], tokenizer="bytes"), store) as server:
+        rids = [f"ro-{i}" for i in range(10_050)]
+        for rid in rids:
+            assert server.cancel_rollout(rid) == 0
+        assert len(server._cancelled) == 10_000
+        assert rids[0] not in server._cancelled and rids[-1] in server._cancelled
+        last = store.start_rollout("t").rollout_id
+        server.cancel_rollout(last)
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(f"{server.url}/rollout/{last}/v1/chat/completions", json=chat)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "rollout_cancelled"
+        assert len(server._cancelled) == 10_000 and store.spans(last) == []

@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConflictError, InvalidRequestError, LeaseError, UnknownRolloutError
 from ..store.base import Store
 from ..types import check_reward
 
@@ -41,17 +42,18 @@ __all__ = ["Attempt", "Job", "LeaseLost", "LeaseMismatch", "OutcomeCounted", "Ro
 logger = logging.getLogger("agentlightning_lite.remote")
 
 _FINISHED = ("succeeded", "failed", "timeout")
+_NOT_OURS = "rollout {!r} was not handed out by this queue (or it ended long ago)"
 
 
-class LeaseLost(Exception):
+class LeaseLost(LeaseError):
     """A heartbeat or result for an attempt whose lease is no longer held (expired, timed out, done)."""
 
 
-class LeaseMismatch(PermissionError):
+class LeaseMismatch(LeaseError):
     """A request for a claimed rollout that does not carry that claim's lease token."""
 
 
-class OutcomeCounted(Exception):
+class OutcomeCounted(ConflictError):
     """A change to a rollout whose outcome is counted already (succeeded, failed or timed out)."""
 
 
@@ -389,18 +391,19 @@ class RolloutQueue:
 
         A result for an attempt given up already (lease expired, timed out) is recorded in the
         store as ``metadata["late_result"]`` (and its reward) without changing the outcome.
-        Raises ``KeyError`` for a rollout this queue does not know (never handed out, or ended
-        longer ago than the last ``keep_ended`` attempts), :class:`LeaseMismatch` when ``leases``
+        Raises :class:`~agentlightning_lite.errors.UnknownRolloutError` (a ``KeyError``) for a
+        rollout this queue does not know (never handed out, or ended longer ago than the last
+        ``keep_ended`` attempts), :class:`LeaseMismatch` when ``leases``
         lacks the attempt's token (nothing is recorded then).
         """
         if status not in _FINISHED:
-            raise ValueError(f"status must be one of {_FINISHED}, got {status!r}")
+            raise InvalidRequestError(f"status must be one of {_FINISHED}, got {status!r}")
         reward = check_reward(reward)
         with self._lock:
             a = self._attempts.get(rollout_id)
             ended = None if a is not None else self._ended.get(rollout_id)
             if a is None and ended is None:
-                raise KeyError(rollout_id)
+                raise UnknownRolloutError(rollout_id, _NOT_OURS.format(rollout_id))
             if not lease_ok(a.lease if a is not None else ended.lease, leases):  # type: ignore[union-attr]
                 raise LeaseMismatch(f"rollout {rollout_id!r}: the result does not carry its lease")
             if a is not None:
@@ -422,15 +425,15 @@ class RolloutQueue:
         """Record the reward of a running attempt (its result comes later).
 
         Raises :class:`OutcomeCounted` once the attempt ended (its outcome is counted: the stored
-        reward is what training reads), :class:`LeaseMismatch` without its token, ``KeyError``
-        for a rollout this queue does not know.
+        reward is what training reads), :class:`LeaseMismatch` without its token,
+        :class:`~agentlightning_lite.errors.UnknownRolloutError` for a rollout this queue does not know.
         """
         reward = check_reward(reward)  # type: ignore[assignment]
         with self._lock:
             a = self._attempts.get(rollout_id)
             ended = None if a is not None else self._ended.get(rollout_id)
             if a is None and ended is None:
-                raise KeyError(rollout_id)
+                raise UnknownRolloutError(rollout_id, _NOT_OURS.format(rollout_id))
             if not lease_ok(a.lease if a is not None else ended.lease, leases):  # type: ignore[union-attr]
                 raise LeaseMismatch(f"rollout {rollout_id!r}: the reward does not carry its lease")
             if a is None:
@@ -457,6 +460,16 @@ class RolloutQueue:
                 elif rid in self._ended:
                     ended.add(rid)
         return ended
+
+    def check_call(self, rollout_id: str, leases: Collection[str] | None) -> None:
+        """Check an LLM call routed to ``rollout_id``: a rollout this queue handed out (running, or
+        ended recently) takes calls only with its claim's token in ``leases`` (:class:`LeaseMismatch`
+        otherwise). Rollouts this queue does not know (in-process, trace) are not its to check.
+        """
+        with self._lock:
+            a = self._attempts.get(rollout_id) or self._ended.get(rollout_id)
+            if a is not None and not lease_ok(a.lease, leases):
+                raise LeaseMismatch(f"rollout {rollout_id!r}: the LLM call does not carry its lease")
 
     def weights_version_of(self, rollout_id: str) -> int | None:
         """The weights version current when ``rollout_id`` was claimed (``None``: not from this queue)."""

@@ -14,6 +14,15 @@ comma-separated when one request touches several rollouts; OTLP spans may carry 
 span or resource attribute ``agentlightning.lease`` instead): without it they get a 403
 (``invalid_lease``) and change nothing. A reward for a rollout whose outcome is counted gets a
 409 (``outcome_counted``); spans for a claimed rollout that ended are dropped (``dropped``).
+
+LLM calls to a claimed rollout (``/v1/chat/completions``, ``/v1/completions``) need the token as
+well, or they get the same 403 and record nothing: the claim's ``llm_path`` carries it
+(``/rollout/<id>/lease/<token>/v1``), since an agent's own OpenAI client sends only its base URL
+and API key; ``X-AGL-Lease`` works too. Rollouts the queue did not hand out (in-process, trace)
+keep the plain ``/rollout/<id>/v1``.
+
+Errors the caller caused (the package's :class:`~agentlightning_lite.errors.AGLError` family)
+get their 4xx here; any other exception is a bug in the server: a 500 with a generic message.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -31,12 +41,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .._json import dumps
-from ..serving.errors import APIError, JSONResponse
-from ..serving.routes.calls import check_auth, parse_json_object, read_body
+from ..errors import AGLError, LeaseError, RolloutExistsError, UnknownRolloutError
+from ..serving.errors import APIError, JSONResponse, api_error_of, internal_error
+from ..serving.routes.calls import call_leases, check_auth, parse_json_object, read_body
 from ..serving.server import PolicyServer
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
 from .otlp import TraceRollouts, otlp_response, otlp_spans, read_otlp
-from .queue import LeaseMismatch, OutcomeCounted, RolloutQueue
+from .queue import OutcomeCounted, RolloutQueue
 
 __all__ = ["remote_routes"]
 
@@ -51,8 +62,23 @@ KNOWN_SIZE = 10_000  # rollouts remembered as existing in the store (the oldest 
 
 
 def request_leases(request: Request) -> list[str]:
-    """The lease tokens a request carries (``X-AGL-Lease``, comma-separated)."""
-    return [t.strip() for t in request.headers.get(LEASE_HEADER, "").split(",") if t.strip()]
+    """The lease tokens a request carries (``X-AGL-Lease``, comma-separated; and ``/lease/<token>``
+    in the URL of the rollout-routed endpoints)."""
+    return call_leases(request)
+
+
+def http_error(exc: AGLError) -> APIError:
+    """The answer to an error a runner caused (a lease error names the header that fixes it)."""
+    if isinstance(exc, LeaseError):
+        return _bad(
+            f"{exc}: send the lease token of its claim in the X-AGL-Lease header",
+            "X-AGL-Lease",
+            "invalid_lease",
+            status=403,
+        )
+    if isinstance(exc, OutcomeCounted):
+        return api_error_of(exc, "reward", "outcome_counted")
+    return api_error_of(exc)
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None, status: int = 400) -> APIError:
@@ -158,6 +184,13 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
     def check(request: Request) -> None:
         check_auth(server, request)
 
+    def guard(rid: str, leases: list[str]) -> None:
+        try:
+            queue.check_call(rid, leases)
+        except LeaseError as exc:
+            raise http_error(exc) from None
+
+    server.rollout_guard = guard  # LLM calls to a claimed rollout need its lease token
     traces = TraceRollouts()
     known: OrderedDict[str, None] = OrderedDict()  # rollouts seen in the store (an LRU)
 
@@ -179,19 +212,12 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
             check(request)
             try:
                 return await fn(request)
-            except KeyError as exc:
-                raise _bad(f"unknown rollout {exc}", "rollout_id", "rollout_not_found", status=404) from None
-            except LeaseMismatch as exc:
-                raise _bad(
-                    f"{exc}: send the lease token of its claim in the X-AGL-Lease header",
-                    "X-AGL-Lease",
-                    "invalid_lease",
-                    status=403,
-                ) from None
-            except OutcomeCounted as exc:
-                raise _bad(str(exc), "reward", "outcome_counted", status=409) from None
-            except ValueError as exc:
-                raise _bad(str(exc)) from None
+            except AGLError as exc:  # the caller's doing: its 4xx
+                raise http_error(exc) from None
+            except APIError:
+                raise
+            except Exception as exc:  # anything else is a bug: a generic 500, the traceback logged
+                raise internal_error(f"{request.method} {request.url.path}", exc) from None
 
         return handler
 
@@ -206,7 +232,8 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         if att is None:
             return JSONResponse({"rollout": None, "lease_timeout": queue.lease_timeout})
         out = att.public()
-        out["llm_path"] = f"/rollout/{att.rollout_id}/v1"
+        # the agent's OpenAI client sends only base_url and api_key: the lease rides in the URL
+        out["llm_path"] = f"/rollout/{quote(att.rollout_id, safe='')}/lease/{att.lease}/v1"
         out["model"] = server.model_name
         out["lease_timeout"] = queue.lease_timeout
         return JSONResponse({"rollout": out, "lease_timeout": queue.lease_timeout})
@@ -255,7 +282,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
                 return
             ro = store.get_rollout(rid)  # a rollout the runner started itself (trace mode)
             if ro is None:
-                raise KeyError(repr(rid))
+                raise UnknownRolloutError(rid)
             if ro.status != "running":
                 raise OutcomeCounted(f"rollout {rid!r} is {ro.status}: its reward cannot change")
             store.set_reward(rid, value)
@@ -349,8 +376,8 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
             ro = await run_in_threadpool(
                 store.start_rollout, body.get("task"), mode=mode, metadata=meta, rollout_id=rid
             )
-        except ValueError as exc:
-            raise _bad(str(exc), "rollout_id", status=409) from None
+        except RolloutExistsError as exc:
+            raise api_error_of(exc, "rollout_id") from None
         return JSONResponse(ro.model_dump(mode="json"))
 
     @endpoint
@@ -396,4 +423,5 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         Route(p + "/status", status, methods=["GET"]),
         Route("/v1/traces", otlp, methods=["POST"]),
         Route("/rollout/{rollout_id}/v1/traces", otlp, methods=["POST"]),
+        Route("/rollout/{rollout_id}/lease/{lease}/v1/traces", otlp, methods=["POST"]),
     ]

@@ -4,7 +4,9 @@ Each worker loops: claim a rollout (long-polling the trainer's queue), run the a
 with an ``agl.LLM`` routed to that rollout, inside ``tracer.rollout(rollout_id=...)`` over a
 :class:`RemoteStore` (so adapters, ``emit_reward`` and ``emit_signal`` work as in-process), then
 report the result. A heartbeat thread renews the leases of the rollouts in flight. Each claim's
-lease token goes with its heartbeats, spans, reward and result (the agent never sees it). While the
+lease token goes with its heartbeats, spans, reward and result, and rides in the path of the
+agent's ``llm.base_url`` (the claim's ``llm_path``), so the agent's own OpenAI clients carry it
+without a change. While the
 trainer is away (restarting, say) every call is retried with backoff: runners reconnect on their own.
 """
 

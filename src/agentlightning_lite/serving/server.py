@@ -1,15 +1,17 @@
 """The PolicyServer: an OpenAI-compatible HTTP server that records every call as an ``llm`` span.
 
 Routes (each also under ``/rollout/<rollout_id>`` and ``/rollout/<rollout_id>/agent/<agent>``):
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``; plus ``GET /health``.
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``; plus ``GET /health``,
+``GET /version`` and vLLM's runtime LoRA routes ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter``.
 The handlers live in :mod:`.routes` (one module per route family); this module holds the server's
 life cycle and the app.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
-import functools
 import logging
 import socket
 import threading
@@ -25,12 +27,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ..errors import AGLError, UnknownRolloutError
 from ..store.base import Store
 from ..store.memory import MemoryStore
 from .engines.base import Engine
-from .errors import APIError
+from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
-from .routes import chat, completions, meta
+from .routes import chat, completions, lora, meta
 from .routes.calls import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
 
 __all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer"]
@@ -144,7 +147,17 @@ class PolicyServer:
         self._known_rollouts = _RecentSet(10_000)  # rollouts seen in the store (looked up again later)
         self._inflight_lock = threading.Lock()
         self._inflight: dict[str, set[concurrent.futures.Future[Any]]] = {}  # rollout id -> engine futures
-        self._cancelled: set[str] = set()  # rollouts whose requests are refused (cancel_rollout)
+        # rollouts whose requests are refused (cancel_rollout); the oldest are forgotten (a rollout
+        # cancelled that long ago gets no more calls: its agent ended or was given up)
+        self._cancelled = _RecentSet(10_000)
+        #: called as ``rollout_guard(rollout_id, lease_tokens)`` before a call routed to a rollout is
+        #: served; raises (an ``AGLError``, such as a ``LeaseError``) to refuse it. The runner routes
+        #: set it so that a rollout claimed by a runner takes calls only with its claim's lease token.
+        self.rollout_guard: Callable[[str, list[str]], None] | None = None
+        #: adapters loaded over HTTP (``/v1/load_lora_adapter``): name -> directory; a request whose
+        #: ``model`` names one is served by it
+        self.lora_adapters: dict[str, str] = {}
+        self.lora_lock = asyncio.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -273,12 +286,15 @@ class PolicyServer:
     def llm(self, rollout_id: str | None = None, agent: str | None = None) -> LLM:
         """The endpoint for one rollout (and optionally one agent of it).
 
-        Raises ``KeyError`` when the store has no such rollout.
+        Raises :class:`~agentlightning_lite.errors.UnknownRolloutError` (a ``KeyError``) when the
+        store has no such rollout.
         """
         root = self.url
         if rollout_id is not None:
             if rollout_id not in self._known_rollouts and self.store.get_rollout(rollout_id) is None:
-                raise KeyError(f"unknown rollout {rollout_id!r}: start it in the store first")
+                raise UnknownRolloutError(
+                    rollout_id, f"unknown rollout {rollout_id!r}: start it in the store first"
+                )
             self._known_rollouts.add(rollout_id)
             root += f"/rollout/{quote(rollout_id, safe='')}"
             if agent is not None:
@@ -296,11 +312,17 @@ class PolicyServer:
             agent=agent,
         )
 
+    def lora_adapter_of(self, body: dict[str, Any]) -> str | None:
+        """The adapter a request's ``model`` names (one loaded over HTTP), else ``None``."""
+        model = body.get("model")
+        return model if isinstance(model, str) and model in self.lora_adapters else None
+
     def cancel_rollout(self, rollout_id: str) -> int:
         """Cancel the engine requests of ``rollout_id`` in flight now (its rollout timed out).
 
         Requests still queued are dropped and those decoding stop at their next step (``HFEngine``);
-        their clients get a 409 ``rollout_cancelled``, and so do later requests of the rollout.
+        their clients get a 409 ``rollout_cancelled``, and so do later requests of the rollout (the
+        last 10,000 cancelled rollouts are remembered: the set stays bounded over a long run).
         Returns how many requests were cancelled.
         """
         with self._inflight_lock:
@@ -327,7 +349,15 @@ class PolicyServer:
 
     # -- app ------------------------------------------------------------------------------
     def _handler(self, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
-        return functools.partial(fn, self)
+        async def handle(request: Request) -> Response:
+            try:
+                return await fn(self, request)
+            except (APIError, AGLError, HTTPException):
+                raise  # answered by their exception handlers (a 4xx, or a deliberate 5xx)
+            except Exception as exc:  # a bug: a generic 500 (answered here, so the connection stays)
+                raise internal_error(f"{request.method} {request.url.path}", exc) from None
+
+        return handle
 
     def extra_routes(self) -> list[BaseRoute]:
         """Routes mounted beside the OpenAI ones (none here; subclasses and extensions add theirs)."""
@@ -335,7 +365,13 @@ class PolicyServer:
 
     def _build_app(self) -> Starlette:
         routes: list[BaseRoute] = []
-        for prefix in ("", "/rollout/{rollout_id}", "/rollout/{rollout_id}/agent/{agent}"):
+        for prefix in (
+            "",
+            "/rollout/{rollout_id}",
+            "/rollout/{rollout_id}/agent/{agent}",
+            "/rollout/{rollout_id}/lease/{lease}",
+            "/rollout/{rollout_id}/lease/{lease}/agent/{agent}",
+        ):
             routes += [
                 Route(
                     prefix + "/v1/chat/completions", self._handler(chat.chat_completions), methods=["POST"]
@@ -344,6 +380,12 @@ class PolicyServer:
                 Route(prefix + "/v1/models", self._handler(meta.models), methods=["GET"]),
             ]
         routes.append(Route("/health", self._handler(meta.health), methods=["GET"]))
+        routes.append(Route("/version", self._handler(lora.version), methods=["GET"]))
+        for path, fn in (
+            ("/v1/load_lora_adapter", lora.load_lora_adapter),
+            ("/v1/unload_lora_adapter", lora.unload_lora_adapter),
+        ):
+            routes.append(Route(path, self._handler(fn), methods=["POST"]))
         routes += self.extra_routes()
 
         async def http_error(request: Request, exc: Exception) -> Response:
@@ -356,11 +398,19 @@ class PolicyServer:
             assert isinstance(exc, APIError)
             return exc.response()
 
+        async def agl_error(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, AGLError)
+            return api_error_of(exc).response()
+
         async def unexpected(request: Request, exc: Exception) -> Response:
-            logger.exception("PolicyServer: unexpected error")
-            return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+            return internal_error(f"{request.method} {request.url.path}", exc).response()
 
         return Starlette(
             routes=routes,
-            exception_handlers={HTTPException: http_error, APIError: api_error, Exception: unexpected},
+            exception_handlers={
+                HTTPException: http_error,
+                APIError: api_error,
+                AGLError: agl_error,
+                Exception: unexpected,
+            },
         )

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..errors import RolloutExistsError, UnknownRolloutError
 from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
 from .rows import SpanRow, row_to_span
@@ -122,7 +123,7 @@ class Store(abc.ABC):
         if mode not in ROLLOUT_MODES:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         if rollout_id is not None and self.get_rollout(rollout_id) is not None:
-            raise ValueError(f"rollout {rollout_id!r} exists already")
+            raise RolloutExistsError(f"rollout {rollout_id!r} exists already")
         rollout = Rollout(
             rollout_id=rollout_id or new_rollout_id(),
             task=task,
@@ -144,8 +145,9 @@ class Store(abc.ABC):
     ) -> Rollout:
         """Mark a rollout finished with ``status`` and its final ``reward``; return it.
 
-        Raises ``ValueError`` for a NaN/inf reward or an unknown status, ``KeyError`` for an
-        unknown rollout. A ``reward`` of ``None`` keeps any reward already recorded. With
+        Raises ``ValueError`` for a NaN/inf reward or an unknown status,
+        :class:`~agentlightning_lite.errors.UnknownRolloutError` (a ``KeyError``) for an unknown
+        rollout. A ``reward`` of ``None`` keeps any reward already recorded. With
         ``only_if_running``, a rollout finished already (e.g. marked ``timeout``) stays as it is.
         """
         if status not in ROLLOUT_STATUSES or status == "running":
@@ -153,7 +155,7 @@ class Store(abc.ABC):
         reward = check_reward(reward)
         rollout = self._rollout_for_update(rollout_id)
         if rollout is None:
-            raise KeyError(f"unknown rollout {rollout_id!r}")
+            raise UnknownRolloutError(rollout_id)
         if only_if_running and rollout.status != "running":
             return rollout
         update: dict[str, Any] = {"status": status, "end_time": time.time(), "error": error}
@@ -168,7 +170,7 @@ class Store(abc.ABC):
         reward = check_reward(reward)
         rollout = self._rollout_for_update(rollout_id)
         if rollout is None:
-            raise KeyError(f"unknown rollout {rollout_id!r}")
+            raise UnknownRolloutError(rollout_id)
         self._update_rollout(rollout.model_copy(update={"reward": reward}))
 
     @abc.abstractmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from ..errors import RolloutExistsError
 from ..types import Rollout, Span
 from .base import Store, log_dropped
 from .rows import SpanRow, row_to_span, span_to_row
@@ -34,7 +35,7 @@ class MemoryStore(Store):
     def _insert_rollout(self, rollout: Rollout) -> None:
         with self._lock:
             if rollout.rollout_id in self._rollouts:
-                raise ValueError(f"rollout {rollout.rollout_id!r} exists already")
+                raise RolloutExistsError(f"rollout {rollout.rollout_id!r} exists already")
             self._rollouts[rollout.rollout_id] = rollout
             self._spans.setdefault(rollout.rollout_id, {})
 

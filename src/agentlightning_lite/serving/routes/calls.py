@@ -31,6 +31,7 @@ logger = logging.getLogger("agentlightning_lite.serving")
 AGENT_HEADER = "x-agl-agent"
 ROLLOUT_HEADER = "x-agl-rollout-id"
 PARENT_HEADER = "x-agl-parent-span-id"
+LEASE_HEADER = "x-agl-lease"
 
 
 @dataclass
@@ -75,6 +76,14 @@ async def rollout_of(server: PolicyServer, request: Request) -> str | None:
             )
         server._known_rollouts.add(rid)
     return rid
+
+
+def call_leases(request: Request) -> list[str]:
+    """The lease tokens a call carries: from its URL (``/rollout/<id>/lease/<token>/v1``) and from
+    the ``X-AGL-Lease`` header (comma-separated)."""
+    tokens = [t.strip() for t in request.headers.get(LEASE_HEADER, "").split(",") if t.strip()]
+    in_url = request.path_params.get("lease")
+    return [in_url, *tokens] if in_url else tokens
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -142,6 +151,8 @@ async def resolve_call(server: PolicyServer, request: Request) -> Call:
     check_auth(server, request)
     body = await read_json(request, server.max_body_bytes)
     rollout_id = await rollout_of(server, request)
+    if rollout_id is not None and server.rollout_guard is not None:  # a claimed rollout: its lease
+        server.rollout_guard(rollout_id, call_leases(request))
     agent = request.path_params.get("agent") or request.headers.get(AGENT_HEADER)
     model = body.get("model")
     if model is None:
@@ -152,7 +163,7 @@ async def resolve_call(server: PolicyServer, request: Request) -> Call:
     if model not in server.served_names and "@" in model:
         base, _, suffix = model.rpartition("@")
         agent = agent or suffix or None
-    if base not in server.served_names:
+    if base not in server.served_names and model not in server.lora_adapters:
         raise APIError(
             404,
             f"The model `{_printable(model)}` does not exist. This server serves: "
