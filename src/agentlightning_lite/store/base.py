@@ -104,6 +104,13 @@ class Store(abc.ABC):
       Times are compared as recorded, so hosts that send spans need clocks that agree (NTP).
       (:meth:`set_reward` is the trainer's: it may still set any rollout's reward, such as the
       reward it gives failed ones.)
+
+    >>> import agentlightning_lite as agl
+    >>> with agl.MemoryStore() as store:  # or agl.SQLiteStore("runs.db"): the same methods
+    ...     ro = store.start_rollout({"q": "2+2?"}, mode="train")
+    ...     done = store.finish_rollout(ro.rollout_id, status="succeeded", reward=1.0)
+    ...     [(r.mode, r.status, r.reward) for r in store.rollouts(mode="train")]
+    [('train', 'succeeded', 1.0)]
     """
 
     # -- rollouts -------------------------------------------------------------------------
