@@ -13,6 +13,7 @@
 from typing import TYPE_CHECKING, Any
 
 from . import air, credit, otel
+from .apo import load_prompts, prompt
 from .sft import export_sft
 from .store import MemoryStore, SQLiteStore, Store
 from .tracer import Tracer, emit_reward, emit_signal
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 # Serving (starlette, transformers) and training (torch, peft) load on first use, so tracing
 # and the stores need nothing but pydantic.
 _LAZY = {
+    "APO": ".apo",
     "GRPO": ".rl",
     "PPO": ".rl",
     "LoRA": ".rl",
@@ -41,6 +43,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from . import models, remote
+    from .apo import APO
     from .remote import RayRunners, RemoteRunners
     from .rl import GRPO, PPO, SFT, LitAgent, LoRA, Trainer
     from .serving import LLM, PolicyServer, engines
@@ -58,6 +61,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "APO",
     "GRPO",
     "LLM",
     "PPO",
@@ -82,8 +86,10 @@ __all__ = [
     "emit_signal",
     "engines",
     "export_sft",
+    "load_prompts",
     "models",
     "otel",
+    "prompt",
     "remote",
     "transitions",
 ]

@@ -1,0 +1,608 @@
+"""``agl.APO``: prompt optimisation with GEPA over the trainer's own rollouts.
+
+GEPA (reflective prompt evolution with Pareto selection, the ``gepa`` package) proposes candidate
+prompts; every evaluation of a candidate is a real rollout of the user's agent run by the trainer's
+rollout source (threads of this process, remote runners or Ray), traced into the store like any
+rollout, with the candidate's texts in ``metadata["prompts"]`` and ``metadata["apo"]`` naming the
+run, candidate, parent, split and task. The reflection model reads, per component, a dataset built
+from those spans (:mod:`.reflective`).
+
+Resume without pickles: GEPA is re-run from its seed with the same seed; evaluations already in the
+store (same run, candidate and task) are taken from there instead of being run again, and the
+reflection model's answers from ``output_dir/apo/<run>/reflection.jsonl``, so the run replays to
+where it stopped and goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..air import AIRRule
+from ..rl.rollouts import RolloutResult, RolloutSpec
+from ..store.base import Store
+from ..store.recovery import INTERRUPTED
+from .prompts import component_key, load_prompts, save_prompts, split_key
+from .reflection import ReflectionLM
+from .reflective import prompt_reads, rollout_record
+
+__all__ = ["APO", "candidate_id"]
+
+logger = logging.getLogger(__name__)
+
+Collect = Callable[[list[RolloutSpec]], list[RolloutResult]]
+
+
+def candidate_id(candidate: Mapping[str, str]) -> str:
+    """A short, stable name of a candidate (a hash of its texts).
+
+    >>> candidate_id({"system": "Be brief."}) == candidate_id({"system": "Be brief."})
+    True
+    """
+    body = json.dumps(dict(candidate), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One task as GEPA sees it: which split, its index there, the task itself."""
+
+    split: str
+    index: int
+    task: Any
+
+
+@dataclass
+class _Done:
+    rollout_id: str
+    score: float
+    status: str
+    error: str | None
+    reward: float | None
+
+
+class _Log:
+    """GEPA's logger, to ``logging`` (its proposals and decisions at INFO)."""
+
+    def log(self, message: str) -> None:
+        logger.info("%s", message)
+
+
+class APO:
+    """Optimise the prompts an agent reads (``agl.prompt``) with GEPA, from real traced rollouts.
+
+    Args:
+        reflection: the model that reads the traces and proposes new prompts: ``"policy"`` (the
+            trainer's own PolicyServer), an ``agl.LLM`` or a mapping with ``base_url``, ``model`` and
+            ``api_key`` of any OpenAI-compatible endpoint, or a callable ``prompt -> text``.
+        budget: evaluations (rollouts) GEPA may spend: its ``max_metric_calls``. The seed candidate's
+            first evaluation on the validation set counts; one probe rollout finding the prompts'
+            defaults (when ``components`` gives none) does not.
+        components: what to optimise: component keys (``"writer/system"`` for
+            ``agl.prompt("system", agent="writer")``, ``"system"`` without an agent), or a mapping
+            key -> starting text. ``None``: every prompt the agent reads. Others keep their text.
+        seed: GEPA's seed (minibatches, Pareto sampling).
+        minibatch_size: tasks per reflection minibatch.
+        candidate_selection: ``"pareto"`` (default), ``"current_best"``, ``"epsilon_greedy"`` or
+            ``"top_k_pareto"``.
+        module_selector: ``"round_robin"`` (one component per iteration) or ``"all"``.
+        use_merge: also try GEPA's merges of two candidates.
+        perfect_score: the score at which a minibatch needs no improvement (with ``skip_perfect_score``).
+        reflection_prompt_template: GEPA's reflection prompt (``<curr_param>`` and ``<side_info>``).
+
+    The best prompts go to ``output_dir/prompts.json`` (rewritten whenever the best improves, so a
+    killed run leaves its best so far); the trainer uses them from then on (``trainer.evaluate``,
+    and RL after ``trainer.use_algorithm(agl.GRPO(...))``), and a later run loads them with
+    ``agl.Trainer(prompts="runs/apo/prompts.json")`` or :meth:`APO.load`. Each candidate (its id,
+    GEPA index, parent, texts, validation score and per-task scores) is a row of
+    ``output_dir/apo/<run>/candidates.jsonl`` and of ``metrics.jsonl`` (``apo/*`` keys).
+
+    >>> import agentlightning_lite as agl
+    >>> def agent(task, llm):
+    ...     system = llm.prompt("system", default="You are a helpful assistant.")
+    ...     reply = llm.openai_client().chat.completions.create(model=llm.model, messages=[
+    ...         {"role": "system", "content": system}, {"role": "user", "content": task["question"]}])
+    ...     return float(task["answer"] in (reply.choices[0].message.content or ""))
+    >>> apo = agl.APO(reflection=agl.LLM(base_url="https://api.openai.com/v1", model="gpt-4.1-mini",
+    ...                                  api_key="sk-..."), budget=60)
+    >>> trainer = agl.Trainer(model="smollm2-135m", algorithm=apo, output_dir="runs/apo")  # doctest: +SKIP
+    >>> trainer.fit(agent, train_tasks, val_dataset=val_tasks)  # doctest: +SKIP
+    {'apo/best_val_score': 0.62, 'apo/seed_val_score': 0.31, ...}
+    """
+
+    def __init__(
+        self,
+        reflection: Any = "policy",
+        budget: int = 100,
+        components: Sequence[str] | Mapping[str, str] | None = None,
+        seed: int = 0,
+        minibatch_size: int = 3,
+        candidate_selection: str = "pareto",
+        module_selector: str = "round_robin",
+        use_merge: bool = False,
+        perfect_score: float = 1.0,
+        skip_perfect_score: bool = True,
+        reflection_prompt_template: str | None = None,
+    ) -> None:
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise ValueError(f"budget must be a positive number of evaluations, got {budget!r}")
+        if minibatch_size < 1:
+            raise ValueError(f"minibatch_size must be >= 1, got {minibatch_size}")
+        if candidate_selection not in ("pareto", "current_best", "epsilon_greedy", "top_k_pareto"):
+            raise ValueError(
+                "candidate_selection must be 'pareto', 'current_best', 'epsilon_greedy' or 'top_k_pareto', "
+                f"got {candidate_selection!r}"
+            )
+        if module_selector not in ("round_robin", "all"):
+            raise ValueError(f"module_selector must be 'round_robin' or 'all', got {module_selector!r}")
+        if isinstance(components, str):
+            components = [components]
+        if components is not None:
+            for key in components:
+                agent, name = split_key(key)
+                component_key(name, agent)
+        self.reflection = reflection
+        self.budget = budget
+        self.components = components
+        self.seed = seed
+        self.minibatch_size = minibatch_size
+        self.candidate_selection = candidate_selection
+        self.module_selector = module_selector
+        self.use_merge = use_merge
+        self.perfect_score = perfect_score
+        self.skip_perfect_score = skip_perfect_score
+        self.reflection_prompt_template = reflection_prompt_template
+        self.group_size = 1  # one rollout per task and candidate
+        self.result: dict[str, Any] | None = None  #: what the last run came to
+
+    def __repr__(self) -> str:
+        return f"APO(budget={self.budget}, components={self.components!r}, seed={self.seed})"
+
+    @staticmethod
+    def load(path: str | Any) -> dict[str, str]:
+        """The prompts a run wrote (``output_dir/prompts.json``, or the directory holding it).
+
+        >>> agl.APO.load("runs/apo")  # doctest: +SKIP
+        {'writer/system': 'Answer with the number only.'}
+        """
+        return load_prompts(path)
+
+    # -- with a trainer ---------------------------------------------------------------------
+    def run(
+        self,
+        trainer: Any,
+        agent: Callable[..., Any],
+        train_dataset: Sequence[Any],
+        val_dataset: Sequence[Any] | None = None,
+        resume: bool = False,
+    ) -> dict[str, Any]:
+        """Optimise with ``trainer``'s rollout source, store, metrics and output directory; the
+        best prompts become ``trainer.prompts``. What ``trainer.fit`` runs when this is its algorithm."""
+        with trainer._serving():
+            policy_llm = None
+            if self.reflection == "policy":
+                server = trainer._server
+                policy_llm = server.llm() if server is not None else None
+            failed = trainer.failed_reward
+            result = self.optimize(
+                agent,
+                train_dataset,
+                val_dataset,
+                collect=lambda specs: trainer._run(agent, specs),
+                store=trainer.store,
+                output_dir=trainer.output_dir,
+                log=lambda row: trainer.metrics.log(trainer.step, row),
+                air=trainer.air,
+                failed_score=0.0 if failed == "drop" else float(failed),
+                fixed=getattr(trainer, "prompts", None) or {},
+                policy_llm=policy_llm,
+                resume=resume,
+            )
+        trainer.prompts = dict(result["prompts"])
+        return result
+
+    # -- the optimisation ---------------------------------------------------------------------
+    def optimize(
+        self,
+        agent: Any,
+        train_dataset: Sequence[Any],
+        val_dataset: Sequence[Any] | None,
+        *,
+        collect: Collect,
+        store: Store,
+        output_dir: str | Path,
+        log: Callable[[dict[str, Any]], None] | None = None,
+        air: Sequence[AIRRule] | None = None,
+        failed_score: float = 0.0,
+        fixed: Mapping[str, str] | None = None,
+        policy_llm: Any = None,
+        resume: bool = False,
+    ) -> dict[str, Any]:
+        """Run GEPA with ``collect(specs) -> results`` running the rollouts; returns the summary
+        (``prompts``: every prompt, the optimised ones at their best; scores; counts)."""
+        try:
+            import gepa
+        except ImportError:
+            raise ImportError("agl.APO needs the gepa package: pip install 'agentlightning-lite[apo]'") from None
+        if len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty")
+        out = Path(output_dir)
+        run = _RunDir.open(out / "apo", resume)
+        fixed = dict(fixed or {})
+        reflection = self._reflection_lm(policy_llm, run.path / "reflection.jsonl")
+        train = [_Item("train", i, t) for i, t in enumerate(train_dataset)]
+        val = [_Item("val", i, t) for i, t in enumerate(val_dataset)] if val_dataset else None
+        adapter = _Adapter(self, run.run_id, collect, store, air, failed_score, fixed)
+        adapter.load_cache()
+        seed = self._seed_candidate(adapter, train[0], fixed)
+        run.save_state({"components": sorted(seed), "seed_candidate": seed})
+        recorder = _Recorder(self, run, adapter, seed, log, out / "prompts.json", fixed, len(val or train))
+        kwargs: dict[str, Any] = {}
+        if self.reflection_prompt_template is not None:
+            kwargs["reflection_prompt_template"] = self.reflection_prompt_template
+        t0 = time.perf_counter()
+        try:
+            result = gepa.optimize(
+                seed_candidate=seed,
+                trainset=train,
+                valset=val,
+                adapter=adapter,
+                reflection_lm=reflection,
+                candidate_selection_strategy=self.candidate_selection,  # type: ignore[arg-type]
+                skip_perfect_score=self.skip_perfect_score,
+                reflection_minibatch_size=self.minibatch_size,
+                perfect_score=self.perfect_score,
+                module_selector=self.module_selector,
+                use_merge=self.use_merge,
+                max_metric_calls=self.budget,
+                logger=_Log(),
+                callbacks=[recorder],
+                track_best_outputs=False,
+                display_progress_bar=False,
+                seed=self.seed,
+                raise_on_exception=True,
+                **kwargs,
+            )
+        finally:
+            recorder.close()
+        best = dict(result.best_candidate)  # type: ignore[arg-type]
+        best_idx = result.best_idx
+        scores = result.val_aggregate_scores
+        summary = {
+            "apo/best_val_score": float(scores[best_idx]),
+            "apo/seed_val_score": float(scores[0]),
+            "apo/candidates": float(len(result.candidates)),
+            "apo/metric_calls": float(result.total_metric_calls or 0),
+            "apo/rollouts_run": float(adapter.rollouts_run),
+            "apo/reflection_calls": float(getattr(reflection, "calls", 0)),
+            "apo/time_s": time.perf_counter() - t0,
+            "apo/best_candidate": candidate_id(best),
+            "prompts": {**fixed, **best},
+        }
+        save_prompts(
+            out / "prompts.json",
+            summary["prompts"],
+            candidate=candidate_id(best),
+            val_score=summary["apo/best_val_score"],
+            seed_val_score=summary["apo/seed_val_score"],
+            run=run.run_id,
+        )
+        if log is not None:
+            log({k: v for k, v in summary.items() if k != "prompts"})
+        run.save_state({"finished": True, "best": best, "best_val_score": summary["apo/best_val_score"]})
+        self.result = summary
+        return summary
+
+    def _reflection_lm(self, policy_llm: Any, cache: Path) -> Any:
+        r = self.reflection
+        if r == "policy":
+            if policy_llm is None:
+                raise ValueError("reflection='policy' needs the trainer's PolicyServer (run APO through a Trainer)")
+            r = policy_llm
+        if isinstance(r, str):
+            raise ValueError(
+                f"reflection must be 'policy', an agl.LLM, a mapping with base_url/model/api_key or a callable, got {r!r}"
+            )
+        if isinstance(r, Mapping):
+            return ReflectionLM(r["base_url"], r["model"], r.get("api_key"), cache=cache)
+        if hasattr(r, "base_url") and hasattr(r, "model"):
+            return ReflectionLM(r.base_url, r.model, getattr(r, "api_key", None), cache=cache)
+        if callable(r):
+            return r
+        raise TypeError(f"reflection must be 'policy', an agl.LLM, a mapping or a callable, got {type(r).__name__}")
+
+    def _seed_candidate(self, adapter: _Adapter, first: _Item, fixed: Mapping[str, str]) -> dict[str, str]:
+        """The starting texts: given ones, else the fixed prompts, else the defaults the agent declares
+        (found by one probe rollout on the first training task)."""
+        wanted = self.components
+        given = dict(wanted) if isinstance(wanted, Mapping) else {}
+        keys = list(wanted) if wanted is not None else None
+        missing = [k for k in (keys or []) if k not in given and k not in fixed]
+        defaults: dict[str, str | None] = {}
+        if keys is None or missing:
+            defaults = adapter.probe(first)
+        if keys is None:
+            keys = sorted(defaults)
+            if not keys:
+                raise ValueError(
+                    "the agent read no prompt in a probe rollout: read one with agl.prompt(name, default=...) "
+                    "or llm.prompt(name, default=...), or name the components with APO(components=...)"
+                )
+        seed: dict[str, str] = {}
+        for k in keys:
+            text = given.get(k, fixed.get(k, defaults.get(k)))
+            if text is None:
+                seen = ", ".join(sorted(defaults)) or "none"
+                raise ValueError(
+                    f"no starting text for component {k!r}: the agent did not read it with a default in a probe "
+                    f"rollout (it read: {seen}); give it as APO(components={{{k!r}: '...'}})"
+                )
+            seed[k] = text
+        return seed
+
+
+class _Adapter:
+    """GEPA's adapter: ``evaluate`` runs rollouts, ``make_reflective_dataset`` reads their spans."""
+
+    propose_new_texts = None
+
+    def __init__(
+        self,
+        apo: APO,
+        run_id: str,
+        collect: Collect,
+        store: Store,
+        air: Sequence[AIRRule] | None,
+        failed_score: float,
+        fixed: Mapping[str, str],
+    ) -> None:
+        self.apo = apo
+        self.run_id = run_id
+        self.collect = collect
+        self.store = store
+        self.air = air
+        self.failed_score = failed_score
+        self.fixed = dict(fixed)
+        self.cache: dict[tuple[str, str, int], _Done] = {}
+        self.parents: dict[str, str] = {}  # candidate id -> its parent's
+        self.rollouts_run = 0  # rollouts this process ran (not taken from the store)
+        self.on_rollouts: Callable[[int], None] | None = None
+
+    def load_cache(self) -> None:
+        """Take the finished evaluations of this run from the store (a resumed run)."""
+        for ro in self.store.rollouts():
+            meta = ro.metadata.get("apo") if isinstance(ro.metadata, dict) else None
+            if not isinstance(meta, dict) or meta.get("run") != self.run_id or ro.status == "running":
+                continue
+            if ro.status != "succeeded" and (ro.error or "").startswith(INTERRUPTED):
+                continue
+            key = (str(meta.get("candidate")), str(meta.get("split")), int(meta.get("task_index", -1)))
+            self.cache[key] = self._done(ro.rollout_id, ro.status, ro.reward, ro.error)
+        if self.cache:
+            logger.info("APO run %s: %d finished evaluations found in the store", self.run_id, len(self.cache))
+
+    def _done(self, rid: str, status: str, reward: float | None, error: str | None) -> _Done:
+        if status == "succeeded":
+            score = float(reward) if reward is not None else 0.0
+        else:
+            score = self.failed_score
+        return _Done(rid, score, status, error, reward)
+
+    def _run(self, items: Sequence[_Item], cid: str, prompts: Mapping[str, str]) -> list[_Done]:
+        out: list[_Done | None] = [self.cache.get((cid, it.split, it.index)) for it in items]
+        todo = [j for j, d in enumerate(out) if d is None]
+        if todo:
+            specs = [
+                RolloutSpec(
+                    items[j].task,
+                    "val" if items[j].split == "val" else "train",
+                    {
+                        "prompts": {**self.fixed, **prompts},
+                        "apo": {
+                            "run": self.run_id,
+                            "candidate": cid,
+                            "parent": self.parents.get(cid),
+                            "split": items[j].split,
+                            "task_index": items[j].index,
+                        },
+                    },
+                )
+                for j in todo
+            ]
+            results = self.collect(specs)
+            if len(results) != len(specs):
+                raise RuntimeError(f"the rollout source returned {len(results)} results for {len(specs)} rollouts")
+            self.rollouts_run += len(results)
+            for j, res in zip(todo, results):
+                done = self._done(res.rollout_id, res.status, res.reward, res.error)
+                if res.status == "succeeded" or not (res.error or "").startswith(INTERRUPTED):
+                    self.cache[(cid, items[j].split, items[j].index)] = done
+                out[j] = done
+        return [d for d in out if d is not None]
+
+    def probe(self, item: _Item) -> dict[str, str | None]:
+        """Run the agent once with no candidate; the prompts it read and their defaults."""
+        (done,) = self._run([item], "probe", {})
+        return prompt_reads(self.store.spans(done.rollout_id))
+
+    # -- GEPA's adapter protocol ----------------------------------------------------------------
+    def evaluate(self, batch: list[_Item], candidate: dict[str, str], capture_traces: bool = False) -> Any:
+        from gepa import EvaluationBatch
+
+        cid = candidate_id(candidate)
+        done = self._run(batch, cid, candidate)
+        outputs = [{"rollout_id": d.rollout_id, "reward": d.reward, "status": d.status} for d in done]
+        trajectories = (
+            [{"item": it, "done": d} for it, d in zip(batch, done)] if capture_traces else None
+        )
+        return EvaluationBatch(outputs=outputs, scores=[d.score for d in done], trajectories=trajectories)
+
+    def make_reflective_dataset(
+        self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
+    ) -> dict[str, list[dict[str, Any]]]:
+        dataset: dict[str, list[dict[str, Any]]] = {c: [] for c in components_to_update}
+        for traj in eval_batch.trajectories or ():
+            item, done = traj["item"], traj["done"]
+            rollout = self.store.get_rollout(done.rollout_id)
+            spans = self.store.spans(done.rollout_id)
+            for comp in components_to_update:
+                dataset[comp].append(
+                    rollout_record(comp, rollout, spans, item.task, done.score, done.status, done.error, self.air)
+                )
+        return dataset
+
+
+class _RunDir:
+    """``output_dir/apo/<run>/``: the run's id, state, reflection answers and candidate log."""
+
+    def __init__(self, root: Path, run_id: str) -> None:
+        self.root = root
+        self.run_id = run_id
+        self.path = root / run_id
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def open(cls, root: Path, resume: bool) -> _RunDir:
+        latest = root / "latest.json"
+        if resume and latest.exists():
+            run_id = json.loads(latest.read_text())["run"]
+            logger.info("APO: resuming run %s", run_id)
+        else:
+            run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+            root.mkdir(parents=True, exist_ok=True)
+            latest.write_text(json.dumps({"run": run_id}) + "\n")
+        return cls(root, run_id)
+
+    def save_state(self, update: Mapping[str, Any]) -> None:
+        path = self.path / "state.json"
+        state = json.loads(path.read_text()) if path.exists() else {"run": self.run_id}
+        state.update(update)
+        path.write_text(json.dumps(state, indent=2, ensure_ascii=False) + "\n")
+
+
+class _Recorder:
+    """GEPA callbacks: the candidate log, ``metrics.jsonl`` rows, ``prompts.json`` and the progress bar."""
+
+    def __init__(
+        self,
+        apo: APO,
+        run: _RunDir,
+        adapter: _Adapter,
+        seed: Mapping[str, str],
+        log: Callable[[dict[str, Any]], None] | None,
+        prompts_path: Path,
+        fixed: Mapping[str, str],
+        n_val: int,
+    ) -> None:
+        from ..rl._runtime import progress
+
+        self.apo, self.run, self.adapter, self.log = apo, run, adapter, log
+        self.prompts_path, self.fixed, self.n_val = prompts_path, dict(fixed), n_val
+        self.best = float("-inf")
+        self.best_id: str | None = None
+        self.seed_id = candidate_id(seed)
+        self.path = run.path / "candidates.jsonl"
+        self.logged: set[str] = set()
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                    self.logged.add(f"{row['id']}:{row['accepted']}")
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a kill
+        self.proposed: dict[int, tuple[str, str]] = {}  # iteration -> (child id, parent id)
+        self.bar = progress(apo.budget, "APO")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def _write(self, row: dict[str, Any]) -> bool:
+        """Append ``row`` to the candidate log; False when a resumed run logged it already."""
+        key = f"{row['id']}:{row['accepted']}"
+        if key in self.logged:
+            return False
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.logged.add(key)
+        return True
+
+    # GEPA callback methods ------------------------------------------------------------------
+    def on_budget_updated(self, event: Any) -> None:
+        if self.bar is not None:
+            self.bar.n = min(int(event["metric_calls_used"]), self.apo.budget)
+            self.bar.refresh()
+
+    def on_proposal_start(self, event: Any) -> None:
+        self._parent = dict(event["parent_candidate"])
+
+    def on_proposal_end(self, event: Any) -> None:
+        parent = getattr(self, "_parent", None)
+        if parent is None:
+            return
+        child = {**parent, **event["new_instructions"]}
+        cid, pid = candidate_id(child), candidate_id(parent)
+        self.adapter.parents.setdefault(cid, pid)
+        self.proposed[int(event["iteration"])] = (cid, pid)
+        self._child = child
+
+    def on_candidate_rejected(self, event: Any) -> None:
+        cid, pid = self.proposed.get(int(event["iteration"]), (None, None))
+        if cid is None:
+            return
+        row = {
+            "id": cid,
+            "parent": pid,
+            "accepted": False,
+            "prompts": getattr(self, "_child", {}),
+            "minibatch_score": event["new_score"],
+            "parent_minibatch_score": event["old_score"],
+            "reason": event["reason"],
+        }
+        if self._write(row) and self.log is not None:
+            self.log({"apo/candidate": cid, "apo/parent": pid, "apo/accepted": 0.0, "apo/minibatch_score": event["new_score"]})
+
+    def on_valset_evaluated(self, event: Any) -> None:
+        cand = dict(event["candidate"])
+        cid = candidate_id(cand)
+        parents = [p for p in (event.get("parent_ids") or []) if p is not None]
+        score = float(event["average_score"])
+        per_task = {str(k): float(v) for k, v in event["scores_by_val_id"].items()}
+        parent_id = self.adapter.parents.get(cid)
+        row = {
+            "id": cid,
+            "index": int(event["candidate_idx"]),
+            "parent": parent_id,
+            "parent_index": parents,
+            "accepted": True,
+            "prompts": cand,
+            "val_score": score,
+            "task_scores": per_task,
+        }
+        new = self._write(row)
+        improved = score > self.best
+        if improved:
+            self.best, self.best_id = score, cid
+            save_prompts(self.prompts_path, {**self.fixed, **cand}, candidate=cid, val_score=score, run=self.run.run_id)
+        if new and self.log is not None:
+            self.log(
+                {
+                    "apo/candidate": cid,
+                    "apo/candidate_index": float(event["candidate_idx"]),
+                    "apo/parent": parent_id,
+                    "apo/accepted": 1.0,
+                    "apo/val_score": score,
+                    "apo/best_val_score": self.best,
+                    "apo/task_scores": per_task,
+                    "apo/prompts": cand,
+                }
+            )
+        if self.bar is not None:
+            self.bar.set_postfix(best=f"{self.best:.3f}", candidates=int(event["candidate_idx"]) + 1)
