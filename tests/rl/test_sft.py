@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
-from agentlightning_lite.rl.batching import Sample
+from agentlightning_lite.rl.batching import Sample, collate, forward_logprobs
 from agentlightning_lite.rl.sft import sft_loss
 from agentlightning_lite.serving.engines import ScriptedEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
-from .._helpers import lora_weights
+from .._helpers import lora_weights, max_abs_diff
 
 ANSWERS = {"2+2?": "four", "3+3?": "six", "5+5?": "ten", "1+1?": "two"}
 
@@ -98,19 +98,61 @@ def test_sft_step_on_teacher_traces_tiny(tiny_trainer: agl.Trainer) -> None:
     check_sft_step(tiny_trainer, [{"q": q} for q in ANSWERS], wrong="5+5?")
 
 
+def varied(task: dict[str, str], llm: agl.LLM) -> float:
+    """Rewards replies sampled at temperature 1 by their distinct characters: a spread in every group."""
+    reply = llm.openai_client().chat.completions.create(
+        model=llm.model, max_tokens=8, temperature=1.0, messages=[{"role": "user", "content": task["q"]}]
+    )
+    return len(set(reply.choices[0].message.content or "")) / 8.0
+
+
+def served_logprob_gap(policy: Any, calls: list[agl.Transition], pad: int) -> float:
+    """The largest difference, over the calls' response tokens, between the logprobs the engine served
+    and those ``policy`` gives the same tokens now (one forward pass, no gradient)."""
+    samples = [Sample(t.prompt_token_ids or [], t.response_token_ids or [], None, 0.0, None) for t in calls]
+    batch = collate(samples, pad)
+    served = torch.zeros(batch.response_ids.shape)
+    for i, t in enumerate(calls):
+        served[i, : len(t.response_logprobs or [])] = torch.tensor(t.response_logprobs or [])
+    was_training = policy.training
+    policy.eval()
+    with torch.no_grad():
+        now, _ = forward_logprobs(policy, batch)
+    policy.train(was_training)
+    return float(((now - served).abs() * batch.response_mask).max())
+
+
 def test_sft_then_grpo_on_the_same_adapter(tiny_trainer: agl.Trainer) -> None:
+    policy = tiny_trainer.policy
+    pad = int(tiny_trainer.engine.pad_token_id or 0)
     tasks = [{"q": q} for q in ANSWERS]
+    untrained = lora_weights(policy)
     tiny_trainer.fit(agent, tasks, steps=1)
-    warm = lora_weights(tiny_trainer.policy)
-    stats = tiny_trainer.fit(agent, tasks[:2], steps=2, algorithm=agl.GRPO(group_size=2, lr=1e-2))
+    warm = lora_weights(policy)
+    assert max_abs_diff(untrained, warm) > 1e-3  # SFT trained the adapter
+    stats = tiny_trainer.fit(varied, tasks[:2], steps=2, algorithm=agl.GRPO(group_size=2, lr=1e-2))
     assert tiny_trainer.step == 2  # the step count runs on across calls
     assert isinstance(tiny_trainer.algorithm, agl.GRPO)
     assert stats["train/rollouts"] == 8.0  # batch of 4 tasks x group 2, sampled from the policy
     runs = tiny_trainer.store.rollouts(mode="train")
     assert len(runs) == 12  # 4 teacher rollouts, then 8 policy rollouts
-    models = {s.model for r in runs for s in tiny_trainer.store.spans(r.rollout_id) if s.kind == "llm"}
-    assert models == {"scripted", "tiny"}
-    assert lora_weights(tiny_trainer.policy).keys() == warm.keys()
+    calls = agl.transitions(tiny_trainer.store, mode="train", require_tokens=True)
+    assert sorted(t.metadata["model"] for t in calls) == ["scripted"] * 4 + ["tiny"] * 8
+    grpo_calls = [t for t in calls if t.metadata["model"] == "tiny"]
+    # GRPO updated the same adapter: the same LoRA matrices moved on from where SFT left them ...
+    assert "train/skipped_update" not in stats and stats["train/grad_norm"] > 0
+    final = lora_weights(policy)
+    assert final.keys() == warm.keys() and max_abs_diff(warm, final) > 1e-4
+    # ... its rollouts were sampled with the SFT weights (not with a fresh adapter: B = 0 is the base) ...
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if n in warm:
+                p.copy_(warm[n])
+    assert served_logprob_gap(policy, grpo_calls, pad) < 1e-4
+    with policy.disable_adapter():
+        assert served_logprob_gap(policy, grpo_calls, pad) > 1e-2
+    # ... and the update started from them: its recomputed logprobs were the engine's
+    assert stats["train/logprob_mismatch_max"] < 1e-4
 
 
 def test_sft_rejects_bad_settings(tiny_llama: Any) -> None:
