@@ -28,7 +28,8 @@ later need ``openai>=3``. The pinned set is the ``adapters`` extra in the main e
 Every environment is made with ``python -m venv`` and pip (pip's own configuration applies), and
 every install runs under a constraint ``torch==2.13.0``: where torch is needed it is installed
 first, pinned (the CPU build where one is on offer), and nothing can pull another torch (a CUDA build).
-Nothing here installs uvloop.
+Nothing here adds uvloop: an environment has it only where an extra brings it (the ``adapters``
+extra does, through crewai's chromadb).
 """
 
 from __future__ import annotations
