@@ -1,4 +1,5 @@
-"""Policy engines behind the PolicyServer: HF transformers, vLLM (optional) and a scripted one for tests.
+"""Policy engines behind the PolicyServer: HF transformers, an inference server over HTTP (vLLM), and a
+scripted one for tests.
 
 >>> from agentlightning_lite.serving import engines
 >>> engines.ScriptedEngine(["hi"], tokenizer="bytes").model_name
@@ -8,15 +9,18 @@
 from .base import BatchingEngine, Engine, GenRequest, GenResult
 from .contract import InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
 from .hf import HFEngine
+from .http import BackendError, HTTPEngine
 from .scripted import ScriptedEngine
 from .vllm import VLLMEngine
 
 __all__ = [
+    "BackendError",
     "BatchingEngine",
     "Engine",
     "GenRequest",
     "GenResult",
     "HFEngine",
+    "HTTPEngine",
     "InPlaceEngine",
     "MultiAdapterEngine",
     "ScriptedEngine",

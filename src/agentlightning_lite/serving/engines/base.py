@@ -31,6 +31,7 @@ class GenRequest:
     token. ``messages``/``tools`` carry the chat request (a scripted engine answers from them).
     ``agent`` is the calling agent (the engine serves it with its adapter, see
     :meth:`Engine.set_routes`); ``adapter`` names the adapter explicitly instead.
+    ``session`` groups the requests of one rollout (engines with several backends keep them on one).
     ``response_format`` asks for JSON (an object, or one that validates against a schema), enforced
     while decoding by engines that support it (see :meth:`Engine.check_response_format`).
 
@@ -52,6 +53,7 @@ class GenRequest:
     agent: str | None = None
     adapter: str | None = None
     response_format: ResponseFormat | None = None
+    session: str | None = None
 
 
 @dataclass

@@ -168,6 +168,7 @@ class HFEngine(BatchingEngine):
             self._eos.update(int(e) for e in gen_eos)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else (min(self._eos) if self._eos else 0)
+        self._named_only: set[str] = set()  # adapters never served by default (see add_adapter)
         self._ll_tok: Any = None  # llguidance's view of the tokenizer, built on the first response_format
         self._rng = torch.Generator(device=self.device)
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
@@ -222,14 +223,23 @@ class HFEngine(BatchingEngine):
         return list(self.model.peft_config) if self.is_peft else []
 
     def _own_adapter(self) -> str | None:
-        return str(self.model.active_adapter) if self.is_peft else None
+        if not self.is_peft:
+            return None
+        active = str(self.model.active_adapter)
+        if active not in self._named_only:
+            return active
+        return next((a for a in self.adapters if a not in self._named_only), None)
 
-    def add_adapter(self, name: str, lora: Any, trainable: bool | None = None) -> None:
+    def add_adapter(
+        self, name: str, lora: Any, trainable: bool | None = None, named_only: bool = False
+    ) -> None:
         """Add adapter ``name`` beside the model's others, on the same base weights (peft multi-adapter).
 
         ``lora`` is adapter settings (``agl.LoRA(...)``, a ``peft.LoraConfig``): a fresh adapter,
         trainable; or a directory holding a saved peft adapter: loaded frozen (``trainable=True``
-        to train it on). Which agent it serves is set with :meth:`set_routes`.
+        to train it on). Which agent it serves is set with :meth:`set_routes`. ``named_only``: it serves
+        only requests that name it (``GenRequest.adapter``), never as a default (the PolicyServer's
+        ``/v1/load_lora_adapter`` loads adapters so).
 
         >>> engine.add_adapter("rewriter", agl.LoRA(r=8))  # doctest: +SKIP
         >>> engine.set_routes({"writer": "default", "rewriter": "rewriter"})  # doctest: +SKIP
@@ -241,6 +251,8 @@ class HFEngine(BatchingEngine):
         with self.lock:
             if name in self.adapters:
                 raise ValueError(f"adapter {name!r} already exists")
+            if named_only:
+                self._named_only.add(name)
             if isinstance(lora, (str, os.PathLike)):
                 path = str(lora)
                 if not os.path.isfile(os.path.join(path, "adapter_config.json")):
@@ -263,6 +275,21 @@ class HFEngine(BatchingEngine):
                     self.model.add_adapter(name, config)
                 else:
                     self.model = peft.get_peft_model(self.model, config, adapter_name=name)
+            self.model.eval()
+
+    def remove_adapter(self, name: str) -> None:
+        """Remove adapter ``name`` (waits for the batch decoding now: it holds ``lock``). Removing the
+        model's last adapter leaves the plain base model."""
+        with self.lock:
+            if name not in self.adapters:
+                raise KeyError(f"unknown adapter {name!r}: this engine serves {sorted(self.adapters)}")
+            if len(self.adapters) == 1:
+                self.model = self.model.unload()  # the base model, LoRA layers taken out
+            else:
+                if self.model.active_adapter == name:
+                    self.model.set_adapter(next(a for a in self.adapters if a != name))
+                self.model.delete_adapter(name)
+            self._named_only.discard(name)
             self.model.eval()
 
     @contextlib.contextmanager

@@ -75,6 +75,8 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         tools=offered or None,
         prompt=prompt_text,
         agent=call.agent,
+        session=call.rollout_id,
+        adapter=server.lora_adapter_of(call.body),
         response_format=fmt,
     )
     try:

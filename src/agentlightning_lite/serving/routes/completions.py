@@ -50,13 +50,27 @@ async def completions(server: PolicyServer, request: Request) -> Response:
         raise bad_request(f"'prompt' holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
     budgets = [budget(server, len(ids), p, "prompt") for _, ids in encoded]
     fmt = await response_format(server, body)
+    adapter = server.lora_adapter_of(body)
+    # vLLM's extensions: the prompt's and the reply's token ids in each choice; tokens named by id
+    want_ids = body.get("return_token_ids") is True
+    as_ids = body.get("return_tokens_as_token_ids") is True
     request_id = "cmpl-" + secrets.token_hex(12)
     attrs: dict[str, Any] = {"api": "completions", "request_id": request_id, "engine": type(engine).__name__}
     if fmt is not None:
         attrs["response_format"] = fmt.record()
     reqs: list[GenRequest] = []
     for (text, ids), n_new in zip(encoded, budgets, strict=True):
-        reqs += gen_requests(ids, p, n_new, request_id, prompt=text, agent=call.agent, response_format=fmt)
+        reqs += gen_requests(
+            ids,
+            p,
+            n_new,
+            request_id,
+            prompt=text,
+            agent=call.agent,
+            response_format=fmt,
+            session=call.rollout_id,
+            adapter=adapter,
+        )
     inputs = [text if text is not None else {"prompt_token_ids": ids} for text, ids in encoded]
     task = inputs[0] if len(inputs) == 1 else inputs
     try:
@@ -76,14 +90,17 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     }
     total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
     for i, res in enumerate(results):
-        choices.append(
-            {
-                "index": i,
-                "text": res.text,
-                "logprobs": _logprobs(server, res) if p.logprobs else None,
-                "finish_reason": res.finish_reason,
-            }
-        )
+        choice: dict[str, Any] = {
+            "index": i,
+            "text": res.text,
+            "logprobs": _logprobs(server, res, as_ids=as_ids) if p.logprobs else None,
+            "finish_reason": res.finish_reason,
+            "stop_reason": res.stop_reason if isinstance(res.stop_reason, str) else None,
+        }
+        if want_ids:
+            choice["prompt_token_ids"] = list(res.prompt_token_ids)
+            choice["token_ids"] = list(res.token_ids)
+        choices.append(choice)
         spans.append(
             llm_span(
                 call,
@@ -111,7 +128,7 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     await run_in_threadpool(record, server, call, task, spans, False)
     created = int(start)
     if p.stream:
-        return sse(_chunks(server, request_id, created, choices, results, p, total))
+        return sse(_chunks(server, request_id, created, choices, results, p, total, want_ids, as_ids))
     return JSONResponse(
         {
             "id": request_id,
@@ -126,17 +143,23 @@ async def completions(server: PolicyServer, request: Request) -> Response:
 
 
 def _logprobs(
-    server: PolicyServer, res: GenResult, s: int = 0, e: int | None = None, offset: int = 0
+    server: PolicyServer,
+    res: GenResult,
+    s: int = 0,
+    e: int | None = None,
+    offset: int = 0,
+    as_ids: bool = False,
 ) -> dict:
     e = len(res.token_ids) if e is None else e
-    tokens = [server.engine.token_text(t) for t in res.token_ids[s:e]]
+    text = (lambda t: f"token_id:{t}") if as_ids else server.engine.token_text
+    tokens = [text(t) for t in res.token_ids[s:e]]
     offsets, pos = [], offset
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
     tops = None
     if res.top_logprobs:
-        tops = [{server.engine.token_text(t): lp for t, lp in res.top_logprobs[k]} for k in range(s, e)]
+        tops = [{text(t): lp for t, lp in res.top_logprobs[k]} for k in range(s, e)]
     return {
         "tokens": tokens,
         "token_logprobs": res.logprobs[s:e],
@@ -153,6 +176,8 @@ def _chunks(
     results: list[GenResult],
     p: Params,
     total: dict[str, int],
+    want_ids: bool = False,
+    as_ids: bool = False,
 ) -> list[dict[str, Any]]:
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -166,25 +191,33 @@ def _chunks(
 
     out = []
     for choice, res in zip(choices, results, strict=True):
-        pos = 0
-        for delta, s, e in pieces(server, res, choice["text"]):
-            lp = _logprobs(server, res, s, e, pos) if p.logprobs else None
-            out.append(
-                chunk([{"index": choice["index"], "text": delta, "logprobs": lp, "finish_reason": None}])
-            )
+        pos = sent = 0
+        for k, (delta, s, e) in enumerate(pieces(server, res, choice["text"])):
+            lp = _logprobs(server, res, s, e, pos, as_ids) if p.logprobs else None
+            piece: dict[str, Any] = {
+                "index": choice["index"],
+                "text": delta,
+                "logprobs": lp,
+                "finish_reason": None,
+            }
+            if want_ids:  # as vLLM streams them: the prompt's ids first, then each chunk's own ids
+                if k == 0:
+                    piece["prompt_token_ids"] = list(res.prompt_token_ids)
+                piece["token_ids"] = list(res.token_ids[s:e])
+            out.append(chunk([piece]))
             pos += len(delta)
-        out.append(
-            chunk(
-                [
-                    {
-                        "index": choice["index"],
-                        "text": "",
-                        "logprobs": None,
-                        "finish_reason": choice["finish_reason"],
-                    }
-                ]
-            )
-        )
+            sent = e
+        last: dict[str, Any] = {
+            "index": choice["index"],
+            "text": "",
+            "logprobs": None,
+            "finish_reason": choice["finish_reason"],
+        }
+        if want_ids:  # tokens no text piece carried (a reply that is only EOS)
+            if not sent:
+                last["prompt_token_ids"] = list(res.prompt_token_ids)
+            last["token_ids"] = list(res.token_ids[sent:])
+        out.append(chunk([last]))
     if p.include_usage:
         out.append(chunk([], usage=total))
     return out

@@ -1,0 +1,507 @@
+"""An engine that generates through OpenAI-compatible inference servers over HTTP (vLLM, or a PolicyServer).
+
+Our side applies the chat template and the tool format and sends the prompt as token ids to
+``POST /v1/completions`` with ``return_token_ids`` and ``logprobs``; the server answers with the
+reply's token ids and their logprobs, so every span holds exactly the tokens the model saw and
+produced (no re-tokenisation anywhere). LoRA adapters are handed over with vLLM's runtime routes
+``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``, each weight version under its own name.
+
+The subset of the HTTP API used is the one vLLM 0.33 documents (read in its source:
+``vllm/entrypoints/openai/completion/protocol.py``, ``vllm/entrypoints/serve/lora/``); the
+project's own PolicyServer speaks the same subset, which is what the tests run against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Engine, GenRequest, GenResult
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BackendError", "HTTPEngine"]
+
+
+class BackendError(RuntimeError):
+    """An inference server failed a request: unreachable, dead, or it answered with an error."""
+
+
+@dataclass
+class _Backend:
+    url: str
+    in_flight: int = 0
+    dead_since: float | None = None
+    error: str = ""
+    loaded: set[str] = field(default_factory=set)  # adapter version names loaded on this server
+    lock: asyncio.Lock | None = None  # serialises adapter loading (created on the engine's loop)
+
+
+class HTTPEngine(Engine):
+    """Generate through one or several OpenAI-compatible inference servers (vLLM's HTTP API subset).
+
+    Args:
+        urls: the servers' root URLs (``http://host:port``, no ``/v1``), or one URL.
+        tokenizer: the model's tokenizer (a Hugging Face id or path, or a tokenizer object): our side
+            renders chats and encodes prompts with it, so it must be the served model's.
+        model: the served base model's name (default: the first model the first server lists).
+        api_key: sent as ``Authorization: Bearer`` (vLLM's ``--api-key``, the PolicyServer's ``api_key``).
+        lora: a peft adapter directory served from the start as the engine's own adapter
+            (``"policy"``); ``adapters``: named ones, e.g. one per agent; ``routes``: which agent uses which.
+        adapter_dir: where adapter weights given as a state dict are written (default: a temp dir);
+            the servers read adapters from the file system, so it must be visible to them.
+        max_context: the context length (default: ``max_model_len`` from ``/v1/models``, else 8192).
+        timeout_s: how long one request may take.
+        revive_after_s: a server that failed is tried again after this long (a restarted server serves on).
+
+    Several servers: a rollout's calls (``GenRequest.session``) stick to one server (its prefix cache);
+    new rollouts, and calls without a session, go to the server with the fewest requests in flight.
+    A server that cannot be reached fails its requests with a :class:`BackendError` naming it, is left
+    out while the others serve, and is tried again after ``revive_after_s``.
+
+    LoRA hand-over: :meth:`update_weights` loads the new adapter under a new version name
+    (``policy-v3``); requests admitted from then on use it, on every server (each loads a version
+    before its first request with it); requests in flight finish on their version; a version no request
+    uses any more is unloaded. Each result (and so each span) records its ``weights_version`` and
+    ``adapter``. Streaming to the agent is the PolicyServer's: it chunks the final reply.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        tokenizer: Any,
+        model: str | None = None,
+        api_key: str | None = None,
+        lora: str | os.PathLike[str] | None = None,
+        adapters: Mapping[str, str | os.PathLike[str]] | None = None,
+        routes: Mapping[str, str | None] | None = None,
+        adapter_dir: str | None = None,
+        max_context: int | None = None,
+        model_name: str | None = None,
+        timeout_s: float = 600.0,
+        revive_after_s: float = 5.0,
+        max_connections: int = 256,
+    ) -> None:
+        super().__init__()
+        import httpx
+
+        self._httpx = httpx
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if not urls:
+            raise ValueError("HTTPEngine needs at least one server URL")
+        self.backends = [_Backend(u.rstrip("/").removesuffix("/v1")) for u in urls]
+        if isinstance(tokenizer, (str, os.PathLike)):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        self.tokenizer = tokenizer
+        self.api_key = api_key
+        self.timeout_s = float(timeout_s)
+        self.revive_after_s = float(revive_after_s)
+        self._adapter_dir = adapter_dir
+        self._paths: dict[str, str] = {}  # adapter version name -> directory
+        self._current: dict[str, str] = {}  # adapter name -> its current version name
+        self._uses: dict[str, int] = {}  # version name -> requests in flight with it
+        self._retired: set[str] = set()  # replaced versions, unloaded after their last request
+        self._sessions: OrderedDict[str, _Backend] = OrderedDict()  # session -> its server (LRU)
+        self._select_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agl-http-engine", daemon=True)
+        self._thread.start()
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+        async def make_client() -> Any:
+            for b in self.backends:
+                b.lock = asyncio.Lock()
+            return httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s, connect=10.0), limits=limits, headers=headers
+            )
+
+        self._client = self._run(make_client())
+        info = self._models(model)
+        self.served_model = model or info.get("id") or "model"
+        self.model_name = model_name or self.served_model
+        self.max_context = int(max_context or info.get("max_model_len") or 8192)
+        named = dict(adapters or {})
+        if lora is not None:
+            if "policy" in named:
+                raise ValueError("lora= is the adapter named 'policy': do not name another one so")
+            named = {"policy": lora, **named}
+        for name, path in named.items():
+            self.add_adapter(name, path)
+        if routes is not None:
+            self.set_routes(routes)
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _models(self, wanted: str | None) -> dict[str, Any]:
+        """The first server's entry for ``wanted`` (or its first model) in ``GET /v1/models``."""
+        for b in self.backends:
+            try:
+                data = self._run(self._get(b, "/v1/models"), timeout=30)["data"]
+            except Exception as exc:  # try the next server
+                logger.warning("GET %s/v1/models failed: %s", b.url, exc)
+                continue
+            for entry in data:
+                if wanted is None or entry.get("id") == wanted:
+                    return dict(entry)
+            return {}
+        if wanted is None:
+            raise BackendError(
+                f"no inference server answered GET /v1/models at {[b.url for b in self.backends]}: "
+                "are they running, and is the URL http://host:port (without /v1)?"
+            )
+        return {}
+
+    async def _get(self, b: _Backend, path: str) -> Any:
+        r = await self._client.get(b.url + path)
+        self._check(b, path, r)
+        return r.json()
+
+    async def _post(self, b: _Backend, path: str, body: dict[str, Any]) -> Any:
+        try:
+            r = await self._client.post(b.url + path, json=body)
+        except (self._httpx.TransportError, OSError) as exc:
+            b.dead_since, b.error = time.monotonic(), f"{type(exc).__name__}: {exc}"
+            logger.warning("inference server %s failed: %s", b.url, b.error)
+            raise BackendError(f"inference server {b.url} is unreachable ({b.error}); {path} failed") from exc
+        self._check(b, path, r)
+        return r
+
+    @staticmethod
+    def _check(b: _Backend, path: str, r: Any) -> None:
+        if r.status_code >= 400:
+            try:
+                err = r.json().get("error")
+                detail = err.get("message") if isinstance(err, dict) else err
+            except (ValueError, AttributeError):
+                detail = r.text[:500]
+            raise BackendError(f"inference server {b.url} answered {r.status_code} to {path}: {detail}")
+
+    def _pick(self, session: str | None) -> _Backend:
+        """The server for a request: its session's, else the live one with the fewest in flight."""
+        now = time.monotonic()
+        with self._select_lock:
+            if session is not None:
+                b = self._sessions.get(session)
+                if b is not None and b.dead_since is None:
+                    self._sessions.move_to_end(session)
+                    b.in_flight += 1
+                    return b
+            live = [b for b in self.backends if b.dead_since is None]
+            if not live:  # every server failed: try those failed longest ago again
+                live = [b for b in self.backends if now - (b.dead_since or 0) >= self.revive_after_s]
+                for b in live:
+                    b.dead_since = None
+            if not live:
+                raise BackendError(
+                    "every inference server failed: "
+                    + "; ".join(f"{b.url}: {b.error}" for b in self.backends)
+                )
+            b = min(live, key=lambda x: x.in_flight)
+            b.in_flight += 1
+            if session is not None:
+                self._sessions[session] = b
+                while len(self._sessions) > 100_000:
+                    self._sessions.popitem(last=False)
+            return b
+
+    @property
+    def load(self) -> dict[str, int]:
+        """Requests in flight per server URL."""
+        return {b.url: b.in_flight for b in self.backends}
+
+    @property
+    def session_servers(self) -> dict[str, str]:
+        """Which server each recent session (rollout) is pinned to."""
+        with self._select_lock:
+            return {s: b.url for s, b in self._sessions.items()}
+
+    # -- adapters -------------------------------------------------------------------------
+    @property
+    def adapters(self) -> list[str]:
+        return list(self._current)
+
+    def _own_adapter(self) -> str | None:
+        return next(iter(self._current), None)
+
+    def adapter_version(self, name: str) -> str:
+        """The name the servers know adapter ``name``'s current weights by (``policy-v3``)."""
+        return self._current[name]
+
+    def add_adapter(
+        self, name: str, lora: Any, trainable: bool | None = None, named_only: bool = False
+    ) -> None:
+        """Serve the peft adapter in directory ``lora`` as ``name`` (loaded on each server before its
+        first request with it)."""
+        if not isinstance(lora, (str, os.PathLike)):
+            raise TypeError(f"{type(self).__name__} serves saved adapters: pass a directory, not {lora!r}")
+        if not name or "." in name or "@" in name:
+            raise ValueError(f"an adapter name must be non-empty, without '.' or '@', got {name!r}")
+        with self.lock:
+            if name in self._current:
+                raise ValueError(f"adapter {name!r} already exists")
+            self._set_version(name, self._checked(str(lora)))
+
+    @staticmethod
+    def _checked(path: str) -> str:
+        path = os.path.abspath(path)
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise FileNotFoundError(f"{path} is not a peft adapter directory (no adapter_config.json)")
+        return path
+
+    def _set_version(self, name: str, path: str) -> None:
+        vname = f"{name}-v{self.version}"
+        old = self._current.get(name)
+        self._paths[vname] = path
+        self._current[name] = vname
+        if old is not None and old != vname:
+            self._retired.add(old)
+            if not self._uses.get(old):
+                self._unload_soon(old)
+
+    def _unload_soon(self, vname: str) -> None:
+        self._retired.discard(vname)
+        self._paths.pop(vname, None)
+        asyncio.run_coroutine_threadsafe(self._unload(vname), self._loop)
+
+    async def _unload(self, vname: str) -> None:
+        for b in self.backends:
+            if vname not in b.loaded:
+                continue
+            b.loaded.discard(vname)
+            try:  # best effort: a server that cannot unload keeps a slot used until it evicts it
+                await self._post(b, "/v1/unload_lora_adapter", {"lora_name": vname})
+            except BackendError as exc:
+                logger.warning("unloading %s: %s", vname, exc)
+
+    def _write_adapter(self, state: Mapping[str, Any], name: str) -> str:
+        from safetensors.torch import save_file
+
+        root = self._adapter_dir or tempfile.mkdtemp(prefix="agl-http-lora-")
+        self._adapter_dir = root
+        path = os.path.join(root, name, f"v{self.version + 1}")
+        os.makedirs(path, exist_ok=True)
+        shutil.copy(os.path.join(self._paths[self._current[name]], "adapter_config.json"), path)
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in state.items()},
+            os.path.join(path, "adapter_model.safetensors"),
+        )
+        return path
+
+    def update_weights(self, source: Any, adapter: str | None = None) -> int:
+        """Serve new adapter weights from the next request on; returns the new ``version``.
+
+        ``source``: a saved peft adapter directory, or the adapter's state dict (written beside a copy
+        of its config). ``adapter`` names which adapter it replaces (default: the engine's first). The
+        new version is loaded on every live server now (a server that fails is left out and loads it
+        before its next request)."""
+        with self.lock:
+            name = adapter or self._own_adapter()
+            if name is None:
+                raise ValueError(f"{type(self).__name__} serves no adapter: pass lora= or adapters= first")
+            if name not in self._current:
+                raise KeyError(f"unknown adapter {name!r}: this engine serves {self.adapters}")
+            if isinstance(source, Mapping):
+                path = self._write_adapter(source, name)
+            elif isinstance(source, (str, os.PathLike)):
+                path = self._checked(str(source))
+            else:
+                raise TypeError(
+                    f"{type(self).__name__}.update_weights takes an adapter directory or a state dict"
+                )
+            self.version += 1
+            self._set_version(name, path)
+            vname = self._current[name]
+        for b in self.backends:
+            if b.dead_since is None:
+                try:
+                    self._run(self._ensure(b, vname, path), timeout=self.timeout_s)
+                except BackendError as exc:
+                    logger.warning("%s (it loads %s before its next request)", exc, vname)
+        return self.version
+
+    async def _ensure(self, b: _Backend, vname: str, path: str) -> None:
+        if vname in b.loaded:
+            return
+        assert b.lock is not None
+        async with b.lock:
+            if vname in b.loaded:
+                return
+            await self._post(b, "/v1/load_lora_adapter", {"lora_name": vname, "lora_path": path})
+            b.loaded.add(vname)
+
+    # -- generation -----------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+        """Send one request; cancelling the future closes its connection (vLLM then aborts it)."""
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        if request.response_format is not None:
+            self.check_response_format(request.response_format, request.tools)
+        with self.lock:  # the adapter version is fixed at admission
+            name = self._adapter_of(request)
+            if name is not None and name not in self._current:
+                raise KeyError(f"unknown adapter {name!r}: this engine serves {self.adapters}")
+            vname = None if name is None else self._current[name]
+            path = None if vname is None else self._paths[vname]
+            version = self.version
+            if vname is not None:
+                self._uses[vname] = self._uses.get(vname, 0) + 1
+        try:
+            b = self._pick(request.session)
+        except BaseException:
+            self._release(vname)
+            raise
+        fut = asyncio.run_coroutine_threadsafe(
+            self._generate(b, request, name, vname, path, version), self._loop
+        )
+        fut.add_done_callback(lambda _: self._done(b, vname))  # also when cancelled before it started
+        return fut
+
+    def _done(self, b: _Backend, vname: str | None) -> None:
+        with self._select_lock:
+            b.in_flight -= 1
+        self._release(vname)
+
+    def _release(self, vname: str | None) -> None:
+        if vname is None:
+            return
+        with self.lock:
+            self._uses[vname] -= 1
+            if self._uses[vname] <= 0:
+                del self._uses[vname]
+                if vname in self._retired:
+                    self._unload_soon(vname)
+
+    async def _generate(
+        self,
+        b: _Backend,
+        req: GenRequest,
+        name: str | None,
+        vname: str | None,
+        path: str | None,
+        version: int,
+    ) -> GenResult:
+        t0 = time.perf_counter()
+        if vname is not None and path is not None:
+            await self._ensure(b, vname, path)
+        body: dict[str, Any] = {
+            "model": vname or self.served_model,
+            "prompt": list(req.prompt_token_ids),
+            "max_tokens": int(req.max_tokens),
+            "temperature": float(req.temperature),
+            "top_p": float(req.top_p),
+            "logprobs": int(req.top_logprobs),  # 0: the sampled token's logprob only
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        if req.stop:
+            body["stop"] = list(req.stop)
+        if req.seed is not None:
+            body["seed"] = int(req.seed)
+        r = await self._post(b, "/v1/completions", body)
+        result = self._result(b, req, r.json(), version, name)
+        self._record_batch([req], [result], time.perf_counter() - t0)
+        return result
+
+    @staticmethod
+    def _result(
+        b: _Backend, req: GenRequest, data: dict[str, Any], version: int, adapter: str | None
+    ) -> GenResult:
+        try:
+            c = data["choices"][0]
+            token_ids = [int(t) for t in c["token_ids"]]
+            lp = c.get("logprobs") or {}
+            logprobs = [float(x) for x in lp.get("token_logprobs") or []]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendError(
+                f"inference server {b.url} answered /v1/completions without token ids and logprobs "
+                f"(does it support return_token_ids? vLLM 0.10.2 or later does): {exc!r}"
+            ) from None
+        if len(logprobs) != len(token_ids):
+            raise BackendError(
+                f"inference server {b.url} returned {len(logprobs)} logprobs for {len(token_ids)} tokens"
+            )
+        tops = None
+        if req.top_logprobs:
+            tops = [
+                sorted(
+                    ((int(str(t).removeprefix("token_id:")), float(v)) for t, v in (row or {}).items()),
+                    key=lambda kv: -kv[1],
+                )[: req.top_logprobs]
+                for row in lp.get("top_logprobs") or []
+            ]
+        finish = c.get("finish_reason")
+        return GenResult(
+            prompt_token_ids=[int(t) for t in c.get("prompt_token_ids") or req.prompt_token_ids],
+            token_ids=token_ids,
+            logprobs=logprobs,
+            text=c.get("text") or "",
+            finish_reason=finish if finish in ("stop", "length", "abort") else "stop",
+            top_logprobs=tops,
+            stop_reason=c.get("stop_reason"),
+            weights_version=version,
+            adapter=adapter,
+        )
+
+    def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool:
+        return future.cancel()
+
+    def health(self) -> dict[str, str]:
+        """``GET /health`` of every server: ``"ok"`` or what failed."""
+
+        async def one(b: _Backend) -> str:
+            try:
+                r = await self._client.get(b.url + "/health", timeout=10)
+                return "ok" if r.status_code == 200 else f"HTTP {r.status_code}"
+            except (self._httpx.TransportError, OSError) as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        async def every() -> list[str]:
+            return list(await asyncio.gather(*(one(b) for b in self.backends)))
+
+        return dict(zip((b.url for b in self.backends), self._run(every(), timeout=30), strict=True))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        super().close()
+
+        async def shutdown() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._client.aclose()
+
+        try:
+            self._run(shutdown(), timeout=30)
+        except Exception:
+            logger.debug("HTTPEngine clean-up step failed (best effort)", exc_info=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def describe(self) -> str:
+        """A one-line description: servers, adapters and version."""
+        return json.dumps(
+            {"servers": [b.url for b in self.backends], "adapters": self._current, "version": self.version}
+        )
