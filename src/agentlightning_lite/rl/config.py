@@ -1,0 +1,197 @@
+"""The trainer's knobs, grouped by the job they tune (the math's own knobs are in the algorithm configs).
+
+``agl.Trainer`` takes each knob as a keyword argument (``rollout_timeout=60``) or a whole group as
+one object (``rollout_config=RolloutConfig(timeout=60)``); not both for the same group.
+
+>>> RolloutConfig(timeout=60).failed_reward
+'drop'
+>>> SampleConfig(transitions="episode")
+Traceback (most recent call last):
+...
+ValueError: transitions must be 'call' or 'trajectory', got 'episode'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["CheckpointConfig", "Knob", "LoggingConfig", "RolloutConfig", "SampleConfig", "UpdateConfig"]
+
+
+@dataclass
+class RolloutConfig:
+    """How a step's rollouts run and what their outcomes count for.
+
+    Args:
+        concurrency: rollouts run at once (threads); default: a whole step's rollouts
+            (``batch_size * group_size``), so that the engine decodes a step's first turns as
+            one batch (the trainer announces them with ``engine.expect(n)``).
+        timeout (``Trainer(rollout_timeout=...)``): seconds a rollout may take before it is marked
+            ``timeout``; its engine requests are then cancelled and an ``async`` agent is cancelled. A
+            sync agent's thread cannot be stopped: it is left running as a daemon thread (see
+            ``rollouts.hung_threads``).
+        failed_reward: what a failed or timed-out rollout counts for: ``"drop"`` (left out of the
+            update) or a number (its calls are trained with that reward).
+        success_threshold: a rollout succeeds when its reward is at least this.
+        max_failed_steps: ``fit`` stops with a ``RuntimeError`` carrying the first rollout's error
+            once this many steps in a row had no rollout that succeeded (every one failed or timed
+            out): an agent that cannot run (a missing package, a wrong URL) is reported at once
+            instead of training on nothing. ``None`` never stops. A step where some rollouts
+            succeed resets the count.
+    """
+
+    concurrency: int | None = None
+    timeout: float | None = 300.0
+    failed_reward: str | float = "drop"
+    success_threshold: float = 1.0
+    max_failed_steps: int | None = 1
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.failed_reward != "drop" and not isinstance(self.failed_reward, (int, float)):
+            raise ValueError(f"failed_reward must be 'drop' or a number, got {self.failed_reward!r}")
+        limit = self.max_failed_steps
+        if limit is not None and (type(limit) is not int or limit < 1):  # bool is no count
+            raise ValueError(f"max_failed_steps must be an integer >= 1 or None, got {limit!r}")
+
+
+@dataclass
+class SampleConfig:
+    """Which recorded calls become training samples, and how.
+
+    Args:
+        max_seq_len: samples with a longer prompt + response are skipped (counted in the metrics).
+        max_staleness: drop samples made by weights more than this many updates older than the
+            policy being trained (``None`` keeps all; each LLM span records its ``weights_version``).
+            With ``old_logprobs="engine"`` the samples kept are importance-corrected against the
+            weights that made them.
+        transitions: ``"call"`` (default): each LLM call is its own training sample, with its whole
+            prompt. ``"trajectory"``: the calls of an episode whose prompts extend the previous
+            call's prompt + response token ids are merged into one sequence (one forward pass per
+            episode instead of one per call); only the generated tokens are trained and each keeps
+            its own call's reward and advantage. A call whose prompt does not extend the previous
+            one stays a separate sample (``trajectory/prefix_mismatches`` in the metrics).
+    """
+
+    max_seq_len: int = 2048
+    max_staleness: int | None = None
+    transitions: str = "call"
+
+    def __post_init__(self) -> None:
+        if self.transitions not in ("call", "trajectory"):
+            raise ValueError(f"transitions must be 'call' or 'trajectory', got {self.transitions!r}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {self.max_staleness}")
+
+
+@dataclass
+class UpdateConfig:
+    """How the update computes, beside the algorithm's own settings.
+
+    Args:
+        old_logprobs: importance-ratio denominator: ``"engine"`` (the logprobs the engine
+            sampled with), ``"recompute"`` (a no-grad forward pass of the training model), or
+            ``"auto"``: the engine's when they agree with a recomputation of the first micro-batch
+            within ``logprob_tolerance`` (mean absolute difference per token; the other micro-batches
+            are then not recomputed), else every micro-batch is recomputed. The mismatch is logged.
+        gradient_checkpointing: recompute each decoder layer's activations in the backward pass
+            instead of keeping them (transformers' gradient checkpointing, non-reentrant, so it
+            works with peft's frozen base): activation memory of the update falls from one set per
+            layer to about one layer's, for roughly one more forward pass of time. Generation is
+            unaffected (the engine runs the model in eval mode, where checkpointing is off).
+    """
+
+    old_logprobs: str = "auto"
+    logprob_tolerance: float = 1e-3
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.old_logprobs not in ("auto", "engine", "recompute"):
+            raise ValueError("old_logprobs must be 'auto', 'engine' or 'recompute'")
+
+
+@dataclass
+class CheckpointConfig:
+    """``save_every``: steps between checkpoints (0: never); ``keep`` (``Trainer(keep_checkpoints=...)``):
+    how many to keep (``None``: all)."""
+
+    save_every: int = 0
+    keep: int | None = 3
+
+
+@dataclass
+class LoggingConfig:
+    """``loggers``: ``"auto"``, or a list of ``"tensorboard"``, ``"wandb"``, ``"mlflow"``;
+    ``eval_every``: steps between evaluations on ``fit``'s ``val_dataset`` (0: only once, at the end)."""
+
+    loggers: str | list[str] = "auto"
+    eval_every: int = 0
+
+
+class Knob:
+    """An attribute kept in one of its owner's config groups (``trainer.rollout_timeout`` is
+    ``trainer.rollout_config.timeout``)."""
+
+    def __init__(self, group: str, name: str) -> None:
+        self.group, self.name = group, name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.group), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.group), self.name, value)
+
+
+# Trainer keyword argument -> (group, field) it sets
+KEYWORDS: dict[str, tuple[str, str]] = {
+    "concurrency": ("rollout_config", "concurrency"),
+    "rollout_timeout": ("rollout_config", "timeout"),
+    "failed_reward": ("rollout_config", "failed_reward"),
+    "success_threshold": ("rollout_config", "success_threshold"),
+    "max_failed_steps": ("rollout_config", "max_failed_steps"),
+    "max_seq_len": ("sample_config", "max_seq_len"),
+    "max_staleness": ("sample_config", "max_staleness"),
+    "transitions": ("sample_config", "transitions"),
+    "old_logprobs": ("update_config", "old_logprobs"),
+    "logprob_tolerance": ("update_config", "logprob_tolerance"),
+    "gradient_checkpointing": ("update_config", "gradient_checkpointing"),
+    "save_every": ("checkpoint_config", "save_every"),
+    "keep_checkpoints": ("checkpoint_config", "keep"),
+    "loggers": ("logging_config", "loggers"),
+    "eval_every": ("logging_config", "eval_every"),
+}
+
+_CLASSES: dict[str, type] = {
+    "rollout_config": RolloutConfig,
+    "sample_config": SampleConfig,
+    "update_config": UpdateConfig,
+    "checkpoint_config": CheckpointConfig,
+    "logging_config": LoggingConfig,
+}
+
+
+def resolve(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """One config object per group: the one given (``arguments["rollout_config"]``...), else one built
+    from the keyword arguments (``arguments["rollout_timeout"]``...).
+
+    A group given as an object takes none of its keyword arguments (they must keep their defaults).
+    """
+    out: dict[str, Any] = {}
+    for group, cls in _CLASSES.items():
+        mine = {kw: f for kw, (g, f) in KEYWORDS.items() if g == group}
+        keywords = {kw: arguments[kw] for kw in mine}
+        given = arguments.get(group)
+        if given is None:
+            out[group] = cls(**{f: keywords[kw] for kw, f in mine.items()})
+            continue
+        if not isinstance(given, cls):
+            raise TypeError(f"{group} must be agl.rl.config.{cls.__name__}(...), got {type(given).__name__}")
+        defaults = {f.name: f.default for f in fields(cls)}
+        clash = sorted(kw for kw, f in mine.items() if keywords[kw] != defaults[f])
+        if clash:
+            raise ValueError(f"give {group}= or {', '.join(clash)}=, not both")
+        out[group] = given
+    return out

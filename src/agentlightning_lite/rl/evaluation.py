@@ -1,0 +1,76 @@
+"""Scoring rollouts: evaluation summaries, a step's rollout metrics, and the stop on failed steps."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from .config import RolloutConfig
+from .rollouts import RolloutResult
+
+__all__ = ["FailedSteps", "evaluation_summary", "reward_of", "rollout_metrics", "success_rate"]
+
+
+def reward_of(r: RolloutResult, failed_reward: str | float) -> float | None:
+    """A rollout's reward; a failed one's is ``failed_reward`` (``None`` when it is ``"drop"``)."""
+    if r.status == "succeeded":
+        return r.reward
+    return None if failed_reward == "drop" else float(failed_reward)
+
+
+def success_rate(results: Sequence[RolloutResult], threshold: float) -> float:
+    """The share of rollouts that succeeded with a reward of at least ``threshold`` (NaN for none)."""
+    if not results:
+        return float("nan")
+    ok = sum(1 for r in results if r.status == "succeeded" and (r.reward or 0.0) >= threshold)
+    return ok / len(results)
+
+
+def evaluation_summary(results: Sequence[RolloutResult], config: RolloutConfig) -> dict[str, Any]:
+    """``mean_reward``, ``success_rate``, ``n`` and ``failed`` of evaluation rollouts."""
+    scored = [x for x in (reward_of(r, config.failed_reward) for r in results) if x is not None]
+    return {
+        "mean_reward": statistics.fmean(scored) if scored else float("nan"),
+        "success_rate": success_rate(results, config.success_threshold),
+        "n": len(results),
+        "failed": sum(r.status != "succeeded" for r in results),
+    }
+
+
+def rollout_metrics(results: Sequence[RolloutResult], config: RolloutConfig) -> dict[str, float]:
+    """A training step's rollout metrics (``train/reward_mean``, ``train/success_rate``...)."""
+    rewards = [r.reward for r in results if r.status == "succeeded" and r.reward is not None]
+    return {
+        "train/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+        "train/success_rate": success_rate(results, config.success_threshold),
+        "train/rollouts": float(len(results)),
+        "train/failed_rollouts": float(sum(r.status == "failed" for r in results)),
+        "train/timeout_rollouts": float(sum(r.status == "timeout" for r in results)),
+    }
+
+
+class FailedSteps:
+    """Counts steps in a row in which no rollout succeeded; :meth:`check` stops training past the limit."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first_failure: tuple[str, str | None] | None = None  # (status, error) of the first rollout
+
+    def record(self, results: Sequence[RolloutResult]) -> None:
+        if results and not any(r.status == "succeeded" for r in results):
+            self.count += 1
+            self.first_failure = (results[0].status, results[0].error)
+        elif results:
+            self.count = 0
+
+    def check(self, limit: int | None, step: int) -> None:
+        """Raise ``RuntimeError`` once ``limit`` steps in a row had no successful rollout."""
+        if limit is None or self.count < limit or self.first_failure is None:
+            return
+        status, error = self.first_failure
+        steps = "step" if self.count == 1 else f"{self.count} steps in a row"
+        raise RuntimeError(
+            f"every rollout of {steps} failed (up to step {step}; max_failed_steps={limit}), so there "
+            f"is nothing to train on. The first rollout ended {status!r} with: {error or 'no error recorded'}"
+        )
