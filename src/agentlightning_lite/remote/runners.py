@@ -1,6 +1,7 @@
 """``agl.RemoteRunners``: the trainer's side of disaggregated training (a queue on the server's port).
 
-Pass it as ``Trainer(runners=agl.RemoteRunners(...))``: the trainer's PolicyServer then listens on
+Pass it as ``Trainer(runners=agl.RemoteRunners(...))`` (it is a rollout source: ``serve``, ``collect``,
+``stop``): the trainer's PolicyServer then listens on
 ``host:port`` with the runner routes next to ``/v1``, each step's rollouts are queued for the
 runners (``agl-lite runner module:agent --server URL``) instead of run as threads, and the step
 goes on once every rollout has its one outcome (see :mod:`agentlightning_lite.remote.queue`).
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..rl.rollouts import RolloutResult, RolloutSpec
 from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
 from .queue import Job, RolloutQueue
@@ -138,6 +140,30 @@ class RemoteRunners:
         self.server = None
 
     # -- running a step -------------------------------------------------------------------------
+    def collect(
+        self, agent: Any, specs: Sequence[RolloutSpec], progress: Callable[[], None] | None = None
+    ) -> list[RolloutResult]:
+        """The trainer's side of a step (``agentlightning_lite.rl.sources.RolloutSource``): start the
+        workers the trainer owns, queue one rollout per spec and wait; one result per spec, in order
+        (a rollout no runner took has no ``rollout_id``)."""
+        self.start_workers(agent)
+        jobs = self.run(
+            [(s.task, s.mode, s.metadata) for s in specs],
+            on_done=(lambda _j: progress()) if progress is not None else None,
+        )
+        now = time.monotonic()
+        return [
+            RolloutResult(
+                j.rollout_id or "",
+                s,
+                j.status or "failed",
+                j.reward,
+                j.error,
+                (j.finished_at or now) - (j.started_at or j.queued_at),
+            )
+            for s, j in zip(specs, jobs, strict=True)
+        ]
+
     def run(
         self,
         specs: Sequence[tuple[Any, str, dict[str, Any]]],
