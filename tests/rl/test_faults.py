@@ -93,7 +93,8 @@ def test_hung_agents_time_out_free_their_engine_slots_and_do_not_pile_up(
     import httpx
 
     # the rollouts module the trainer runs (a doctest run may have imported a second copy of it)
-    rollouts = SimpleNamespace(**agl.Trainer._run.__globals__["run_rollouts"].__globals__)
+    run_rollouts = agl.Trainer._run.__globals__["InProcessRollouts"].collect.__globals__["run_rollouts"]
+    rollouts = SimpleNamespace(**run_rollouts.__globals__)
 
     engine = tiny_engine(step_delay_s=0.005, no_eos=True, lora=agl.LoRA(r=2, alpha=4))
     release = threading.Event()
@@ -141,7 +142,7 @@ def test_hung_agents_time_out_free_their_engine_slots_and_do_not_pile_up(
         assert all(t.daemon and t.is_alive() for t in left)
         # past the cap, no more rollouts start: a clear error instead of threads piling up
         cap = len(rollouts.hung_threads()) - 1
-        monkeypatch.setitem(agl.Trainer._run.__globals__["run_rollouts"].__globals__, "MAX_HUNG_THREADS", cap)
+        monkeypatch.setitem(run_rollouts.__globals__, "MAX_HUNG_THREADS", cap)
         with pytest.raises(
             RuntimeError, match="agent threads are still running after their rollouts timed out"
         ):

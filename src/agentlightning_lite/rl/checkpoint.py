@@ -8,22 +8,33 @@ temporary name, then renamed), so a run killed while saving leaves the previous 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from ..store.base import Store
+    from .policies import Policy
 
 __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
+    "policy_states",
+    "resume_latest",
     "rng_state",
     "save_adapter",
     "save_checkpoint",
+    "save_policies",
     "set_rng_state",
 ]
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = "step-"
 
@@ -181,4 +192,63 @@ def load_checkpoint(
     rng = dict(state.pop("rng", {}))
     rng.update(torch.load(path / "rng_torch.pt", weights_only=True))
     set_rng_state(rng)
+    return state
+
+
+# -- the trainer's policies -------------------------------------------------------------------
+def policy_states(policies: Sequence[Policy]) -> dict[str, tuple[torch.optim.Optimizer, Any]] | None:
+    """Adapter -> (optimiser, value head) of runs with one adapter per agent (``None``: one shared)."""
+    states = {p.adapter: (p.optimizer, p.value_head) for p in policies if p.adapter is not None}
+    return states or None
+
+
+def save_policies(
+    model: Any, policies: Sequence[Policy], path: str | os.PathLike[str] | None, output_dir: Path
+) -> Path:
+    """Save the trained adapter(s) in peft format: the shared one to ``path`` (default
+    ``output_dir/adapter``), or each agent's to ``path/<agent>`` (default ``output_dir/adapters``)."""
+    if policy_states(policies) is None:
+        out = Path(path) if path is not None else output_dir / "adapter"
+        model.save_pretrained(str(out), safe_serialization=True)
+        return out
+    root = Path(path) if path is not None else output_dir / "adapters"
+    for pol in policies:
+        assert pol.adapter is not None
+        save_adapter(model, pol.adapter, root / pol.adapter)
+    return root
+
+
+def resume_latest(
+    store: Store,
+    directory: Path,
+    model: Any,
+    policies: Sequence[Policy],
+    apply: Callable[[Callable[[Any], None]], None],
+) -> dict[str, Any] | None:
+    """Resume a run: mark the rollouts a dead process left ``running`` as failed, then load the newest
+    checkpoint in ``directory`` into ``model`` and the policies' optimisers through ``apply`` (the
+    weight hand-over, so the engine serves it). Returns its trainer state, or ``None`` without one."""
+    from ..store.recovery import INTERRUPTED, recover_interrupted
+
+    interrupted = recover_interrupted(store)
+    if interrupted:
+        logger.warning(
+            "marked %d rollout(s) left running by a process that died as failed (%s)",
+            len(interrupted),
+            INTERRUPTED,
+        )
+    ckpt = latest_checkpoint(directory)
+    if ckpt is None:
+        logger.warning("resume=True but no checkpoint in %s: starting fresh", directory)
+        return None
+    state: dict[str, Any] = {}
+    single = policies[0] if len(policies) == 1 else None
+    optimizer = single.optimizer if single is not None else None
+    head = single.value_head if single is not None else None
+
+    def restore(_model: Any) -> None:
+        state.update(load_checkpoint(ckpt, model, optimizer, head, policies=policy_states(policies)))
+
+    apply(restore)
+    logger.info("resumed from %s (step %d)", ckpt, state["step"])
     return state
