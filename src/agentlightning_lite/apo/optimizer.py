@@ -28,7 +28,7 @@ from typing import Any
 from ..air import AIRRule
 from ..rl.rollouts import RolloutResult, RolloutSpec
 from ..store.base import Store
-from ..store.recovery import INTERRUPTED
+from ..store.recovery import INTERRUPTED, recover_interrupted
 from .prompts import component_key, load_prompts, save_prompts, split_key
 from .reflection import ReflectionLM
 from .reflective import prompt_reads, rollout_record
@@ -230,11 +230,15 @@ class APO:
         try:
             import gepa
         except ImportError:
-            raise ImportError("agl.APO needs the gepa package: pip install 'agentlightning-lite[apo]'") from None
+            raise ImportError(
+                "agl.APO needs the gepa package: pip install 'agentlightning-lite[apo]'"
+            ) from None
         if len(train_dataset) == 0:
             raise ValueError("train_dataset is empty")
         out = Path(output_dir)
         run = _RunDir.open(out / "apo", resume)
+        if resume:  # evaluations a killed process left running are run again
+            recover_interrupted(store)
         fixed = dict(fixed or {})
         reflection = self._reflection_lm(policy_llm, run.path / "reflection.jsonl")
         train = [_Item("train", i, t) for i, t in enumerate(train_dataset)]
@@ -304,11 +308,14 @@ class APO:
         r = self.reflection
         if r == "policy":
             if policy_llm is None:
-                raise ValueError("reflection='policy' needs the trainer's PolicyServer (run APO through a Trainer)")
+                raise ValueError(
+                    "reflection='policy' needs the trainer's PolicyServer (run APO through a Trainer)"
+                )
             r = policy_llm
         if isinstance(r, str):
             raise ValueError(
-                f"reflection must be 'policy', an agl.LLM, a mapping with base_url/model/api_key or a callable, got {r!r}"
+                "reflection must be 'policy', an agl.LLM, a mapping with base_url/model/api_key or a "
+                f"callable, got {r!r}"
             )
         if isinstance(r, Mapping):
             return ReflectionLM(r["base_url"], r["model"], r.get("api_key"), cache=cache)
@@ -316,7 +323,9 @@ class APO:
             return ReflectionLM(r.base_url, r.model, getattr(r, "api_key", None), cache=cache)
         if callable(r):
             return r
-        raise TypeError(f"reflection must be 'policy', an agl.LLM, a mapping or a callable, got {type(r).__name__}")
+        raise TypeError(
+            f"reflection must be 'policy', an agl.LLM, a mapping or a callable, got {type(r).__name__}"
+        )
 
     def _seed_candidate(self, adapter: _Adapter, first: _Item, fixed: Mapping[str, str]) -> dict[str, str]:
         """The starting texts: given ones, else the fixed prompts, else the defaults the agent declares
@@ -332,8 +341,9 @@ class APO:
             keys = sorted(defaults)
             if not keys:
                 raise ValueError(
-                    "the agent read no prompt in a probe rollout: read one with agl.prompt(name, default=...) "
-                    "or llm.prompt(name, default=...), or name the components with APO(components=...)"
+                    "the agent read no prompt in a probe rollout: read one with agl.prompt(name, "
+                    "default=...) or llm.prompt(name, default=...), or name the components with "
+                    "APO(components=...)"
                 )
         seed: dict[str, str] = {}
         for k in keys:
@@ -341,8 +351,8 @@ class APO:
             if text is None:
                 seen = ", ".join(sorted(defaults)) or "none"
                 raise ValueError(
-                    f"no starting text for component {k!r}: the agent did not read it with a default in a probe "
-                    f"rollout (it read: {seen}); give it as APO(components={{{k!r}: '...'}})"
+                    f"no starting text for component {k!r}: the agent did not read it with a default in a "
+                    f"probe rollout (it read: {seen}); give it as APO(components={{{k!r}: '...'}})"
                 )
             seed[k] = text
         return seed
@@ -386,7 +396,9 @@ class _Adapter:
             key = (str(meta.get("candidate")), str(meta.get("split")), int(meta.get("task_index", -1)))
             self.cache[key] = self._done(ro.rollout_id, ro.status, ro.reward, ro.error)
         if self.cache:
-            logger.info("APO run %s: %d finished evaluations found in the store", self.run_id, len(self.cache))
+            logger.info(
+                "APO run %s: %d finished evaluations found in the store", self.run_id, len(self.cache)
+            )
 
     def _done(self, rid: str, status: str, reward: float | None, error: str | None) -> _Done:
         if status == "succeeded":
@@ -418,9 +430,11 @@ class _Adapter:
             ]
             results = self.collect(specs)
             if len(results) != len(specs):
-                raise RuntimeError(f"the rollout source returned {len(results)} results for {len(specs)} rollouts")
+                raise RuntimeError(
+                    f"the rollout source returned {len(results)} results for {len(specs)} rollouts"
+                )
             self.rollouts_run += len(results)
-            for j, res in zip(todo, results):
+            for j, res in zip(todo, results, strict=True):
                 done = self._done(res.rollout_id, res.status, res.reward, res.error)
                 if res.status == "succeeded" or not (res.error or "").startswith(INTERRUPTED):
                     self.cache[(cid, items[j].split, items[j].index)] = done
@@ -439,9 +453,9 @@ class _Adapter:
         cid = candidate_id(candidate)
         done = self._run(batch, cid, candidate)
         outputs = [{"rollout_id": d.rollout_id, "reward": d.reward, "status": d.status} for d in done]
-        trajectories = (
-            [{"item": it, "done": d} for it, d in zip(batch, done)] if capture_traces else None
-        )
+        trajectories = None
+        if capture_traces:
+            trajectories = [{"item": it, "done": d} for it, d in zip(batch, done, strict=True)]
         return EvaluationBatch(outputs=outputs, scores=[d.score for d in done], trajectories=trajectories)
 
     def make_reflective_dataset(
@@ -454,7 +468,9 @@ class _Adapter:
             spans = self.store.spans(done.rollout_id)
             for comp in components_to_update:
                 dataset[comp].append(
-                    rollout_record(comp, rollout, spans, item.task, done.score, done.status, done.error, self.air)
+                    rollout_record(
+                        comp, rollout, spans, item.task, done.score, done.status, done.error, self.air
+                    )
                 )
         return dataset
 
@@ -567,7 +583,14 @@ class _Recorder:
             "reason": event["reason"],
         }
         if self._write(row) and self.log is not None:
-            self.log({"apo/candidate": cid, "apo/parent": pid, "apo/accepted": 0.0, "apo/minibatch_score": event["new_score"]})
+            self.log(
+                {
+                    "apo/candidate": cid,
+                    "apo/parent": pid,
+                    "apo/accepted": 0.0,
+                    "apo/minibatch_score": event["new_score"],
+                }
+            )
 
     def on_valset_evaluated(self, event: Any) -> None:
         cand = dict(event["candidate"])
@@ -590,7 +613,9 @@ class _Recorder:
         improved = score > self.best
         if improved:
             self.best, self.best_id = score, cid
-            save_prompts(self.prompts_path, {**self.fixed, **cand}, candidate=cid, val_score=score, run=self.run.run_id)
+            save_prompts(
+                self.prompts_path, {**self.fixed, **cand}, candidate=cid, val_score=score, run=self.run.run_id
+            )
         if new and self.log is not None:
             self.log(
                 {

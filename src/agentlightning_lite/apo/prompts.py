@@ -107,7 +107,13 @@ def _record_read(ro: RolloutHandle, key: str, text: str, source: str, default: s
     if ro._closed(f"prompt read {key!r}"):
         return
     agent, name = split_key(key)
-    attrs = {"component": key, "prompt_agent": agent, "prompt_name": name, "source": source, "default": default}
+    attrs = {
+        "component": key,
+        "prompt_agent": agent,
+        "prompt_name": name,
+        "source": source,
+        "default": default,
+    }
     ro.tracer.store._add_rows([_instant_row(ro, "custom", PROMPT_SPAN, text, attrs, "ok")])
 
 
@@ -134,7 +140,9 @@ def load_prompts(source: str | os.PathLike[str] | Mapping[str, str] | None) -> d
             raise ValueError(f"{path} is not JSON: {exc}") from None
         if isinstance(data, dict) and isinstance(data.get("prompts"), dict):
             data = data["prompts"]
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
         raise ValueError(f"prompts must map component names to texts, got {data!r:.200}")
     for k in data:
         agent, name = split_key(k)

@@ -106,13 +106,17 @@ class ReflectionLM:
                 return content
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:300]
-                if exc.code != 429 and exc.code < 500 or attempt == self.retries:
-                    raise RuntimeError(f"the reflection model at {url} answered {exc.code}: {detail}") from None
+                if (exc.code != 429 and exc.code < 500) or attempt == self.retries:
+                    raise RuntimeError(
+                        f"the reflection model at {url} answered {exc.code}: {detail}"
+                    ) from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if attempt == self.retries:
                     raise RuntimeError(f"the reflection model at {url} cannot be reached: {exc}") from None
             except (KeyError, IndexError, ValueError) as exc:
-                raise RuntimeError(f"the reflection model at {url} answered something else than a chat completion: {exc}") from None
+                raise RuntimeError(
+                    f"the reflection model at {url} answered something else than a chat completion: {exc}"
+                ) from None
             wait = min(30.0, 2.0**attempt)
             logger.warning("reflection model at %s: retrying in %.0f s", url, wait)
             time.sleep(wait)

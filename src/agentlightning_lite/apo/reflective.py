@@ -25,7 +25,11 @@ MAX_MESSAGES = 4  #: the last messages of a call's input kept
 
 def _text(value: Any, limit: int = MAX_TEXT) -> str:
     s = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return s if len(s) <= limit else s[: limit // 2] + f" [... {len(s) - limit} characters ...] " + s[-limit // 2 :]
+    return (
+        s
+        if len(s) <= limit
+        else s[: limit // 2] + f" [... {len(s) - limit} characters ...] " + s[-limit // 2 :]
+    )
 
 
 def _message(msg: Any) -> str:
@@ -36,15 +40,16 @@ def _message(msg: Any) -> str:
         content = " ".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
     out = f"{msg.get('role', '?')}: {content if content is not None else ''}"
     if msg.get("tool_calls"):
-        calls = [
-            (c.get("function") or c) if isinstance(c, dict) else c for c in msg["tool_calls"]
-        ]
+        calls = [(c.get("function") or c) if isinstance(c, dict) else c for c in msg["tool_calls"]]
         out += " [tool calls: " + _text(calls, 500) + "]"
     return _text(out)
 
 
 def _mine(span: Span, agent: str | None) -> bool:
-    return agent is None or span.agent in (agent, None) if span.kind == "tool" else agent is None or span.agent == agent
+    """Whether ``span`` belongs to ``agent``'s component (a tool span of no agent belongs to every one)."""
+    if agent is None:
+        return True
+    return span.agent in (agent, None) if span.kind == "tool" else span.agent == agent
 
 
 def rollout_record(
@@ -66,7 +71,9 @@ def rollout_record(
     record: dict[str, Any] = {"Task": _text(task)}
     record["Calls"] = [
         {
-            "Input": [_message(m) for m in (c.input if isinstance(c.input, list) else [c.input])][-MAX_MESSAGES:],
+            "Input": [_message(m) for m in (c.input if isinstance(c.input, list) else [c.input])][
+                -MAX_MESSAGES:
+            ],
             "Output": _message(c.output) if c.output is not None else f"(no answer: {c.error or c.status})",
         }
         for c in calls[-MAX_CALLS:]
@@ -76,12 +83,20 @@ def rollout_record(
     if tools:
         record["Tool calls"] = [
             {"Tool": t.name, "Input": _text(t.input, 500)}
-            | ({"Error": _text(t.error or t.output or "error", 800)} if t.status == "error" else {"Result": _text(t.output, 800)})
+            | (
+                {"Error": _text(t.error or t.output or "error", 800)}
+                if t.status == "error"
+                else {"Result": _text(t.output, 800)}
+            )
             for t in tools
         ]
     if signals:
         record["Signals"] = [
-            {"Name": s.name, "Value": _text(s.output, 300), "Status": s.attributes.get("signal_status") or s.status}
+            {
+                "Name": s.name,
+                "Value": _text(s.output, 300),
+                "Status": s.attributes.get("signal_status") or s.status,
+            }
             for s in signals
         ]
     rewards = []
@@ -92,17 +107,21 @@ def rollout_record(
             rewards.append(f"{type(rule).__name__}: {exc}")
     if rewards:
         record["Intermediate rewards"] = [
-            r if isinstance(r, str) else {"Name": r.name, "Value": r.value, "Call": r.call_index} for r in rewards
+            r if isinstance(r, str) else {"Name": r.name, "Value": r.value, "Call": r.call_index}
+            for r in rewards
         ]
     record["Score"] = score
     record["Feedback"] = _feedback(score, status, error, tools, rollout)
     return record
 
 
-def _feedback(score: float, status: str, error: str | None, tools: Sequence[Span], rollout: Rollout | None) -> str:
+def _feedback(
+    score: float, status: str, error: str | None, tools: Sequence[Span], rollout: Rollout | None
+) -> str:
     parts = [f"The rollout scored {score:g} (higher is better)."]
     if status != "succeeded":
-        parts.append(f"It {'timed out' if status == 'timeout' else 'failed'}: {_text(error or 'no error recorded', 800)}")
+        how = "timed out" if status == "timeout" else "failed"
+        parts.append(f"It {how}: {_text(error or 'no error recorded', 800)}")
     failed = [t for t in tools if t.status == "error"]
     for t in failed:
         parts.append(f"Tool {t.name!r} failed with: {_text(t.error or t.output or 'error', 800)}")
