@@ -30,7 +30,7 @@ _LAZY = {
     "PPO": ".rl",
     "LoRA": ".rl",
     "SFT": ".rl",
-    "LitAgent": ".rl",
+    "LitAgent": ".agent",
     "Trainer": ".rl",
     "PolicyServer": ".serving",
     "LLM": ".serving",
@@ -43,9 +43,10 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from . import models, remote
+    from .agent import LitAgent
     from .apo import APO
     from .remote import RayRunners, RemoteRunners
-    from .rl import GRPO, PPO, SFT, LitAgent, LoRA, Trainer
+    from .rl import GRPO, PPO, SFT, LoRA, Trainer
     from .serving import LLM, PolicyServer, engines
 
 

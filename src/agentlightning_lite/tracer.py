@@ -254,14 +254,16 @@ class RolloutHandle:
                 return self._final
             return None if self._last_reward is None else self._last_reward[0]
 
-    def _give_up(self) -> None:
+    def _give_up(self) -> bool:
         """The rollout was ended from outside (timed out): this handle writes nothing more to it.
 
         Rewards and signals recorded through it afterwards are dropped, and leaving it neither
-        finishes the rollout nor marks an emitted reward final.
+        finishes the rollout nor marks an emitted reward final. Returns whether it was still open
+        (``False``: the agent finished it first).
         """
         with self._lock:
-            self._finished = True
+            was_open, self._finished = not self._finished, True
+        return was_open
 
     def _closed(self, what: str) -> bool:
         """Whether the rollout has ended, so ``what`` is dropped (logged once per handle)."""

@@ -24,7 +24,7 @@ __all__ = ["LEASE_HEADER", "RemoteError", "RunnerClient"]
 LEASE_HEADER = "X-AGL-Lease"
 MAX_LEASES = 64  # tokens per request: the header stays small (HTTP servers cap headers at 16 KiB or so)
 
-logger = logging.getLogger("agentlightning_lite.remote")
+logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 

@@ -39,7 +39,7 @@ from ..types import check_reward
 
 __all__ = ["Attempt", "Job", "LeaseLost", "LeaseMismatch", "OutcomeCounted", "RolloutQueue"]
 
-logger = logging.getLogger("agentlightning_lite.remote")
+logger = logging.getLogger(__name__)
 
 _FINISHED = ("succeeded", "failed", "timeout")
 _NOT_OURS = "rollout {!r} was not handed out by this queue (or it ended long ago)"

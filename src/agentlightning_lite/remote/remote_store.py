@@ -20,7 +20,7 @@ from .client import MAX_LEASES, RemoteError, RunnerClient
 
 __all__ = ["RemoteStore"]
 
-logger = logging.getLogger("agentlightning_lite.remote")
+logger = logging.getLogger(__name__)
 
 KEEP = 4096  # rollouts and results cached (the oldest are forgotten; a rollout is then fetched again)
 

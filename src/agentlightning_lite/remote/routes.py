@@ -51,7 +51,7 @@ from .queue import OutcomeCounted, RolloutQueue
 
 __all__ = ["remote_routes"]
 
-logger = logging.getLogger("agentlightning_lite.remote")
+logger = logging.getLogger(__name__)
 
 MAX_CLAIM_WAIT = 30.0
 _KINDS = frozenset(SPAN_KINDS)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
-import inspect
 import logging
 import os
 import signal
@@ -27,15 +26,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..agent import call_agent
 from ..serving.llm import LLM
-from ..tracer import Tracer
+from ..tracer import RolloutHandle, Tracer
 from ..types import Rollout, check_reward
 from .client import RemoteError, RunnerClient
 from .remote_store import RemoteStore
 
 __all__ = ["Runner", "load_agent"]
 
-logger = logging.getLogger("agentlightning_lite.remote")
+logger = logging.getLogger(__name__)
 
 
 def load_agent(spec: str) -> Any:
@@ -66,22 +66,6 @@ def load_agent(spec: str) -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise AttributeError(f"{where} has no attribute {attr!r}") from None
-
-
-def _call_agent(agent: Any, task: Any, llm: LLM, mode: str) -> Any:
-    if inspect.isclass(agent):
-        raise TypeError("pass an agent instance or function, not a class")
-    if callable(getattr(agent, "validation_rollout", None)) and callable(getattr(agent, "rollout", None)):
-        result = agent(task, llm, mode=mode)  # an agl.LitAgent
-    else:
-        result = agent(task, llm)
-    if inspect.isawaitable(result):
-        result = asyncio.run(_await(result))
-    return result
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
 
 
 class Runner:
@@ -259,20 +243,58 @@ class Runner:
             api_key=self.api_key or "agl-no-key",
             rollout_id=rid,
         )
+        timeout = claimed.get("timeout")
+        cancel: list[Callable[[], None]] = []
+        timer: threading.Timer | None = None
         try:
             with self.tracer.rollout(rollout_id=rid) as ro:
-                value = _call_agent(self.agent, claimed.get("task"), llm, mode)
+                if timeout is not None:
+                    timer = threading.Timer(float(timeout), self._time_out, (rid, ro, cancel, timeout))
+                    timer.daemon = True
+                    timer.start()
+                value = call_agent(self.agent, claimed.get("task"), llm, mode, cancel.append)
                 if value is not None:
                     ro.reward(check_reward(value, "the agent's returned reward"))  # type: ignore[arg-type]
-        except Exception as exc:  # recorded as failed by the tracer already
-            logger.warning("rollout %s failed: %s: %s", rid, type(exc).__name__, exc)
+        except (Exception, asyncio.CancelledError) as exc:  # recorded by the tracer (or _time_out)
+            if not isinstance(exc, asyncio.CancelledError):
+                logger.warning("rollout %s failed: %s: %s", rid, type(exc).__name__, exc)
         finally:
+            if timer is not None:
+                timer.cancel()
             with self._lock:
                 self._active.pop(rid, None)
                 self.completed += 1
                 if (self.store.last_result.get(rid) or {}).get("counted"):
                     self.counted += 1
             self.store.forget(rid)
+
+    def _time_out(
+        self, rid: str, ro: RolloutHandle, cancel: list[Callable[[], None]], timeout: float
+    ) -> None:
+        """The claim's ``timeout`` passed: as in the trainer's process, the rollout is reported
+        ``timeout``, what the agent records from now on is dropped, an async agent is cancelled,
+        and a sync one (which no thread can stop) is left to end on its own."""
+        if not ro._give_up():
+            return  # the agent finished first
+        with self._lock:
+            self._active.pop(rid, None)  # no more heartbeats for it
+        try:
+            self.store.finish_rollout(
+                rid,
+                status="timeout",
+                error=f"TimeoutError: no result within {timeout} s",
+                only_if_running=True,
+            )
+        except Exception as exc:
+            logger.warning("rollout %s: reporting its timeout failed: %s", rid, exc)
+        for c in cancel:
+            c()
+        if not cancel:
+            logger.warning(
+                "rollout %s timed out; its (sync) agent is still running in a worker thread, which "
+                "stays busy until it returns: give its blocking calls a timeout",
+                rid,
+            )
 
     def _heartbeats(self) -> None:
         last = time.monotonic()

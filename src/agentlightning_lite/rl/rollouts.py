@@ -2,13 +2,13 @@
 
 A crashing agent marks its rollout ``failed``; one that overruns ``timeout`` is marked ``timeout``;
 neither stops the others. The agent's return value (or the reward it emitted) is the final reward.
+The agent is called by :func:`agentlightning_lite.agent.call_agent`, as runners call it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import logging
 import queue
 import threading
@@ -17,40 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..agent import LitAgent, call_agent
 from ..tracer import Tracer
 from ..types import check_reward
 
 __all__ = ["MAX_HUNG_THREADS", "LitAgent", "RolloutResult", "RolloutSpec", "hung_threads", "run_rollouts"]
 
-logger = logging.getLogger("agentlightning_lite.rollouts")
-
-
-class LitAgent:
-    """Base class for agents that need set-up or state; a plain function works as well.
-
-    Override :meth:`rollout` (sync or ``async``): it gets the task and an :class:`agl.LLM`
-    whose ``base_url`` routes every call to this rollout, and returns the reward, or ``None``
-    after calling ``agl.emit_reward`` itself. :meth:`validation_rollout` defaults to it.
-
-    >>> import agentlightning_lite as agl
-    >>> class Echo(agl.LitAgent):
-    ...     def rollout(self, task, llm):
-    ...         return 1.0 if task == "ok" else 0.0
-    >>> Echo()("ok", llm=None)
-    1.0
-    """
-
-    def rollout(self, task: Any, llm: Any) -> float | None:
-        raise NotImplementedError("a LitAgent subclass implements rollout(task, llm)")
-
-    def validation_rollout(self, task: Any, llm: Any) -> float | None:
-        """The rollout used for ``mode="val"``; the training rollout unless overridden."""
-        return self.rollout(task, llm)
-
-    def __call__(self, task: Any, llm: Any, mode: str = "train") -> Any:
-        if mode == "val":
-            return self.validation_rollout(task, llm)
-        return self.rollout(task, llm)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,30 +45,6 @@ class RolloutResult:
     reward: float | None
     error: str | None
     duration: float
-
-
-def _call_agent(
-    agent: Callable[..., Any], task: Any, llm: Any, mode: str, on_loop: Callable[[Any], None] | None = None
-) -> Any:
-    if isinstance(agent, LitAgent):
-        result = agent(task, llm, mode=mode)
-    else:
-        result = agent(task, llm)
-    if inspect.isawaitable(result):
-        loop = asyncio.new_event_loop()
-        try:
-            main = loop.create_task(_await(result))
-            if on_loop is not None:
-                on_loop(lambda: loop.call_soon_threadsafe(main.cancel))
-            result = loop.run_until_complete(main)
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-    return result
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
 
 
 #: most agent threads left hanging past their timeout (process-wide) before ``run_rollouts`` refuses
@@ -159,7 +108,7 @@ def run_rollouts(
         try:
             with tracer.rollout(rollout_id=rid) as ro:
                 handles[i] = ro
-                value = _call_agent(
+                value = call_agent(
                     agent, spec.task, llm_for(rid), spec.mode, lambda c: cancel_async.__setitem__(i, c)
                 )
                 if value is not None:

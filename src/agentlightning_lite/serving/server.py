@@ -38,7 +38,7 @@ from .routes.calls import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
 
 __all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer"]
 
-logger = logging.getLogger("agentlightning_lite.serving")
+logger = logging.getLogger(__name__)
 
 Handler = Callable[[Any, Request], Awaitable[Response]]
 

@@ -26,7 +26,7 @@ from ..params import Params
 if TYPE_CHECKING:
     from ..server import PolicyServer
 
-logger = logging.getLogger("agentlightning_lite.serving")
+logger = logging.getLogger(__name__)
 
 AGENT_HEADER = "x-agl-agent"
 ROLLOUT_HEADER = "x-agl-rollout-id"
