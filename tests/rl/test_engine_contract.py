@@ -47,8 +47,13 @@ def test_vllm_engine_takes_weights_but_does_not_train_in_place(fake_vllm: Any, t
 def test_trainer_refuses_policies_on_an_engine_without_add_adapter(fake_vllm: Any, tmp_path: Path) -> None:
     engine = engines.ScriptedEngine(["hi"], tokenizer="bytes")
     with pytest.raises(TypeError, match="serves several adapters"):
-        agl.Trainer(engine=engine, policies={"a": agl.LoRA(r=2)}, store=agl.MemoryStore(), output_dir=tmp_path,
-                    loggers=[])
+        agl.Trainer(
+            engine=engine,
+            policies={"a": agl.LoRA(r=2)},
+            store=agl.MemoryStore(),
+            output_dir=tmp_path,
+            loggers=[],
+        )
 
 
 def test_resume_loads_the_checkpoint_through_the_engine(tiny_engine: Any, tmp_path: Path) -> None:
@@ -71,4 +76,3 @@ def test_resume_loads_the_checkpoint_through_the_engine(tiny_engine: Any, tmp_pa
     assert calls == [True]
     assert engine.version == 1
     second.close()
-
