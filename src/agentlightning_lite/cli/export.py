@@ -61,6 +61,9 @@ def find_adapter(path: str | Path, policy: str | None = None) -> tuple[Path, Pat
         if p.parent.name == "adapters":  # output_dir/adapters/<agent>
             run = p.parent.parent
         return p, run
+    if (p / "trainer_state.json").is_file():  # a checkpoint: output_dir/checkpoints/step-N
+        run = p.parent.parent if p.parent.name == "checkpoints" else None
+        return _in_checkpoint(p, policy), run
     if (p / "checkpoints").is_dir() or (p / "adapter").is_dir() or (p / "adapters").is_dir():
         from ..rl.checkpoint import latest_checkpoint
 
@@ -79,9 +82,6 @@ def find_adapter(path: str | Path, policy: str | None = None) -> tuple[Path, Pat
         if ckpt is None:
             raise CLIError(f"{p} holds no complete checkpoint", EXIT_USAGE)
         return _in_checkpoint(ckpt, policy), p.parent
-    if (p / "trainer_state.json").is_file():
-        run = p.parent.parent if p.parent.name == "checkpoints" else None
-        return _in_checkpoint(p, policy), run
     raise CLIError(
         f"{p} is not a checkpoint, a run folder or a PEFT adapter folder (no {' / '.join(_ADAPTER_FILES)})",
         EXIT_USAGE,
@@ -109,19 +109,31 @@ def _pick(root: Path, policy: str | None, inner: Any) -> Path:
     return Path(inner(root / policy))
 
 
-def _base_model(adapter: Path, override: str | None) -> str:
+def _base_model(adapter: Path, override: str | None, required: bool) -> str | None:
     if override:
         return override
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     base = cfg.get("base_model_name_or_path")
     if not base:
-        raise CLIError(f"{adapter}/adapter_config.json names no base model: pass --model", EXIT_USAGE)
+        if required:
+            raise CLIError(f"{adapter}/adapter_config.json names no base model: pass --model", EXIT_USAGE)
+        return None
     folder = Path(base)
     if folder.is_dir() and not (folder / "config.json").exists():
         ggufs = sorted(folder.glob("*.gguf"))
         if len(ggufs) == 1:  # a GGUF model (smollm2-135m): transformers loads it from the file
             return str(ggufs[0])
     return str(base)
+
+
+def _known_hf_id(base: str | None) -> str | None:
+    """The Hugging Face id of a GGUF file the SDK knows (``smollm2-135m``): what vLLM serves as the base."""
+    if base is None or not base.endswith(".gguf"):
+        return None
+    from ..models import KNOWN_MODELS
+
+    name = Path(base).name
+    return next((m.hf_id for m in KNOWN_MODELS.values() if m.filename == name), None)
 
 
 # -- the model card -----------------------------------------------------------------------------------
@@ -146,18 +158,31 @@ def _figures(run: Path | None) -> dict[str, Any]:
     return out
 
 
-def _card(base: str, merged: bool, adapter: Path, figures: dict[str, Any]) -> str:
+def _step_line(adapter: Path) -> list[str]:
+    """``- trained for N steps`` when the adapter comes from a checkpoint (its trainer_state.json)."""
+    for folder in (adapter.parent, adapter.parent.parent.parent):  # step-N/adapter, step-N/policies/X/adapter
+        state = folder / "trainer_state.json"
+        if state.is_file():
+            try:
+                return [f"- checkpoint after step {int(json.loads(state.read_text())['step'])}"]
+            except (ValueError, KeyError, TypeError):
+                return []
+    return []
+
+
+def _card(base: str | None, merged: bool, adapter: Path, figures: dict[str, Any]) -> str:
     lines = [
         "---",
-        f"base_model: {json.dumps(base)}",
+        *([f"base_model: {json.dumps(base)}"] if base else []),
         f"library_name: {'transformers' if merged else 'peft'}",
         "tags: [agentlightning-lite, reinforcement-learning, lora]",
         "---",
         "",
         f"# {'Merged model' if merged else 'LoRA adapter'} trained with agentlightning-lite",
         "",
-        f"- base model: `{base}`",
+        f"- base model: `{base}`" if base else "- base model: not recorded (the model the run trained)",
         f"- adapter: `{adapter}`" + (" (merged into the base weights)" if merged else ""),
+        *_step_line(adapter),
         f"- exported: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         "",
     ]
@@ -203,6 +228,21 @@ def export_adapter(adapter: Path, out: Path, base: str | None = None) -> Path:
     return out
 
 
+def _plain(model: Any) -> None:
+    """Forget that a model was read from a GGUF file: transformers de-quantised its weights on load
+    (they are plain tensors now) but refuses to save a model that still names its GGUF quantizer."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is None or getattr(method, "value", method) != "gguf":
+        return
+    model.hf_quantizer = None
+    for obj in (model, model.config):
+        if "quantization_config" in vars(obj):
+            delattr(obj, "quantization_config")
+    if "is_quantized" in vars(model):
+        model.is_quantized = False
+
+
 def export_merged(adapter: Path, out: Path, base: str) -> Path:
     """Load ``base``, apply the adapter, merge it into the weights and save the full model to ``out``."""
     from peft import PeftModel
@@ -211,6 +251,7 @@ def export_merged(adapter: Path, out: Path, base: str) -> Path:
 
     model = load_model(base, device="cpu")
     model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    _plain(model)
     model.save_pretrained(str(out), safe_serialization=True)
     gen = getattr(model, "generation_config", None)
     if gen is not None and not (out / "generation_config.json").exists():
@@ -227,12 +268,13 @@ def export(args: argparse.Namespace) -> int:
     adapter, run = find_adapter(args.checkpoint, args.policy)
     out = Path(args.out)
     _prepare_out(out, args.force)
-    base = _base_model(adapter, args.model)
+    base = _base_model(adapter, args.model, required=args.merged)
     if args.merged:
+        assert base is not None
         print(f"agl-lite: merging {adapter} into {base}...", file=sys.stderr, flush=True)
         export_merged(adapter, out, base)
     else:
-        export_adapter(adapter, out, args.model)
+        export_adapter(adapter, out, args.model or _known_hf_id(base))
     (out / "README.md").write_text(_card(base, args.merged, adapter, _figures(run)))
     what = "merged model" if args.merged else "PEFT adapter"
     print(f"agl-lite: wrote the {what} to {out}", file=sys.stderr, flush=True)
