@@ -84,7 +84,7 @@ async function agent(task, llm) {
 
 async function runOne(ro) {
   const llm = {
-    baseURL: SERVER + ro.llm_path,
+    baseURL: SERVER + ro.llm_path, // /rollout/<id>/lease/<token>/v1: the lease rides in the path
     apiKey: KEY || "agl-no-key",
     model: ro.model,
     rolloutId: ro.rollout_id,
