@@ -75,18 +75,31 @@ def test_real_chat_completion(server: PolicyServer, engine: HFEngine):
 
 
 def test_tool_call_offered(server: PolicyServer):
+    # SmolLM2-135M does not call a tool on its own (greedy, it answers "17 * 23 = 321."), but it
+    # copies text: asked to repeat a call, it writes one, and the server must return it as a tool call
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n</tool_call>'
     reply, span = ask(
-        server, "What is 17*23? Use the calculator.", tools=[CALC], max_tokens=48, temperature=0
+        server,
+        f"Repeat exactly this text and nothing else:\n{call}",
+        tools=[CALC],
+        max_tokens=48,
+        temperature=0,
     )
     choice = reply.choices[0]
-    if choice.message.tool_calls:  # the model called the tool: it must be well-formed
-        assert choice.finish_reason == "tool_calls"
-        call = choice.message.tool_calls[0]
-        assert call.function.name == "calculator" and isinstance(json.loads(call.function.arguments), dict)
-    else:  # or it answered in text
-        assert isinstance(choice.message.content, str) and choice.message.content
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (tool_call,) = choice.message.tool_calls
+    assert tool_call.type == "function" and tool_call.id.startswith("call_")
+    assert tool_call.function.name == "calculator"
+    assert json.loads(tool_call.function.arguments) == {"expression": "17*23"}
+    # the tool was offered in the prompt the model saw, and the span keeps the call as the reply
     assert span.attributes["tools"] == [CALC] and "<tools>" in span.attributes["prompt_text"]
-    assert span.output["role"] == "assistant"
+    assert span.output == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [tool_call.model_dump(include={"id", "type", "function"})],
+    }
+    assert span.attributes["finish_reason"] == "tool_calls"
 
 
 def test_concurrent_requests_are_batched_and_match_unbatched(server: PolicyServer, engine: HFEngine):
