@@ -19,6 +19,8 @@ from urllib.parse import quote
 
 import httpx
 
+from ..errors import AGLError
+
 __all__ = ["LEASE_HEADER", "RemoteError", "RunnerClient"]
 
 LEASE_HEADER = "X-AGL-Lease"
@@ -29,7 +31,7 @@ logger = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
-class RemoteError(Exception):
+class RemoteError(AGLError):
     """The trainer refused a request (a 4xx answer), or stayed away longer than ``give_up_after``."""
 
     def __init__(self, status: int | None, message: str, code: str | None = None) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidRequestError
 from ..otel import from_otel
 from ..types import Span
 
@@ -49,7 +50,7 @@ _LEASE_ATTR = "agentlightning.lease"  # the runner routes' lease token attribute
 ROLLOUT_ATTR = "agentlightning.rollout_id"
 
 
-class OTLPError(ValueError):
+class OTLPError(InvalidRequestError):
     """A payload that is not a valid OTLP trace export request."""
 
 

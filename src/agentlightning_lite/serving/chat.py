@@ -14,6 +14,8 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import InvalidRequestError
+
 __all__ = [
     "ChatFormatError",
     "TOOLS_PROMPT",
@@ -47,7 +49,7 @@ For each function call, return a json object with function name and arguments wi
 _ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 
 
-class ChatFormatError(ValueError):
+class ChatFormatError(InvalidRequestError):
     """A request's messages or tools cannot be rendered (the server answers 400)."""
 
     def __init__(self, message: str, param: str | None = None) -> None:

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidRequestError
+
 __all__ = [
     "ResponseFormat",
     "ResponseFormatError",
@@ -42,7 +44,7 @@ __all__ = [
 INSTALL_HINT = "constrained decoding needs llguidance: pip install llguidance (part of the 'serve' extra)"
 
 
-class ResponseFormatError(ValueError):
+class ResponseFormatError(InvalidRequestError):
     """A ``response_format`` that is malformed or that the engine cannot honour (answered with a 400
     whose ``param`` is ``"response_format"``)."""
 

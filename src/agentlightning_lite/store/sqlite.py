@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._json import dumps, loads, utf8_safe
+from ..errors import InvalidRequestError
 from ..types import TRUSTED, Rollout, Span
 from .base import Store, is_late, log_dropped
 from .rows import SpanRow, floats_to_blob, ids_to_blob, row_to_span, span_to_row
@@ -86,7 +87,7 @@ _ROLLOUT_UPDATE = (
 )
 
 
-class NotOurDatabase(ValueError):
+class NotOurDatabase(InvalidRequestError):
     """The file is a SQLite database written by something else, or not a database at all."""
 
 
