@@ -43,6 +43,15 @@ def test_the_package_raises_its_family_for_what_callers_do() -> None:
     assert issubclass(LeaseMismatch, LeaseError) and issubclass(LeaseError, PermissionError)
     assert issubclass(OutcomeCounted, ConflictError)
     assert all(issubclass(c, AGLError) for c in (UnknownRolloutError, LeaseError, ConflictError))
+    from agentlightning_lite.remote import RemoteError
+    from agentlightning_lite.remote.otlp import OTLPError
+    from agentlightning_lite.serving.chat import ChatFormatError
+    from agentlightning_lite.serving.structured import ResponseFormatError
+    from agentlightning_lite.store import NotOurDatabase
+
+    assert issubclass(RemoteError, AGLError)
+    for cls in (OTLPError, ChatFormatError, ResponseFormatError, NotOurDatabase):
+        assert issubclass(cls, InvalidRequestError) and issubclass(cls, ValueError), cls
 
 
 def _boom(exc: Exception) -> Callable[..., object]:
