@@ -147,90 +147,6 @@ def test_vllm_engine_without_vllm_raises_a_clear_import_error(monkeypatch: pytes
         agl.serving.engines.VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct")
 
 
-def _adapter(path: Path) -> str:
-    path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text('{"r": 8}')
-    return str(path)
-
-
-def test_vllm_engine_maps_requests_and_hot_swaps_lora(fake_vllm: Any, tmp_path: Path):
-    from agentlightning_lite.serving.engines import VLLMEngine
-
-    engine = VLLMEngine(
-        "smollm2-135m", lora=_adapter(tmp_path / "a0"), max_model_len=2048, continuous_batching=False
-    )
-    assert engine.llm.model == "HuggingFaceTB/SmolLM2-135M-Instruct"  # vLLM gets the unquantised weights
-    assert engine.llm.kw["enable_lora"] is True and engine.max_context == 2048
-    req = GenRequest([1, 2, 3], max_tokens=5, temperature=0.5, top_p=0.8, stop=["\n"], seed=7, top_logprobs=2)
-    sp = engine.sampling_params(req)
-    assert sp.kw == {
-        "n": 1,
-        "temperature": 0.5,
-        "top_p": 0.8,
-        "max_tokens": 5,
-        "stop": ["\n"],
-        "seed": 7,
-        "logprobs": 2,
-        "skip_special_tokens": True,
-    }
-    assert engine.sampling_params(GenRequest([1])).kw["logprobs"] == 0  # the sampled token's logprob only
-    (res,) = engine.generate([req])
-    assert res.token_ids == [104, 105, 257] and res.logprobs == [-0.25, -0.5, -0.75]
-    assert res.top_logprobs[0] == [(104, -0.25), (1, -9.0)] and res.weights_version == 0
-    first = fake_vllm.calls[-1]
-    assert first["prompts"] == [{"prompt_token_ids": [1, 2, 3]}] and first["lora"].lora_int_id == 1
-
-    assert engine.update_weights(_adapter(tmp_path / "a1")) == 1
-    engine.generate([GenRequest([1], max_tokens=2)])
-    second = fake_vllm.calls[-1]["lora"]
-    assert second.lora_int_id == 2 and second.lora_path.endswith("a1")  # fresh id: vLLM reloads, no restart
-    assert {"rm": 1} in fake_vllm.calls
-
-    torch = pytest.importorskip("torch")
-    assert engine.update_weights({"lora_A.weight": torch.zeros(2, 2)}) == 2
-    assert Path(engine.lora_request.lora_path, "adapter_model.safetensors").is_file()
-    assert engine.lora_request.lora_int_id == 3
-    with pytest.raises(FileNotFoundError):
-        engine.update_weights(str(tmp_path / "missing"))
-    assert engine.version == 2
-    engine.close()
-
-
-def test_vllm_engine_serves_one_lora_per_agent(fake_vllm: Any, tmp_path: Path):
-    """Several adapters: max_loras from their number, one LoRARequest per prompt by the agent's route,
-    and an update replaces only the named adapter."""
-    from agentlightning_lite.serving.engines import VLLMEngine
-
-    engine = VLLMEngine(
-        "smollm2-135m",
-        adapters={"writer": _adapter(tmp_path / "w0"), "rewriter": _adapter(tmp_path / "r0")},
-        routes={"writer": "writer", "rewriter": "rewriter", "checker": None},
-        continuous_batching=False,
-    )
-    assert engine.llm.kw["max_loras"] == 2 and engine.llm.kw["enable_lora"] is True
-    assert engine.adapters == ["writer", "rewriter"]
-    reqs = [GenRequest([1], max_tokens=2, agent=a) for a in ("rewriter", "checker", "writer", None)]
-    results = engine._generate_batch(reqs)  # one batch, as the batching loop would pass it
-    sent = fake_vllm.calls[-1]["lora"]
-    assert [None if r is None else r.lora_path for r in sent] == [
-        str(tmp_path / "r0"),
-        None,  # the frozen checker: the base model
-        str(tmp_path / "w0"),
-        None,  # no agent named: the base model
-    ]
-    assert len({r.lora_int_id for r in sent if r is not None}) == 2
-    assert [r.adapter for r in results] == ["rewriter", None, "writer", None]
-
-    torch = pytest.importorskip("torch")
-    engine.update_weights({"lora_A.weight": torch.zeros(2, 2)}, adapter="rewriter")
-    assert engine.lora_requests["writer"].lora_path == str(tmp_path / "w0")  # untouched
-    new = engine.lora_requests["rewriter"]
-    assert Path(new.lora_path, "adapter_model.safetensors").is_file() and "rewriter" in new.lora_path
-    assert new.lora_int_id not in {sent[0].lora_int_id, sent[2].lora_int_id}  # a fresh id: vLLM reloads it
-    engine.close()
-
-
-# -- models -------------------------------------------------------------------------------
 def test_models_resolve_the_installed_package():
     r = models.resolve("smollm2-135m")
     assert r.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf" and Path(r.path, r.gguf_file).is_file()
@@ -271,27 +187,30 @@ def test_pip_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         models.resolve("smollm2-135m")
 
 
-def test_engine_threads_are_daemons_and_close(fake_vllm: Any):
-    from agentlightning_lite.serving.engines import VLLMEngine
+def test_engine_threads_are_daemons_and_close():
+    from agentlightning_lite.serving import PolicyServer
+    from agentlightning_lite.serving.engines import HTTPEngine
 
-    before = set(threading.enumerate())
-    batching = _SlowEcho()
-    assert batching.generate([GenRequest([1])])[0].token_ids == [7]
-    vllm = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct")  # vLLM's async engine on an event loop of its own
-    assert vllm.generate([GenRequest([1], max_tokens=3)])[0].token_ids == [104, 105, 257]
-    started = [t for t in threading.enumerate() if t not in before]
-    # one thread each, named after its engine, neither keeps the interpreter from exiting
-    assert sorted((t.name, t.daemon) for t in started) == [
-        ("agl-_SlowEcho-batcher", True),
-        ("agl-vllm-async", True),
-    ]
-    batching.close()
-    vllm.close()
-    for t in started:  # close() returns once its thread has ended
-        assert not t.is_alive(), f"{t.name} still runs after close()"
-    assert fake_vllm.shutdowns == 1
-    for engine in (batching, vllm):
-        with pytest.raises(RuntimeError, match="closed"):
-            engine.submit(GenRequest([1]))
-        engine.close()  # a second close() is a no-op
-    assert [t for t in threading.enumerate() if t not in before] == []
+    with PolicyServer(ScriptedEngine(["hi"], tokenizer="bytes")) as server:  # its threads come first
+        before = set(threading.enumerate())
+        batching = _SlowEcho()
+        assert batching.generate([GenRequest([1])])[0].token_ids == [7]
+        http = HTTPEngine(server.url, tokenizer="bytes")  # requests on an event loop of its own
+        assert http.generate([GenRequest([104], max_tokens=3)])[0].text == "hi"
+        # (the server answers on threads of its own, its engine's included: only these two engines' count)
+        mine = ("agl-_SlowEcho", "agl-http")
+        started = [t for t in threading.enumerate() if t not in before and t.name.startswith(mine)]
+        # one thread each, named after its engine, neither keeps the interpreter from exiting
+        assert sorted((t.name, t.daemon) for t in started) == [
+            ("agl-_SlowEcho-batcher", True),
+            ("agl-http-engine", True),
+        ]
+        batching.close()
+        http.close()
+        for t in started:  # close() returns once its thread has ended
+            assert not t.is_alive(), f"{t.name} still runs after close()"
+        for engine in (batching, http):
+            with pytest.raises(RuntimeError, match="closed"):
+                engine.submit(GenRequest([1]))
+            engine.close()  # a second close() is a no-op
+        assert [t for t in threading.enumerate() if t not in before and t.name.startswith(mine)] == []

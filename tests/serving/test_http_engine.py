@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -257,3 +256,265 @@ def test_lora_version_switch_while_requests_are_in_flight(backend: Any, tmp_path
         engine.close()
         e0.close()
         e1.close()
+
+
+def test_two_backends_sticky_sessions_spread_by_load(backend: Any) -> None:
+    a, b = backend(step_delay_s=0.01), backend(step_delay_s=0.01)
+    engine = HTTPEngine([a.url, b.url], tokenizer=a.engine.tokenizer, api_key="k")
+    ids = prompts(a.engine)[0]
+    try:
+        sessions = [f"rollout-{i}" for i in range(4)]
+
+        def turn(session: str) -> Any:
+            return engine.submit(
+                GenRequest(prompt_token_ids=ids, max_tokens=4, temperature=0, session=session)
+            )
+
+        for _ in range(3):  # three turns of four rollouts, the rollouts' turns concurrent
+            for f in [turn(s) for s in sessions]:
+                f.result(60)
+        pinned = engine.session_servers
+        assert sorted(pinned) == sessions
+        assert sorted(pinned.values()) == sorted([a.url, a.url, b.url, b.url])  # spread by load
+        # every turn of a rollout went to its server
+        assert (a.engine.stats["requests"], b.engine.stats["requests"]) == (6, 6)
+        assert engine.load == {a.url: 0, b.url: 0}
+    finally:
+        engine.close()
+
+
+SERVE_TINY = """
+import sys
+sys.path.insert(0, {root!r})
+import agentlightning_lite as agl
+from agentlightning_lite.serving import PolicyServer
+from tests.conftest import tiny_hf_engine
+server = PolicyServer(tiny_hf_engine(step_delay_s=0.05, no_eos=True), agl.MemoryStore(), api_key="k").start()
+print(server.url, flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_backend_fails_its_requests_and_the_other_serves_on(backend: Any) -> None:
+    live = backend()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_TINY.format(root=str(ROOT))],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    try:
+        doomed = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert doomed.startswith("http://127.0.0.1:")
+        engine = HTTPEngine([doomed, live.url], tokenizer=live.engine.tokenizer, api_key="k")
+        ids = prompts(live.engine)[0]
+        # the first request goes to the first server (none in flight), the second to the other
+        slow = engine.submit(GenRequest(prompt_token_ids=ids, max_tokens=200, temperature=0, session="r0"))
+        fine = engine.submit(GenRequest(prompt_token_ids=ids, max_tokens=4, temperature=0, session="r1"))
+        assert engine.session_servers == {"r0": doomed, "r1": live.url}
+        time.sleep(0.5)  # r0 is decoding (200 steps of 50 ms)
+        os.kill(proc.pid, signal.SIGKILL)
+        with pytest.raises(BackendError, match=f"inference server {doomed} is unreachable"):
+            slow.result(60)
+        assert fine.result(60).num_tokens == 4
+        # the other server keeps serving: new rollouts, and the dead server's rollout, go to it
+        for session in ("r0", "r2", "r3"):
+            res = engine.submit(
+                GenRequest(prompt_token_ids=ids, max_tokens=3, temperature=0, session=session)
+            )
+            assert res.result(60).num_tokens == 3
+        assert set(engine.session_servers.values()) == {live.url}
+        assert engine.health()[doomed] != "ok" and engine.health()[live.url] == "ok"
+        engine.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+# -- VLLMEngine: the launcher and its checks (no vLLM here: a stand-in `vllm` executable) ----------
+def test_vllm_serve_command_line_and_environment() -> None:
+    from agentlightning_lite.serving.engines.vllm import vllm_serve_command
+
+    argv, env = vllm_serve_command(
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        port=8123,
+        served_model_name="policy",
+        max_lora_rank=32,
+        max_loras=4,
+        gpu_memory_utilization=0.45,
+        api_key="secret",
+        gpus="2,3",
+        extra_args=["--enforce-eager"],
+        env={"PATH": "/usr/bin"},
+        max_model_len=4096,
+        tensor_parallel_size=2,
+        enable_prefix_caching=True,
+        quantization=None,
+    )
+    assert argv == [
+        "vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct",
+        "--host", "127.0.0.1", "--port", "8123",
+        "--served-model-name", "policy",
+        "--enable-lora", "--max-lora-rank", "32", "--max-loras", "4",
+        "--gpu-memory-utilization", "0.45",
+        "--max-model-len", "4096", "--tensor-parallel-size", "2", "--enable-prefix-caching",
+        "--enforce-eager",
+    ]  # fmt: skip
+    assert env == {
+        "PATH": "/usr/bin",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_API_KEY": "secret",
+        "CUDA_VISIBLE_DEVICES": "2,3",
+    }
+    assert "secret" not in argv  # the key stays off the command line
+    argv, env = vllm_serve_command("m", port=1, enable_lora=False, env={})
+    assert argv == ["vllm", "serve", "m", "--host", "127.0.0.1", "--port", "1", "--served-model-name", "m"]
+    assert env == {}
+
+
+def test_vllm_version_range() -> None:
+    from agentlightning_lite.serving.engines.vllm import check_vllm_version
+
+    check_vllm_version("0.33.0")
+    check_vllm_version("0.10.2")
+    with pytest.raises(RuntimeError, match=r"older than this engine needs.*pip install 'vllm>=0.33,<0.34'"):
+        check_vllm_version("0.10.1", "http://gpu:8000")
+    with pytest.warns(RuntimeWarning, match="newer than this engine was written for"):
+        check_vllm_version("0.35.0rc1")
+    with pytest.raises(RuntimeError, match="not a vLLM version"):
+        check_vllm_version("")
+
+
+def test_vllm_engine_attaching_to_a_policy_server_says_it_is_not_vllm(backend: Any) -> None:
+    from agentlightning_lite.serving.engines import VLLMEngine
+
+    server = backend()
+    with pytest.raises(
+        RuntimeError, match="is an agentlightning-lite PolicyServer, not vLLM: use HTTPEngine"
+    ):
+        VLLMEngine("tiny", url=server.url, tokenizer=server.engine.tokenizer, api_key="k")
+    engine = VLLMEngine(
+        "tiny", url=server.url, tokenizer=server.engine.tokenizer, api_key="k", check_version=False
+    )
+    try:
+        assert engine.processes == [] and engine.model_name == "tiny"
+        assert (
+            engine.generate([GenRequest(prompt_token_ids=[1, 2], max_tokens=2, temperature=0)])[0].num_tokens
+            == 2
+        )
+    finally:
+        engine.close()
+    assert server.running  # an attached server keeps running
+
+
+def fake_vllm(tmp_path: Path, body: str) -> Path:
+    """A `vllm` executable on PATH that runs ``body`` (Python) instead of vLLM."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    exe = bin_dir / "vllm"
+    exe.write_text(f"#!{sys.executable}\nimport sys, os, json\n{body}\n")
+    exe.chmod(0o755)
+    return bin_dir
+
+
+def test_vllm_engine_reports_a_server_that_dies_while_starting(tmp_path: Path, monkeypatch: Any) -> None:
+    from agentlightning_lite.serving.engines import VLLMEngine
+
+    bin_dir = fake_vllm(
+        tmp_path, 'print("torch.OutOfMemoryError: CUDA out of memory", flush=True)\nsys.exit(3)'
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3 while starting.*CUDA out of memory"):
+        VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"))
+
+
+def test_vllm_engine_startup_timeout_says_what_to_check(tmp_path: Path, monkeypatch: Any) -> None:
+    from agentlightning_lite.serving.engines import VLLMEngine
+
+    bin_dir = fake_vllm(tmp_path, "import time\ntime.sleep(60)")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not answer /health within 1 s \(its log: .*vllm-\d+\.log\)"):
+        VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"), startup_timeout_s=1)
+    assert time.monotonic() - t0 < 30  # and the child was stopped, not waited for
+
+
+FAKE_VLLM_SERVE = """
+sys.path.insert(0, {root!r})
+args = sys.argv[1:]
+flags = dict(zip(args[2::2], args[3::2]))
+keep = ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_API_KEY", "CUDA_VISIBLE_DEVICES")
+with open(os.path.join({out!r}, flags["--port"] + ".json"), "w") as f:
+    json.dump({{"argv": args, "env": {{k: os.environ.get(k) for k in keep}}}}, f)
+import agentlightning_lite as agl
+from agentlightning_lite.serving import PolicyServer
+from tests.conftest import tiny_hf_engine
+engine = tiny_hf_engine(model_name=flags["--served-model-name"])
+key = os.environ["VLLM_API_KEY"]
+server = PolicyServer(engine, agl.MemoryStore(), port=int(flags["--port"]), api_key=key)
+server.serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_vllm_engine_starts_one_server_per_gpu_and_hands_adapters_to_each(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The launch path end to end, with a stand-in `vllm` serving the tiny model on the port it is given."""
+    from agentlightning_lite.serving.engines import VLLMEngine
+    from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+    out = tmp_path / "seen"
+    out.mkdir()
+    bin_dir = fake_vllm(tmp_path, FAKE_VLLM_SERVE.format(root=str(ROOT), out=str(out)))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "src"))
+    path, lora_engine = save_adapter(tmp_path / "a0", seed=1)
+    engine = VLLMEngine(
+        "tiny-model",
+        lora=path,
+        gpus=["0", "1"],
+        api_key="k",
+        tokenizer=ByteTokenizer(),
+        gpu_memory_utilization=0.4,
+        max_model_len=2048,
+        check_version=False,
+        startup_timeout_s=300,
+    )
+    try:
+        seen = sorted(
+            (json.loads(p.read_text()) for p in out.glob("*.json")),
+            key=lambda s: s["env"]["CUDA_VISIBLE_DEVICES"],
+        )
+        assert [s["env"] for s in seen] == [
+            {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_API_KEY": "k", "CUDA_VISIBLE_DEVICES": gpu}
+            for gpu in ("0", "1")
+        ]
+        for s, url in zip(seen, [b.url for b in engine.backends], strict=True):
+            assert s["argv"] == [
+                "serve", "tiny-model", "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1],
+                "--served-model-name", "tiny-model",
+                "--enable-lora", "--max-lora-rank", "64", "--max-loras", "2",
+                "--gpu-memory-utilization", "0.4", "--max-model-len", "2048",
+            ]  # fmt: skip
+        assert engine.max_context == 2048 and engine.model_name == "tiny-model"
+        ids = prompts(lora_engine)[2]
+        want = lora_engine.generate([GenRequest(prompt_token_ids=ids, max_tokens=6, temperature=0)])[0]
+        sent = [  # two rollouts at once: one on each server, both through the adapter
+            engine.submit(GenRequest(prompt_token_ids=ids, max_tokens=6, temperature=0, session=session))
+            for session in ("r0", "r1")
+        ]
+        assert [f.result(60).token_ids for f in sent] == [want.token_ids, want.token_ids]
+        assert sorted(engine.session_servers.values()) == sorted(b.url for b in engine.backends)
+        assert engine.update_weights(path) == 1
+        assert all(
+            b.loaded == {"policy-v1"} or b.loaded == {"policy-v0", "policy-v1"} for b in engine.backends
+        )
+        pids = [p.pid for p in engine.processes]
+    finally:
+        engine.close()
+        lora_engine.close()
+    for pid in pids:  # the servers it started are stopped with it
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

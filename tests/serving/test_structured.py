@@ -195,31 +195,6 @@ def test_with_tools_the_grammar_also_admits_tool_calls() -> None:
     assert not text_fits(fmt, call.replace("calc", "rm"), ["calc"])  # only the offered tools
 
 
-@pytest.mark.parametrize("api", ["StructuredOutputsParams", "GuidedDecodingParams"])
-def test_vllm_engine_passes_response_format_to_vllm(fake_vllm: Any, monkeypatch: Any, api: str) -> None:
-    import sys
-    import types
-
-    from agentlightning_lite.serving.engines import VLLMEngine
-
-    class Params:  # vLLM's structured-output parameters: json= (a schema) or json_object=True
-        def __init__(self, **kw: Any) -> None:
-            self.kw = kw
-
-    monkeypatch.setattr(sys.modules["vllm"], "sampling_params", types.SimpleNamespace(**{api: Params}))
-    engine = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct", continuous_batching=False, enable_lora=False)
-    try:
-        field = "structured_outputs" if api == "StructuredOutputsParams" else "guided_decoding"
-        fmt = ResponseFormat("json_schema", SCHEMA, name="pick")
-        engine.check_response_format(fmt)
-        assert engine.sampling_params(GenRequest([1], response_format=fmt)).kw[field].kw == {"json": SCHEMA}
-        plain = engine.sampling_params(GenRequest([1], response_format=ResponseFormat("json_object")))
-        assert plain.kw[field].kw == {"json_object": True}
-        assert field not in engine.sampling_params(GenRequest([1])).kw
-    finally:
-        engine.close()
-
-
 def test_agents_sdk_structured_output_agent_end_to_end(serve: Any, tiny_engine: Any) -> None:
     """An Agents SDK agent with ``output_type`` (a pydantic model) on the tiny random model: the SDK
     sends a strict json_schema and parses the reply into its model."""

@@ -1,5 +1,5 @@
-"""Policy engines behind the PolicyServer: HF transformers, an inference server over HTTP (vLLM), and a
-scripted one for tests.
+"""Policy engines behind the PolicyServer: HF transformers, inference servers over HTTP (vLLM started or
+attached), and a scripted one for tests.
 
 >>> from agentlightning_lite.serving import engines
 >>> engines.ScriptedEngine(["hi"], tokenizer="bytes").model_name

@@ -102,9 +102,14 @@ class HTTPEngine(Engine):
             raise ValueError("HTTPEngine needs at least one server URL")
         self.backends = [_Backend(u.rstrip("/").removesuffix("/v1")) for u in urls]
         if isinstance(tokenizer, (str, os.PathLike)):
-            from transformers import AutoTokenizer
+            from ..tokenizer import ByteTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+            if tokenizer == "bytes":  # the byte-level test tokenizer
+                tokenizer = ByteTokenizer()
+            else:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         self.tokenizer = tokenizer
         self.api_key = api_key
         self.timeout_s = float(timeout_s)
@@ -354,8 +359,6 @@ class HTTPEngine(Engine):
         """Send one request; cancelling the future closes its connection (vLLM then aborts it)."""
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
-        if request.response_format is not None:
-            self.check_response_format(request.response_format, request.tools)
         with self.lock:  # the adapter version is fixed at admission
             name = self._adapter_of(request)
             if name is not None and name not in self._current:
@@ -417,6 +420,14 @@ class HTTPEngine(Engine):
             body["stop"] = list(req.stop)
         if req.seed is not None:
             body["seed"] = int(req.seed)
+        fmt = req.response_format
+        if fmt is not None:  # enforced by the server (vLLM's structured outputs)
+            body["response_format"] = {"type": fmt.type}
+            if fmt.type == "json_schema":
+                spec = {"name": fmt.name or "response", "schema": fmt.json_schema()}
+                body["response_format"]["json_schema"] = spec | (
+                    {} if fmt.strict is None else {"strict": fmt.strict}
+                )
         r = await self._post(b, "/v1/completions", body)
         result = self._result(b, req, r.json(), version, name)
         self._record_batch([req], [result], time.perf_counter() - t0)
@@ -461,6 +472,11 @@ class HTTPEngine(Engine):
             weights_version=version,
             adapter=adapter,
         )
+
+    def check_response_format(self, fmt: Any, tools: Sequence[dict[str, Any]] | None = None) -> None:
+        """Accepted: the server enforces it (an error it answers fails that request). With tools offered,
+        the reply is held to the format alone (the server does not see the tools)."""
+        return None
 
     def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool:
         return future.cancel()

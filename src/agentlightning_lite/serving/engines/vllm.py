@@ -1,103 +1,204 @@
-"""The vLLM engine (GPU, optional): token ids and logprobs from vLLM itself, LoRA hot-swapped per version.
+"""The vLLM engine (GPU): vLLM as a separate inference server, driven over its OpenAI-compatible HTTP API.
 
-By default each request goes to vLLM's async engine as it arrives (continuous batching: a request is
-admitted while others are decoding). Written against vLLM 0.8 to 0.11 (``vllm.AsyncLLMEngine``,
-``vllm.AsyncEngineArgs``, ``vllm.LLM``, ``vllm.SamplingParams``, ``vllm.lora.request.LoRARequest``).
-vLLM is imported only when a ``VLLMEngine`` is built, so the SDK works without it.
+``VLLMEngine`` starts ``vllm serve MODEL --enable-lora ...`` as a child process (or several, one per
+GPU group), or attaches to servers already running, and generates through them with
+:class:`~agentlightning_lite.serving.engines.http.HTTPEngine`: token-id prompts, ``return_token_ids``,
+logprobs, LoRA versions loaded at run time (``/v1/load_lora_adapter``, which vLLM serves only with
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` in the server's environment).
+
+Written against the HTTP API of vLLM 0.33.0 (read in its source: ``vllm/entrypoints/openai/completion/
+protocol.py``, ``vllm/entrypoints/serve/lora/``, ``vllm/entrypoints/serve/instrumentator/``).
+``return_token_ids`` first shipped in vLLM 0.10.2 (vLLM pull request 22587), hence the lower bound of
+:data:`SUPPORTED_VLLM`. Nothing here has run against a real vLLM: the tests drive the same HTTP subset
+on the project's own PolicyServer, and check the ``vllm serve`` command line without running it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import inspect
-import json
 import logging
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
-import threading
 import time
-import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import models
-from ..structured import ResponseFormat, ResponseFormatError
-from .base import BatchingEngine, GenRequest, GenResult
+from .http import BackendError, HTTPEngine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SUPPORTED_VLLM", "VLLMEngine", "vllm_available"]
+__all__ = ["SUPPORTED_VLLM", "VLLMEngine", "check_vllm_version", "vllm_available", "vllm_serve_command"]
 
-#: the vLLM versions this engine was written against (the ``vllm`` extra pins the same range)
-SUPPORTED_VLLM = ">=0.8,<0.12"
+#: the vLLM versions whose HTTP API this engine follows (the ``vllm`` extra pins the newest of them)
+SUPPORTED_VLLM = ">=0.10.2,<0.34"
+_LOWEST, _ABOVE = (0, 10, 2), (0, 34)
+WRITTEN_FOR = "0.33.0"
 
 INSTALL_HINT = (
-    "VLLMEngine needs vLLM (a CUDA GPU and Linux): pip install 'agentlightning-lite[vllm]' "
-    "(or pip install vllm). Without a GPU, use agl.engines.HFEngine."
+    "VLLMEngine starts `vllm serve`, which needs vLLM (a CUDA GPU and Linux): "
+    "pip install 'agentlightning-lite[vllm]' (or pip install 'vllm>=0.33,<0.34'); or attach to a running "
+    "server with VLLMEngine(model, url='http://host:8000'). Without a GPU, use agl.engines.HFEngine."
 )
 
 
 def vllm_available() -> bool:
-    """Whether vLLM can be imported here.
+    """Whether the ``vllm`` command (or package) is installed here.
 
     >>> isinstance(vllm_available(), bool)
     True
     """
     import importlib.util
 
-    return importlib.util.find_spec("vllm") is not None
+    return _vllm_executable() is not None or importlib.util.find_spec("vllm") is not None
 
 
-def _import_vllm() -> tuple[Any, Any]:
-    """``(vllm, LoRARequest)``, or an ImportError that says how to install vLLM."""
-    try:
-        import vllm
-        from vllm.lora.request import LoRARequest
-    except ImportError as exc:
-        raise ImportError(INSTALL_HINT) from exc
-    return vllm, LoRARequest
+def _vllm_executable() -> str | None:
+    beside = os.path.join(os.path.dirname(sys.executable), "vllm")  # the same virtual environment
+    return beside if os.access(beside, os.X_OK) else shutil.which("vllm")
 
 
-class VLLMEngine(BatchingEngine):
-    """Serve a model with vLLM, optionally through a LoRA adapter that training replaces in place.
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if not part.isdigit() else part
+        if not digits:
+            break
+        out.append(int(digits))
+        if not part.isdigit():
+            break
+    return tuple(out)
+
+
+def check_vllm_version(version: str, url: str = "the server") -> None:
+    """Raise (too old) or warn (newer than this was written for) about a vLLM server's version.
+
+    >>> check_vllm_version("0.33.0")
+    >>> check_vllm_version("0.9.2")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    RuntimeError: the server runs vLLM 0.9.2, older than this engine needs (>=0.10.2,<0.34): ...
+    """
+    v = _version_tuple(version)
+    if not v:
+        raise RuntimeError(f"{url} reports version {version!r}, which is not a vLLM version")
+    if v < _LOWEST:
+        raise RuntimeError(
+            f"{url} runs vLLM {version}, older than this engine needs ({SUPPORTED_VLLM}): "
+            "its /v1/completions has no return_token_ids, so spans could not hold the exact tokens. "
+            "Upgrade it: "
+            "pip install 'vllm>=0.33,<0.34'"
+        )
+    if v >= _ABOVE:
+        warnings.warn(
+            f"{url} runs vLLM {version}, newer than this engine was written for ({SUPPORTED_VLLM}, read on "
+            f"{WRITTEN_FOR}). The routes it uses (/v1/completions with return_token_ids, "
+            "/v1/load_lora_adapter) are usually kept; if requests fail, install the tested release: "
+            "pip install 'vllm>=0.33,<0.34'",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def vllm_serve_command(
+    model: str,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    served_model_name: str | None = None,
+    enable_lora: bool = True,
+    max_lora_rank: int = 64,
+    max_loras: int = 4,
+    gpu_memory_utilization: float | None = None,
+    api_key: str | None = None,
+    gpus: str | None = None,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> tuple[list[str], dict[str, str]]:
+    """The ``vllm serve`` command line and environment of one server (nothing is run).
+
+    ``options`` become flags: ``max_model_len=4096`` gives ``--max-model-len 4096``, ``True`` a bare
+    flag, ``False``/``None`` nothing. ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` (``"0"``, ``"2,3"``).
+
+    >>> argv, env = vllm_serve_command("Qwen/Qwen2.5-0.5B-Instruct", port=8000, env={})
+    >>> argv[:3]
+    ['vllm', 'serve', 'Qwen/Qwen2.5-0.5B-Instruct']
+    >>> argv[3:9]
+    ['--host', '127.0.0.1', '--port', '8000', '--served-model-name', 'Qwen/Qwen2.5-0.5B-Instruct']
+    >>> argv[9:]
+    ['--enable-lora', '--max-lora-rank', '64', '--max-loras', '4']
+    >>> env
+    {'VLLM_ALLOW_RUNTIME_LORA_UPDATING': 'True'}
+    """
+    argv = ["vllm", "serve", model, "--host", host, "--port", str(int(port))]
+    argv += ["--served-model-name", served_model_name or model]
+    if enable_lora:
+        argv += [
+            "--enable-lora",
+            "--max-lora-rank",
+            str(int(max_lora_rank)),
+            "--max-loras",
+            str(int(max_loras)),
+        ]
+    if gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(float(gpu_memory_utilization))]
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    argv += list(extra_args)
+    out = dict(os.environ if env is None else env)
+    if enable_lora:
+        out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # vLLM serves /v1/load_lora_adapter only so
+    if api_key:
+        out["VLLM_API_KEY"] = api_key  # vLLM's --api-key, kept off the command line (ps shows argv)
+    if gpus is not None:
+        out["CUDA_VISIBLE_DEVICES"] = str(gpus)
+    return argv, out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMEngine(HTTPEngine):
+    """Serve a model with vLLM servers (started here, or already running) and hand LoRA adapters over to them.
 
     Args:
-        model: a Hugging Face id or local directory; ``"smollm2-135m"`` maps to its original
-            Hugging Face repository (vLLM applies LoRA to unquantised weights, not the GGUF).
-        lora: a directory holding a peft adapter to serve from the start, or ``None``.
-        enable_lora: reserve LoRA slots even without an initial adapter (default: True).
-        max_lora_rank: the largest adapter rank vLLM must accept.
-        adapter_dir: where adapter versions given as state dicts are written (default: a temp dir).
-        adapters: named adapters, each a directory holding a peft adapter, e.g. one per agent
-            (``{"writer": "runs/init/writer", "rewriter": "runs/init/rewriter"}``); vLLM's
-            multi-LoRA serves them together (``max_loras`` defaults to their number).
-        routes: which adapter serves which agent (``None``: the base model); see
-            :meth:`~agentlightning_lite.serving.engines.base.Engine.set_routes`.
-        continuous_batching: ``True`` (default): every request goes to vLLM's async engine
-            (``vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(...))``) the moment it
-            arrives, and vLLM's scheduler admits it into the running batch at its next step, so an
-            agent's turn never waits for other agents' replies to finish. ``False``: requests that
-            arrive together go to one blocking ``vllm.LLM.generate`` call (fixed batches).
-        **llm_kwargs: passed to ``vllm.AsyncEngineArgs`` (or ``vllm.LLM``): ``gpu_memory_utilization``,
-            ``max_model_len``, ``logprobs_mode``... vLLM reports raw logprobs (before temperature)
-            by default.
+        model: a Hugging Face id or local directory; ``"smollm2-135m"`` maps to its original Hugging Face
+            repository (vLLM applies LoRA to unquantised weights, not the GGUF).
+        lora: a peft adapter directory served from the start (the engine's own adapter); ``adapters``:
+            named ones (one per agent); ``routes``: which agent uses which (see ``Engine.set_routes``).
+        url: attach to running servers (a URL or a list) instead of starting any; they must have been
+            started with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
+        replicas: how many servers to start (default: one per entry of ``gpus``, else one).
+        gpus: ``CUDA_VISIBLE_DEVICES`` of each server started (``["0", "1"]``: two servers, one GPU each;
+            ``["0,1"]``: one server over two GPUs, with ``tensor_parallel_size=2``).
+        enable_lora, max_lora_rank, max_loras: vLLM's LoRA flags (``max_loras`` default: two per adapter,
+            the old and the new version during a hand-over).
+        gpu_memory_utilization: the share of each GPU vLLM takes (weights and KV cache); leave the rest to
+            the trainer when both share a GPU.
+        api_key: the servers' API key (given to the ones started here as ``VLLM_API_KEY``).
+        startup_timeout_s: how long to wait for ``/health`` (the first start downloads and compiles).
+        log_dir: where each started server's output goes (``vllm-<port>.log``; default: a temp dir).
+        vllm_args: more command-line arguments, as given; ``**options``: flags by name
+            (``max_model_len=4096`` is ``--max-model-len 4096``).
+        check_version: compare each server's ``/version`` with :data:`SUPPORTED_VLLM`.
 
-    A request's ``response_format`` goes to vLLM's own structured outputs, as vLLM's OpenAI server
-    passes it on: ``json_object`` as ``json_object=True``, ``json_schema`` as ``json=<schema>``, in
-    ``SamplingParams(structured_outputs=StructuredOutputsParams(...))`` (vLLM 0.10.2 and later) or
-    ``SamplingParams(guided_decoding=GuidedDecodingParams(...))`` (earlier). vLLM picks its backend
-    (``structured_outputs_config`` / ``guided_decoding_backend`` engine arguments) and checks the schema.
+    Every server gets each new adapter version; a rollout's calls stay on one server; a server that dies
+    fails its requests with a clear error and the others serve on (see :class:`HTTPEngine`). Full-weight
+    (non-LoRA) updates are not handed over: train LoRA adapters with this engine.
 
-    Each request carries its agent's ``LoRARequest``. After :meth:`update_weights` the requests
-    admitted from then on use a new ``LoRARequest`` (a fresh id per version), so vLLM loads the
-    new adapter without a restart; requests already decoding finish on the version they started
-    with (their result's ``weights_version`` says which), and the old adapter is removed from
-    vLLM once none of them still uses it. Token ids and logprobs are vLLM's own, exactly.
-    Written against vLLM ``SUPPORTED_VLLM`` (0.8 to 0.11).
-
-    >>> engine = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct", lora="runs/adapter-0")  # doctest: +SKIP
+    >>> engine = VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct", lora="runs/a0")  # doctest: +SKIP
     >>> engine.update_weights("runs/adapter-1")  # doctest: +SKIP
     1
     """
@@ -106,378 +207,196 @@ class VLLMEngine(BatchingEngine):
         self,
         model: str = "smollm2-135m",
         lora: str | os.PathLike[str] | None = None,
-        enable_lora: bool = True,
-        max_lora_rank: int = 64,
-        model_name: str | None = None,
-        max_batch_size: int = 256,
-        batch_window_s: float = 0.005,
-        adapter_dir: str | None = None,
         adapters: Mapping[str, str | os.PathLike[str]] | None = None,
         routes: Mapping[str, str | None] | None = None,
-        continuous_batching: bool = True,
-        **llm_kwargs: Any,
+        url: str | Sequence[str] | None = None,
+        replicas: int | None = None,
+        gpus: Sequence[str] | None = None,
+        enable_lora: bool = True,
+        max_lora_rank: int = 64,
+        max_loras: int | None = None,
+        gpu_memory_utilization: float | None = 0.9,
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 1800.0,
+        log_dir: str | None = None,
+        vllm_args: Sequence[str] = (),
+        model_name: str | None = None,
+        tokenizer: Any = None,
+        adapter_dir: str | None = None,
+        check_version: bool = True,
+        timeout_s: float = 600.0,
+        **options: Any,
     ) -> None:
-        vllm, lora_request_cls = _import_vllm()
-        super().__init__(max_batch_size=max_batch_size, batch_window_s=batch_window_s)
-        self._vllm = vllm
-        self._lora_request_cls = lora_request_cls
         spec = models.KNOWN_MODELS.get(str(model).lower())
-        target = spec.hf_id if spec is not None else str(model)
-        self.model_name = model_name or str(model)
-        named = dict(adapters or {})
-        if lora is not None:
-            if "default" in named:
-                raise ValueError("lora= is the adapter named 'default': do not name another one so")
-            named = {"default": lora, **named}
-        self.enable_lora = bool(enable_lora or named)
-        kwargs = dict(llm_kwargs)
-        self.continuous_batching = bool(continuous_batching)
-        if self.enable_lora:
-            kwargs.setdefault("enable_lora", True)
-            kwargs.setdefault("max_lora_rank", max_lora_rank)
-            # every adapter resident at once; with continuous batching, during a hand-over the old and
-            # the new version of each are (requests still decoding on the old one finish on it)
-            kwargs.setdefault("max_loras", max(1, len(named)) * (2 if self.continuous_batching else 1))
+        target = spec.hf_id if spec is not None and spec.hf_id else str(model)
         self.model_id = target
-        self.llm_kwargs = dict(kwargs)
-        self.llm: Any = None
-        self.async_engine: Any = None
-        self._aloop: asyncio.AbstractEventLoop | None = None
-        self._in_flight: dict[int, int] = {}  # LoRA id -> requests decoding with it
-        self._retired: dict[int, Any] = {}  # replaced LoRARequests still in use, by id
-        if self.continuous_batching:
-            self._start_async(vllm, target, kwargs)
+        served = model_name or str(model)
+        named = {**({"policy": lora} if lora is not None else {}), **dict(adapters or {})}
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.log_paths: list[str] = []
+        self.commands: list[list[str]] = []
+        if url is not None:
+            urls = [url] if isinstance(url, str) else list(url)
         else:
-            self.llm = vllm.LLM(model=target, **kwargs)
-            self.tokenizer = self.llm.get_tokenizer()
-        self.max_context = self._max_model_len(kwargs.get("max_model_len"))
-        self._adapter_dir = adapter_dir
-        self._lora_paths: dict[str, str] = {}
-        self.lora_requests: dict[str, Any] = {}
-        self._next_lora_id = 1
-        for name, path in named.items():
-            self._set_adapter(str(path), name)
-        if routes is not None:
-            self.set_routes(routes)
-
-    @property
-    def adapters(self) -> list[str]:
-        return list(self.lora_requests)
-
-    def _own_adapter(self) -> str | None:
-        return next(iter(self.lora_requests), None)
-
-    @property
-    def lora_request(self) -> Any:
-        """The ``LoRARequest`` of the engine's first (or only) adapter, or ``None``."""
-        name = self._own_adapter()
-        return None if name is None else self.lora_requests[name]
-
-    @property
-    def _lora_path(self) -> str | None:
-        name = self._own_adapter()
-        return None if name is None else self._lora_paths[name]
-
-    def _max_model_len(self, given: int | None) -> int:
-        if given:
-            return int(given)
+            groups = list(gpus) if gpus is not None else [None] * (replicas or 1)
+            if replicas is not None and gpus is not None and replicas != len(groups):
+                raise ValueError(f"replicas={replicas} but {len(groups)} GPU groups in gpus={list(gpus)}")
+            exe = _vllm_executable()
+            if exe is None:
+                raise ImportError(INSTALL_HINT)
+            log_dir = log_dir or tempfile.mkdtemp(prefix="agl-vllm-")
+            os.makedirs(log_dir, exist_ok=True)
+            loras = max_loras if max_loras is not None else max(2, 2 * len(named))
+            urls = []
+            for group in groups:
+                port = _free_port(host)
+                argv, env = vllm_serve_command(
+                    target,
+                    port=port,
+                    host=host,
+                    served_model_name=served,
+                    enable_lora=enable_lora,
+                    max_lora_rank=max_lora_rank,
+                    max_loras=loras,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    api_key=api_key,
+                    gpus=group,
+                    extra_args=vllm_args,
+                    **options,
+                )
+                self._launch([exe, *argv[1:]], env, os.path.join(log_dir, f"vllm-{port}.log"))
+                urls.append(f"http://{host}:{port}")
         try:
-            if self.async_engine is not None:
-                config = getattr(self.async_engine, "model_config", None)  # V1 AsyncLLM
-                if config is None:  # the V0 AsyncLLMEngine wraps an LLMEngine
-                    config = self.async_engine.engine.model_config
-                return int(config.max_model_len)
-            return int(self.llm.llm_engine.model_config.max_model_len)
-        except AttributeError:
-            return 8192
-
-    # -- the async engine -----------------------------------------------------------------
-    def _start_async(self, vllm: Any, target: str, kwargs: dict[str, Any]) -> None:
-        """Build ``vllm.AsyncLLMEngine`` on an event loop of its own (a daemon thread)."""
-        # only the final output of each request (not one cumulative copy per step) where vLLM offers it
-        kinds = getattr(getattr(vllm, "sampling_params", None), "RequestOutputKind", None)
-        self._final_only = getattr(kinds, "FINAL_ONLY", None)
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="agl-vllm-async", daemon=True)
-        thread.start()
-        self._aloop, self._aloop_thread = loop, thread
-
-        async def build() -> tuple[Any, Any]:
-            engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(model=target, **kwargs))
-            tok = engine.get_tokenizer()
-            if inspect.isawaitable(tok):  # a coroutine in vLLM 0.8-0.10
-                tok = await tok
-            return engine, tok
-
-        try:
-            self.async_engine, self.tokenizer = self._call(build())
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        """Run ``coro`` on the engine's event loop and wait for its result."""
-        assert self._aloop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._aloop).result(timeout)
-
-    def _stop_loop(self) -> None:
-        if self._aloop is not None:
-            self._aloop.call_soon_threadsafe(self._aloop.stop)
-            self._aloop_thread.join(timeout=10)
-            self._aloop.close()
-            self._aloop = None
-
-    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
-        """Start one generation; with continuous batching it joins vLLM's running batch at once.
-
-        Cancelling the returned future aborts the request in vLLM (its KV cache is freed)."""
-        if not self.continuous_batching:
-            return super().submit(request)
-        if self._closed or self._aloop is None:
-            raise RuntimeError(f"{type(self).__name__} is closed")
-        with self.lock:  # the adapter version is fixed at admission
-            name = self._adapter_of(request)
-            if name is not None and name not in self.lora_requests:
-                raise KeyError(f"unknown adapter {name!r}: this engine serves {self.adapters}")
-            lora = None if name is None else self.lora_requests[name]
-            version = self.version
-            if lora is not None:
-                self._in_flight[lora.lora_int_id] = self._in_flight.get(lora.lora_int_id, 0) + 1
-        return asyncio.run_coroutine_threadsafe(self._agenerate(request, lora, version, name), self._aloop)
-
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        if not self.continuous_batching:
-            return super().generate(requests)
-        futures = [self.submit(r) for r in requests]
-        return [f.result() for f in futures]
-
-    async def _agenerate(self, req: GenRequest, lora: Any, version: int, name: str | None) -> GenResult:
-        request_id = f"{req.request_id or 'agl'}-{uuid.uuid4().hex[:12]}"
-        t0 = time.perf_counter()
-        final = None
-        params = self.sampling_params(req)
-        if self._final_only is not None:
-            params.output_kind = self._final_only
-        try:
-            async for output in self.async_engine.generate(
-                {"prompt_token_ids": list(req.prompt_token_ids)},
-                params,
-                request_id,
-                lora_request=lora,
-            ):
-                final = output  # cumulative: the last output holds every token and logprob
-        except asyncio.CancelledError:
-            await self.async_engine.abort(request_id)
-            raise
-        finally:
-            if lora is not None:
-                await self._release(lora)
-        if final is None:
-            raise RuntimeError(f"vLLM returned no output for request {request_id}")
-        result = self._result(req, final, version, name)
-        self._record_batch([req], [result], time.perf_counter() - t0)
-        return result
-
-    async def _release(self, lora: Any) -> None:
-        """One request is done with ``lora``; remove a replaced adapter from vLLM after its last one."""
-        with self.lock:
-            lid = lora.lora_int_id
-            self._in_flight[lid] = self._in_flight.get(lid, 1) - 1
-            done = self._in_flight[lid] <= 0 and lid in self._retired
-            if self._in_flight[lid] <= 0:
-                del self._in_flight[lid]
-            if done:
-                del self._retired[lid]
-        if done:
-            await self._remove_lora(lid)
-
-    async def _remove_lora(self, lora_int_id: int) -> None:
-        try:  # vLLM would evict it anyway: a failure here only costs a slot until then
-            result = self.async_engine.remove_lora(lora_int_id)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
-
-    # -- LoRA -----------------------------------------------------------------------------
-    def _set_adapter(self, path: str, name: str) -> None:
-        if not self.enable_lora:
-            raise RuntimeError("this VLLMEngine was built with enable_lora=False")
-        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-            raise FileNotFoundError(f"{path} is not a peft adapter directory (no adapter_config.json)")
-        old = self.lora_requests.get(name)
-        lora_id = self._next_lora_id  # vLLM caches adapters by id: a new id per version forces a reload
-        self._next_lora_id += 1
-        label = "policy" if name == "default" else name
-        self.lora_requests[name] = self._lora_request_cls(f"{label}-v{self.version}", lora_id, path)
-        self._lora_paths[name] = path
-        if old is None:
-            return
-        if self.async_engine is not None:  # remove it now, or after the last request decoding with it
-            if self._in_flight.get(old.lora_int_id, 0) > 0:
-                self._retired[old.lora_int_id] = old
-            else:
-                asyncio.run_coroutine_threadsafe(self._remove_lora(old.lora_int_id), self._aloop)  # type: ignore[arg-type]
-            return
-        try:  # free the old slot; vLLM would evict it anyway
-            self.llm.llm_engine.remove_lora(old.lora_int_id)
-        except Exception:
-            logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
-
-    def _write_adapter(self, state: Mapping[str, Any], name: str) -> str:
-        if name not in self._lora_paths:
-            raise RuntimeError(
-                f"a state dict needs an initial adapter {name!r} (lora=... or adapters=...) to take its "
-                "adapter_config.json from"
+            self._wait_healthy(urls, startup_timeout_s)
+            if check_version:
+                self._check_versions(urls)
+            super().__init__(
+                urls,
+                tokenizer if tokenizer is not None else target,
+                model=served,
+                api_key=api_key,
+                lora=lora,
+                adapters=adapters,
+                routes=routes,
+                adapter_dir=adapter_dir,
+                max_context=options.get("max_model_len"),
+                model_name=served,
+                timeout_s=timeout_s,
             )
-        from safetensors.torch import save_file
+        except BaseException:
+            self._stop_servers()
+            raise
 
-        root = self._adapter_dir or tempfile.mkdtemp(prefix="agl-vllm-lora-")
-        self._adapter_dir = root
-        sub = f"v{self.version + 1}" if name == "default" else os.path.join(name, f"v{self.version + 1}")
-        path = os.path.join(root, sub)
-        os.makedirs(path, exist_ok=True)
-        shutil.copy(os.path.join(self._lora_paths[name], "adapter_config.json"), path)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
-        return path
+    # -- child processes ------------------------------------------------------------------
+    def _launch(self, argv: list[str], env: dict[str, str], log_path: str) -> None:
+        log = open(log_path, "ab")  # the child writes to it until it exits
+        try:
+            # its own process group: closing the engine stops vLLM's engine-core processes too
+            proc = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            log.close()
+        logger.info("started vLLM (pid %d): %s; its log: %s", proc.pid, " ".join(argv), log_path)
+        self.processes.append(proc)
+        self.log_paths.append(log_path)
+        self.commands.append(argv)
 
-    def update_weights(
-        self, source: str | os.PathLike[str] | Mapping[str, Any], adapter: str | None = None
-    ) -> int:
-        """Serve new adapter weights from the next batch on; returns the new ``version``.
+    def _log_tail(self, i: int, lines: int = 20) -> str:
+        try:
+            with open(self.log_paths[i], errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except (OSError, IndexError):
+            return ""
 
-        ``source`` is a directory holding a saved peft adapter (``model.save_pretrained(dir)``)
-        or the adapter's state dict (written next to a copy of the first adapter's config).
-        ``adapter`` names which adapter it replaces (default: the engine's first).
-        """
-        with self.lock:
-            name = adapter or self._own_adapter() or "default"
-            if isinstance(source, Mapping):
-                path = self._write_adapter(source, name)
-            elif isinstance(source, (str, os.PathLike)):
-                path = str(source)
-            else:
-                raise TypeError("VLLMEngine.update_weights takes an adapter directory or a state dict")
-            self.version += 1
-            try:
-                self._set_adapter(path, name)
-            except BaseException:
-                self.version -= 1
-                raise
-            return self.version
+    def _wait_healthy(self, urls: list[str], timeout_s: float) -> None:
+        """Wait until every server answers ``GET /health`` with 200, saying what it waits for."""
+        import httpx
 
-    # -- generation -----------------------------------------------------------------------
-    def _structured(self, fmt: ResponseFormat) -> tuple[str, Any]:
-        """The ``SamplingParams`` keyword and value that ask vLLM to enforce ``fmt``."""
-        module = getattr(self._vllm, "sampling_params", None)
-        fields = {"json_object": True} if fmt.type == "json_object" else {"json": fmt.json_schema()}
-        cls = getattr(module, "StructuredOutputsParams", None)
-        if cls is not None:
-            return "structured_outputs", cls(**fields)
-        cls = getattr(module, "GuidedDecodingParams", None)
-        if cls is not None:
-            return "guided_decoding", cls(**fields)
-        raise ResponseFormatError(
-            "'response_format' is not supported by this vLLM "
-            "(it has neither StructuredOutputsParams nor GuidedDecodingParams)"
-        )
-
-    def check_response_format(
-        self, fmt: ResponseFormat, tools: Sequence[dict[str, Any]] | None = None
-    ) -> None:
-        self._structured(fmt)  # vLLM checks the schema itself when the request is added
-
-    def sampling_params(self, req: GenRequest) -> Any:
-        """The ``vllm.SamplingParams`` of one request (logprobs of the sampled token always on)."""
-        extra = dict([self._structured(req.response_format)]) if req.response_format is not None else {}
-        return self._vllm.SamplingParams(
-            n=1,
-            temperature=float(req.temperature),
-            top_p=float(req.top_p),
-            max_tokens=int(req.max_tokens),
-            stop=list(req.stop) or None,
-            seed=req.seed,
-            logprobs=int(req.top_logprobs),  # 0: just the sampled token's logprob
-            skip_special_tokens=True,
-            **extra,
-        )
-
-    def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        with self.lock:
-            names = [self._adapter_of(r) for r in requests]
-            unknown = sorted({n for n in names if n is not None and n not in self.lora_requests})
-            if unknown:
-                raise KeyError(f"unknown adapter(s) {unknown}: this engine serves {self.adapters}")
-            loras = [None if n is None else self.lora_requests[n] for n in names]
-            version = self.version
-        prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
-        params = [self.sampling_params(r) for r in requests]
-        # one LoRARequest for the whole batch, or a list with one per prompt (vLLM's multi-LoRA)
-        lora = loras[0] if len(set(map(id, loras))) == 1 else loras
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
-        return [self._result(r, o, version, n) for r, o, n in zip(requests, outputs, names, strict=True)]
+        start = time.monotonic()
+        last_note = start
+        pending = list(range(len(urls)))
+        while pending:
+            for i in list(pending):
+                proc = self.processes[i] if i < len(self.processes) else None
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(
+                        f"vLLM at {urls[i]} exited with code {proc.returncode} while starting. "
+                        f"The end of its log ({self.log_paths[i]}):\n{self._log_tail(i)}"
+                    )
+                try:
+                    if httpx.get(urls[i].rstrip("/") + "/health", timeout=5).status_code == 200:
+                        pending.remove(i)
+                except httpx.TransportError:
+                    pass
+            if not pending:
+                return
+            waited = time.monotonic() - start
+            if waited > timeout_s:
+                where = (
+                    f"its log: {', '.join(self.log_paths[i] for i in pending if i < len(self.log_paths))}"
+                    if self.processes
+                    else "is the server running, and is the URL http://host:port?"
+                )
+                raise TimeoutError(
+                    f"vLLM at {[urls[i] for i in pending]} did not answer /health within {timeout_s:.0f} s "
+                    f"({where}). "
+                    "Common causes: the model is still downloading (a first start), too little GPU memory "
+                    "(lower gpu_memory_utilization or max_model_len), a CUDA driver older than vLLM's build. "
+                    "Raise startup_timeout_s if it was only slow."
+                )
+            if time.monotonic() - last_note >= 30:
+                last_note = time.monotonic()
+                logger.warning(
+                    "waiting for vLLM to load %s at %s (%.0f s so far; it downloads and compiles on a first "
+                    "start%s)",
+                    self.model_id,
+                    ", ".join(urls[i] for i in pending),
+                    waited,
+                    f"; follow its log: {self.log_paths[pending[0]]}" if self.processes else "",
+                )
+            time.sleep(1.0)
 
     @staticmethod
-    def _result(req: GenRequest, output: Any, version: int, adapter: str | None = None) -> GenResult:
-        c = output.outputs[0]
-        token_ids = [int(t) for t in c.token_ids]
-        logprobs: list[float] = []
-        tops: list[list[tuple[int, float]]] = []
-        for tok, entry in zip(token_ids, c.logprobs or [], strict=False):
-            logprobs.append(float(entry[tok].logprob))
-            if req.top_logprobs:
-                ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[: req.top_logprobs]
-                tops.append([(int(t), float(lp.logprob)) for t, lp in ranked])
-        if len(logprobs) != len(token_ids):
-            raise RuntimeError("vLLM returned no logprobs for some tokens; is logprobs disabled?")
-        finish = c.finish_reason if c.finish_reason in ("stop", "length") else "stop"
-        return GenResult(
-            prompt_token_ids=list(req.prompt_token_ids),
-            token_ids=token_ids,
-            logprobs=logprobs,
-            text=c.text,
-            finish_reason=finish,
-            top_logprobs=tops if req.top_logprobs else None,
-            stop_reason=getattr(c, "stop_reason", None),
-            weights_version=version,
-            adapter=adapter,
-        )
+    def _check_versions(urls: list[str]) -> None:
+        import httpx
+
+        for u in urls:
+            try:
+                answer = httpx.get(u.rstrip("/") + "/version", timeout=10).json()
+                version, server = str(answer.get("version", "")), answer.get("server")
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                raise BackendError(
+                    f"{u}/version did not answer with a version ({exc}): is it a vLLM server?"
+                ) from exc
+            if server == "agentlightning-lite":
+                raise RuntimeError(
+                    f"{u} is an agentlightning-lite PolicyServer, not vLLM: use HTTPEngine for it "
+                    "(or VLLMEngine(..., check_version=False))"
+                )
+            check_vllm_version(version, u)
+
+    def _stop_servers(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    proc.terminate()
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
+                proc.wait(timeout=10)
 
     def close(self) -> None:
-        """Stop the engine: requests still decoding are aborted, vLLM is shut down."""
-        if self._closed:
-            return
-        super().close()
-        if self.async_engine is not None and self._aloop is not None:
-
-            async def abort_all() -> None:  # each cancelled request aborts itself in vLLM
-                me = asyncio.current_task()
-                tasks = [t for t in asyncio.all_tasks() if t is not me]
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-
-            try:
-                self._call(abort_all(), timeout=30)
-            except Exception:
-                logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
-            shutdown = getattr(self.async_engine, "shutdown", None)
-            if callable(shutdown):
-                try:
-                    shutdown()
-                except Exception:
-                    logger.debug("vLLM clean-up step failed (best effort)", exc_info=True)
-            self._stop_loop()
-
-    def describe(self) -> str:
-        """A one-line description: model, adapter and version."""
-        return json.dumps(
-            {
-                "model": self.model_name,
-                "continuous_batching": self.continuous_batching,
-                "lora": self._lora_path,
-                "adapters": self._lora_paths,
-                "version": self.version,
-            }
-        )
+        """Stop generating; the servers this engine started are stopped (attached ones keep running)."""
+        try:
+            super().close()
+        finally:
+            self._stop_servers()
