@@ -15,6 +15,7 @@ from ..credit import CreditRule
 from ..store.base import Store
 from ..transitions import transitions
 from .batching import Sample
+from .diagnostics import step_diagnostics
 from .rollouts import RolloutResult
 
 __all__ = ["build_samples", "kept_rollouts"]
@@ -104,4 +105,5 @@ def build_samples(
         "train/samples_stale": float(stale),
         "train/calls_per_rollout": len(ts) / max(len(keep), 1),
     }
+    stats.update(step_diagnostics(results, store, agent_policy))  # warns at once when no call was served
     return samples, stats

@@ -38,7 +38,9 @@ _CHARTS = (  # (title, metric keys drawn on it)
     ("Reward", ("train/reward_mean", "val/reward_mean", "val/success_rate")),
     ("Loss", ("train/loss", "train/pg_loss", "ppo/value_loss", "sft/loss")),
     ("KL to the reference", ("train/kl",)),
-    ("Entropy", ("train/entropy", "train/response_distinct")),
+    ("Entropy", ("train/entropy", "diag/entropy")),
+    ("Response diversity", ("diag/distinct_responses", "diag/distinct_2")),
+    ("LLM calls", ("diag/policy_calls", "diag/other_calls")),
 )
 
 
