@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -166,49 +164,6 @@ def test_evaluate_reports_mean_and_success(engine: object, tmp_path: Path) -> No
     res = trainer.evaluate(agent, [0, 1, 2, 3])
     assert res == {"mean_reward": pytest.approx((1 + 0.25 + 1) / 3), "success_rate": 0.5, "n": 4, "failed": 1}
     assert {r.mode for r in trainer.store.rollouts()} == {"val"}
-    trainer.close()
-
-
-def test_vllm_engine_gets_the_training_copys_adapter(fake_vllm: Any, tmp_path: Path) -> None:
-    """engine="vllm": vLLM (a stand-in here: no GPU) starts from the training copy's fresh adapter
-    and receives the updated adapter after every step."""
-    from safetensors.torch import load_file
-
-    trainer = agl.Trainer(
-        engine="vllm",
-        engine_options={"max_model_len": 1024},
-        algorithm=agl.GRPO(group_size=2, lr=5e-3),
-        lora=agl.LoRA(r=4, alpha=8),
-        batch_size=2,
-        store=agl.MemoryStore(),
-        output_dir=tmp_path,
-        loggers=[],
-    )
-    kw = trainer.engine.llm_kwargs  # what vLLM's (async) engine was built with
-    assert trainer.engine.continuous_batching and fake_vllm.async_engines[0].kw == kw
-    assert kw["enable_lora"] is True and kw["max_lora_rank"] == 16
-    assert kw["gpu_memory_utilization"] == 0.45 and kw["max_model_len"] == 1024
-    init = tmp_path / "adapter-init"
-    assert (init / "adapter_config.json").is_file() and trainer.engine.lora_request.lora_path == str(init)
-
-    rng = random.Random(0)
-
-    def varied(task: dict, llm: agl.LLM) -> float:  # the stand-in always answers "hi": random rewards
-        llm.openai_client().chat.completions.create(
-            model=llm.model, max_tokens=3, messages=[{"role": "user", "content": task["q"]}]
-        )
-        return rng.random()  # a spread within every group, so the step has a gradient
-
-    trainer.fit(varied, TASKS, steps=1)
-    assert trainer.engine.version == 1
-    served = load_file(Path(trainer.engine.lora_request.lora_path) / "adapter_model.safetensors")
-    from peft import get_peft_model_state_dict
-
-    trained = get_peft_model_state_dict(trainer.policy)
-    assert set(served) == set(trained)
-    assert all(torch.equal(served[k], trained[k].cpu()) for k in trained)
-    first = load_file(init / "adapter_model.safetensors")
-    assert any(not torch.equal(served[k], v) for k, v in first.items())  # the served weights moved
     trainer.close()
 
 

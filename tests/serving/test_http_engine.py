@@ -518,3 +518,85 @@ def test_vllm_engine_starts_one_server_per_gpu_and_hands_adapters_to_each(
     for pid in pids:  # the servers it started are stopped with it
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+FAKE_VLLM_HF = """
+sys.path.insert(0, {root!r})
+args = sys.argv[1:]
+flags = dict(zip(args[2::2], args[3::2]))
+import agentlightning_lite as agl
+from agentlightning_lite.serving import PolicyServer
+from agentlightning_lite.serving.engines import HFEngine
+engine = HFEngine(args[1], model_name=flags["--served-model-name"], num_threads=1, seed=0)
+PolicyServer(engine, agl.MemoryStore(), port=int(flags["--port"])).serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_trainer_on_vllm_hands_each_update_to_the_server(tmp_path: Path, monkeypatch: Any) -> None:
+    """engine="vllm": the server (a stand-in `vllm` serving the model with the HF engine) starts from the
+    training copy's fresh adapter and gets the trained adapter, as a new version, after every step."""
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from agentlightning_lite.models import load_tokenizer
+
+    from .._helpers import tiny_llama
+
+    model_dir = tmp_path / "tiny-smol"  # a tiny Llama on SmolLM2's tokenizer, as a model directory
+    tok = load_tokenizer("smollm2-135m")
+    tiny_llama(
+        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
+    ).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    bin_dir = fake_vllm(tmp_path, FAKE_VLLM_HF.format(root=str(ROOT)))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "src"))
+    trainer = agl.Trainer(
+        model=str(model_dir),
+        engine="vllm",
+        engine_options={"max_model_len": 512, "check_version": False, "log_dir": str(tmp_path / "logs")},
+        algorithm=agl.GRPO(group_size=2, lr=5e-2),
+        lora=agl.LoRA(r=4, alpha=8),
+        batch_size=2,
+        store=agl.MemoryStore(),
+        output_dir=tmp_path / "run",
+        loggers=[],
+    )
+    try:
+        engine = trainer.engine
+        (command,) = engine.commands
+        assert command[1:3] == ["serve", str(model_dir)]
+        assert command[command.index("--max-lora-rank") + 1] == "16"
+        assert command[command.index("--gpu-memory-utilization") + 1] == "0.45"
+        init = tmp_path / "run" / "adapter-init"
+        assert engine._paths[engine.adapter_version("policy")] == str(init)
+
+        def agent(task: dict, llm: agl.LLM) -> float:
+            reply = llm.openai_client().chat.completions.create(
+                model=llm.model,
+                max_tokens=4,
+                temperature=1.0,
+                messages=[{"role": "user", "content": task["q"]}],
+            )
+            return float(len(reply.choices[0].message.content or "") % 3)  # a spread within groups
+
+        trainer.fit(agent, [{"q": f"task {i}"} for i in range(4)], steps=1)
+        assert engine.version == 1 and engine.adapter_version("policy") == "policy-v1"
+        served = load_file(Path(engine._paths["policy-v1"]) / "adapter_model.safetensors")
+        trained = get_peft_model_state_dict(trainer.policy)
+        assert set(served) == set(trained)
+        assert all(torch.equal(served[k], trained[k].cpu()) for k in trained)
+        first = load_file(init / "adapter_model.safetensors")
+        assert any(not torch.equal(served[k], v) for k, v in first.items())  # the served weights moved
+        deadline = time.monotonic() + 10  # the old version is unloaded once no request uses it
+        while engine.backends[0].loaded != {"policy-v1"} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine.backends[0].loaded == {"policy-v1"}
+        spans = [
+            s for r in trainer.store.rollouts() for s in trainer.store.spans(r.rollout_id) if s.kind == "llm"
+        ]
+        assert spans and all(s.response_token_ids and s.response_logprobs for s in spans)
+    finally:
+        trainer.close()

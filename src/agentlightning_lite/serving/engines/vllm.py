@@ -164,6 +164,12 @@ def vllm_serve_command(
     return argv, out
 
 
+def _tokenizer(model: str, known: bool, target: str) -> Any:
+    """The tokenizer our side renders and encodes with: for a model this package knows, the one its HF
+    engine (the trainer's copy) uses, so both sides count the same token ids."""
+    return models.load_tokenizer(model) if known else target
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -273,7 +279,7 @@ class VLLMEngine(HTTPEngine):
                 self._check_versions(urls)
             super().__init__(
                 urls,
-                tokenizer if tokenizer is not None else target,
+                tokenizer if tokenizer is not None else _tokenizer(str(model), spec is not None, target),
                 model=served,
                 api_key=api_key,
                 lora=lora,
