@@ -253,3 +253,36 @@ def test_cli_serves_and_refuses_an_open_bind_without_key(small: dict[str, Any]) 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_run_page_lists_prompt_candidates(view: Any, small: dict[str, Any]) -> None:
+    assert 'id="candidates"' not in get(view.url + "/run")[1]  # no prompt optimisation: no table
+    folder = small["run"] / "apo" / "run-1"
+    folder.mkdir(parents=True)
+    rows = [
+        {"id": "c0", "parent": None, "accepted": True, "prompts": {"system": "Be brief."}, "val_score": 0.4},
+        {
+            "id": "c1",
+            "parent": "c0",
+            "accepted": False,
+            "prompts": {"system": "Be wordy."},
+            "minibatch_score": 0.1,
+            "parent_minibatch_score": 0.3,
+            "reason": "not better on the minibatch",
+        },
+        {
+            "id": "c2",
+            "parent": "c0",
+            "accepted": True,
+            "prompts": {"system": "Show your work."},
+            "val_score": 0.7,
+        },
+    ]
+    (folder / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    html = get(view.url + "/run")[1]
+    table = html[html.index('id="candidates"') : html.index("</table>", html.index('id="candidates"'))]
+    assert table.count("<tr") == 4 and table.count("<strong>best</strong>") == 1
+    best = table[table.index("c2") :]
+    assert best.index("<strong>best</strong>") < best.index("</tr>") and "0.7 (val)" in best
+    assert "rejected" in table and "not better on the minibatch" in table and "0.1 (minibatch)" in table
+    assert "Show your work." in table

@@ -172,7 +172,7 @@ def make_app(data: RunData, api_key: str | None = None) -> Starlette:
 
     async def run(request: Request) -> Response:
         m = data.metrics()
-        return render("run.html", metrics=m, charts=_CHARTS)
+        return render("run.html", metrics=m, charts=_CHARTS, candidates=data.prompt_candidates())
 
     async def api_metrics(request: Request) -> Response:
         try:

@@ -408,6 +408,20 @@ class RunData:
         return out
 
     # -- the training run -------------------------------------------------------------------
+    def prompt_candidates(self) -> list[dict[str, Any]]:
+        """The prompt candidates of the run's prompt optimisations (``apo/<run>/candidates.jsonl``),
+        each with its ``run``; the best accepted one of each run marked ``best``."""
+        if self.output_dir is None:
+            return []
+        out: list[dict[str, Any]] = []
+        for path in sorted(self.output_dir.glob("apo/*/candidates.jsonl")):
+            rows = [r for r in read_metrics(path) if "id" in r]
+            scored = [r for r in rows if r.get("accepted") and isinstance(r.get("val_score"), (int, float))]
+            best = max(scored, key=lambda r: r["val_score"]) if scored else None
+            for r in rows:
+                out.append({**r, "run": path.parent.name, "best": r is best})
+        return out
+
     def metrics(self, since: int = 0) -> dict[str, Any]:
         """The rows of ``output_dir/metrics.jsonl`` from row ``since`` on, and how fresh the file is."""
         if self.output_dir is None:
