@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,3 +105,44 @@ def test_entropy_and_diversity() -> None:
     assert stats["diag/distinct_2"] == pytest.approx(3 / 9)
     logprobs = [-1.0, -0.5, -0.25, -0.25] * 2 + [-0.5] * 5
     assert stats["diag/entropy"] == pytest.approx(-sum(logprobs) / len(logprobs))
+
+
+def _ignores_its_llm(task: dict, llm: agl.LLM) -> float:
+    return 1.0 if task["i"] % 2 else 0.0  # answers without calling the model it is given
+
+
+def _calls_its_llm(task: dict, llm: agl.LLM) -> float:
+    reply = llm.openai_client().chat.completions.create(
+        model=llm.model,
+        max_tokens=4,
+        temperature=1.0,
+        messages=[{"role": "user", "content": f"hi {task['i']}"}],
+    )
+    return len(reply.choices[0].message.content or "") / 4.0
+
+
+@pytest.mark.slow
+def test_the_trainer_says_at_once_when_no_call_reached_the_policy(
+    tiny_engine: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("openai")
+    trainer = agl.Trainer(
+        engine=tiny_engine(lora=agl.LoRA(r=2, alpha=4)),
+        store=agl.SQLiteStore(tmp_path / "runs.db"),
+        output_dir=tmp_path,
+        algorithm=agl.GRPO(group_size=2, lr=1e-3),
+        batch_size=2,
+        loggers=[],
+    )
+    tasks = [{"i": i} for i in range(4)]
+    with trainer, caplog.at_level(logging.WARNING, logger=LOGGER):
+        trainer.fit(_ignores_its_llm, tasks, steps=1)
+        warned = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+        assert len(warned) == 1 and warned[0].startswith("step 0: the 4 rollouts made no LLM call")
+        caplog.clear()
+        trainer.fit(_calls_its_llm, tasks, steps=2)
+        assert [r for r in caplog.records if r.name == LOGGER] == []  # the served policy was called
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "diag/policy_calls" in r]
+    assert [r["diag/policy_calls"] for r in steps] == [0.0, 4.0]
+    assert steps[1]["diag/entropy"] > 0 and 0 < steps[1]["diag/distinct_2"] <= 1
