@@ -4,7 +4,7 @@
 (``pip install 'agentlightning-lite[apo]'``) when it runs.
 """
 
-from .prompts import component_key, load_prompts, prompt, save_prompts
+from .prompts import component_key, load_prompts, prompt, save_prompts, with_prompts
 
 
 def __getattr__(name: str):  # APO imports the rollout machinery: load it on first use
@@ -19,4 +19,13 @@ def __getattr__(name: str):  # APO imports the rollout machinery: load it on fir
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["APO", "ReflectionLM", "candidate_id", "component_key", "load_prompts", "prompt", "save_prompts"]
+__all__ = [
+    "APO",
+    "ReflectionLM",
+    "candidate_id",
+    "component_key",
+    "load_prompts",
+    "prompt",
+    "save_prompts",
+    "with_prompts",
+]

@@ -96,6 +96,9 @@ class APO:
         use_merge: also try GEPA's merges of two candidates.
         perfect_score: the score at which a minibatch needs no improvement (with ``skip_perfect_score``).
         reflection_prompt_template: GEPA's reflection prompt (``<curr_param>`` and ``<side_info>``).
+        reflection_options: keyword arguments of the reflection endpoint's client
+            (:class:`~agentlightning_lite.apo.ReflectionLM`): ``temperature``, ``max_tokens``
+            (default 4096), ``timeout``, ``retries``.
 
     The best prompts go to ``output_dir/prompts.json`` (rewritten whenever the best improves, so a
     killed run leaves its best so far); the trainer uses them from then on (``trainer.evaluate``,
@@ -130,6 +133,7 @@ class APO:
         perfect_score: float = 1.0,
         skip_perfect_score: bool = True,
         reflection_prompt_template: str | None = None,
+        reflection_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise ValueError(f"budget must be a positive number of evaluations, got {budget!r}")
@@ -159,6 +163,7 @@ class APO:
         self.perfect_score = perfect_score
         self.skip_perfect_score = skip_perfect_score
         self.reflection_prompt_template = reflection_prompt_template
+        self.reflection_options = dict(reflection_options or {})
         self.group_size = 1  # one rollout per task and candidate
         self.result: dict[str, Any] | None = None  #: what the last run came to
 
@@ -318,9 +323,12 @@ class APO:
                 f"callable, got {r!r}"
             )
         if isinstance(r, Mapping):
-            return ReflectionLM(r["base_url"], r["model"], r.get("api_key"), cache=cache)
+            return ReflectionLM(
+                r["base_url"], r["model"], r.get("api_key"), cache=cache, **self.reflection_options
+            )
         if hasattr(r, "base_url") and hasattr(r, "model"):
-            return ReflectionLM(r.base_url, r.model, getattr(r, "api_key", None), cache=cache)
+            api_key = getattr(r, "api_key", None)
+            return ReflectionLM(r.base_url, r.model, api_key, cache=cache, **self.reflection_options)
         if callable(r):
             return r
         raise TypeError(

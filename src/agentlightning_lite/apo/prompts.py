@@ -22,7 +22,15 @@ from typing import Any
 
 from ..tracer import RolloutHandle, Tracer, _instant_row
 
-__all__ = ["PROMPT_SPAN", "component_key", "load_prompts", "prompt", "save_prompts", "split_key"]
+__all__ = [
+    "PROMPT_SPAN",
+    "component_key",
+    "load_prompts",
+    "prompt",
+    "save_prompts",
+    "split_key",
+    "with_prompts",
+]
 
 #: the name of the span that records a prompt read
 PROMPT_SPAN = "agl.prompt"

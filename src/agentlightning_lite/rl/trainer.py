@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..air import AIRRule, as_rules
+from ..apo import APO, load_prompts, with_prompts
 from ..credit import CreditRule
 from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
@@ -158,7 +159,7 @@ class Trainer:
     def __init__(
         self,
         model: Any = "smollm2-135m",
-        algorithm: GRPO | PPO | SFT | None = None,
+        algorithm: GRPO | PPO | SFT | APO | None = None,
         lora: LoRA | None = None,
         engine: str | ServingEngine = "auto",
         engine_options: dict[str, Any] | None = None,
@@ -192,13 +193,15 @@ class Trainer:
         update_config: cfg.UpdateConfig | None = None,
         checkpoint_config: cfg.CheckpointConfig | None = None,
         logging_config: cfg.LoggingConfig | None = None,
+        prompts: str | os.PathLike[str] | Mapping[str, str] | None = None,
     ) -> None:
         groups = cfg.resolve(locals())  # the knobs, one config object per group
         self._plan = plan_for(policies, lora, agents)
         self.lora = self._plan.lora
         self.agents = self._plan.trained_agents()
         self._agent_policy = self._plan.agent_policy()  # trained agent -> policy name (none: "default")
-        self.algorithm = algorithm if algorithm is not None else GRPO()
+        self.prompts, self._apo = load_prompts(prompts), algorithm if isinstance(algorithm, APO) else None
+        self.algorithm = algorithm if algorithm is not None and self._apo is None else GRPO()
         _check_algorithm(self.algorithm)
         # -- the knobs ---------------------------------------------------------------------------
         rollouts: cfg.RolloutConfig = groups["rollout_config"]
@@ -284,13 +287,16 @@ class Trainer:
         """The PPO value head of a run with one policy (``None`` otherwise)."""
         return self._policies[0].value_head if len(self._policies) == 1 else None
 
-    def use_algorithm(self, algorithm: GRPO | PPO | SFT) -> None:
+    def use_algorithm(self, algorithm: GRPO | PPO | SFT | APO) -> None:
         """Train with ``algorithm`` from now on: same adapter(s), a fresh optimiser for each.
 
         >>> trainer.use_algorithm(agl.GRPO(group_size=8))  # doctest: +SKIP
         """
+        if isinstance(algorithm, APO):  # fit then optimises the prompts; the weights stay as they are
+            self._apo = algorithm
+            return
         _check_algorithm(algorithm)
-        self.algorithm = algorithm
+        self.algorithm, self._apo = algorithm, None
         for pol in self._policies:
             params = adapter_params(self.policy, pol.adapter)
             pol.optimizer, pol.value_head = make_optimizer(algorithm, params, self.policy, self.device)
@@ -304,7 +310,7 @@ class Trainer:
         steps: int | None = None,
         epochs: int = 1,
         resume: bool = False,
-        algorithm: GRPO | PPO | SFT | None = None,
+        algorithm: GRPO | PPO | SFT | APO | None = None,
     ) -> dict[str, Any]:
         """Train ``agent`` on ``train_dataset`` until step ``steps`` (default: ``epochs`` passes).
 
@@ -324,6 +330,8 @@ class Trainer:
             raise ValueError("train_dataset is empty")
         if algorithm is not None:
             self.use_algorithm(algorithm)
+        if self._apo is not None:  # prompt optimisation: see agl.APO
+            return self._apo.run(self, agent, train_dataset, val_dataset, resume=resume)
         per_epoch = math.ceil(len(train_dataset) / self.batch_size)
         total = steps if steps is not None else per_epoch * epochs
         if resume:
@@ -451,6 +459,7 @@ class Trainer:
     ) -> list[RolloutResult]:
         """Run the rollouts through the rollout source (``source``: another one, e.g. the teacher's)."""
         bar = progress(len(specs), desc) if desc else None
+        specs = [dataclasses.replace(s, metadata=with_prompts(s.metadata, self.prompts)) for s in specs]
         if source is None:  # the agents start together: let a batching engine wait for their first requests
             self.engine.expect(min(len(specs), self.concurrency))
         try:
