@@ -8,14 +8,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("starlette")
-pytest.importorskip("uvicorn")
-pytest.importorskip("jinja2")
-
 from agentlightning_lite.air import ToolStatus
 from agentlightning_lite.cli.readstore import ReadOnlyStore
 from agentlightning_lite.credit import FinalReward
-from agentlightning_lite.ui import RunData, UIServer
 
 from . import _stores
 
@@ -33,6 +28,8 @@ def small(tmp_path: Path) -> dict[str, Any]:
 def view(small: dict[str, Any]) -> Iterator[Any]:
     """The small store served read-only at 127.0.0.1, with the byte tokenizer, AIR on tool outcomes
     added to the final reward."""
+    from agentlightning_lite.ui import RunData, UIServer
+
     store = ReadOnlyStore(small["db"])
     data = RunData(
         store,

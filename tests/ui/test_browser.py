@@ -21,6 +21,8 @@ if CHROMIUM is None or CHROMEDRIVER is None:
         "headless Chromium is not installed (apt-get install chromium chromium-driver)",
         allow_module_level=True,
     )
+for _module in ("starlette", "uvicorn", "jinja2"):  # the ui extra
+    pytest.importorskip(_module)
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="selenium is not installed (pip install selenium)"
 )

@@ -16,9 +16,13 @@ from typing import Any
 import pytest
 
 from agentlightning_lite.cli.readstore import ReadOnlyStore
-from agentlightning_lite.ui import RunData, UIServer, group_advantages
 
-from . import _stores
+for _module in ("starlette", "uvicorn", "jinja2"):  # the ui extra
+    pytest.importorskip(_module)
+
+from agentlightning_lite.ui import RunData, UIServer, group_advantages  # noqa: E402
+
+from . import _stores  # noqa: E402
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, Any]:
@@ -190,6 +194,7 @@ def test_api_key(small: dict[str, Any]) -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_list_is_fast_on_100k_rollouts(tmp_path: Path) -> None:
     db = tmp_path / "big.db"
     t0 = time.perf_counter()
