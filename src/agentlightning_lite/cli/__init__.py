@@ -1,10 +1,11 @@
 """The ``agl-lite`` command line: serve a policy, train an agent, and read a store of runs.
 
 ``agl-lite serve`` serves the policy model; ``agl-lite train`` runs ``Trainer.fit`` on an agent
-given as ``module:function``; ``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``,
-``show``, ``transitions``, ``export-sft`` and ``plot`` read an existing SQLite store without ever
-creating or changing it; ``recover`` marks the rollouts that a dead process left ``running`` as
-``failed`` (error ``"interrupted"``).
+given as ``module:function``; ``agl-lite apo`` optimises the prompts it reads (``agl.APO``);
+``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``, ``show``, ``transitions``,
+``export-sft`` and ``plot`` read an existing SQLite store without ever creating or changing it;
+``recover`` marks the rollouts that a dead process left ``running`` as ``failed`` (error
+``"interrupted"``).
 
 >>> parser = build_parser()
 >>> args = parser.parse_args(["serve", "--model", "smollm2-135m", "--port", "0"])
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from ..store.sqlite import NotOurDatabase
-from . import export, plot, recover, runner, runs, serve, train, transitions, ui
+from . import apo, export, plot, recover, runner, runs, serve, train, transitions, ui
 from ._common import (
     _EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     serve.add_parser(sub)
     train.add_parser(sub)
+    apo.add_parser(sub)
     runner.add_parser(sub)
     runs.add_parsers(sub)
     transitions.add_parsers(sub)
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 _COMMANDS = {
     "serve": serve.serve,
     "train": train.train,
+    "apo": apo.apo,
     "runner": runner.runner,
     "runs": runs.runs,
     "show": runs.show,

@@ -85,6 +85,7 @@ def add_parser(sub: Any) -> None:
         default=os.environ.get("AGL_API_KEY"),
         help="with --runners: the key runners must send (default: $AGL_API_KEY, else none)",
     )
+    train.add_argument("--prompts", default=None, help="the prompts.json of an agl-lite apo run")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--output-dir", default="runs/agl", help="runs.db, metrics, curve, adapter")
     train.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -220,6 +221,7 @@ def train(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         save_every=args.save_every,
         seed=args.seed,
+        prompts=args.prompts,
     )
     try:
         before = None
