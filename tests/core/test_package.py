@@ -52,6 +52,9 @@ ADDED = {
     "remote": "the disaggregated mode: runners, the rollout queue, the remote store",
     "RemoteRunners": "rollouts run by agl-lite runner processes on other hosts",
     "RayRunners": "rollouts run as Ray tasks",
+    "APO": "prompt optimisation (GEPA) from the same traced rollouts, an algorithm beside GRPO and PPO",
+    "prompt": "the prompt text an agent reads: the candidate under APO, fixed under RL",
+    "load_prompts": "the prompts an APO run wrote, for a later run or an agent",
 }
 
 
