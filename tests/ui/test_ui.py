@@ -291,3 +291,10 @@ def test_run_page_lists_prompt_candidates(view: Any, small: dict[str, Any]) -> N
     assert best.index("<strong>best</strong>") < best.index("</tr>") and "0.7 (val)" in best
     assert "rejected" in table and "not better on the minibatch" in table and "0.1 (minibatch)" in table
     assert "Show your work." in table
+
+
+def test_the_view_needs_a_sqlite_store() -> None:
+    import agentlightning_lite as agl
+
+    with pytest.raises(TypeError, match="reads a SQLite store"):
+        RunData(agl.MemoryStore())

@@ -170,7 +170,12 @@ class RolloutPage:
 
 
 class RunData:
-    """The store (read-only) and the run directory behind the web view; safe to share between threads."""
+    """The store and the run directory behind the web view; safe to share between threads.
+
+    ``store`` is a SQLite store: ``agentlightning_lite.cli.ReadOnlyStore(path)`` (what ``agl-lite ui``
+    opens), or an open ``SQLiteStore``. ``tokenizer`` decodes token ids (``decode([id])``); ``credit``,
+    ``air`` and ``agents`` are the run's, so the transitions shown are those it trained on.
+    """
 
     def __init__(
         self,
@@ -181,6 +186,10 @@ class RunData:
         air: AIRRule | Iterable[AIRRule] | None = None,
         agents: Iterable[str] | None = None,
     ) -> None:
+        if not callable(getattr(store, "_query", None)):
+            raise TypeError(
+                f"the web view reads a SQLite store (ReadOnlyStore or SQLiteStore), not {store!r}"
+            )
         self.store = store
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.tokenizer = tokenizer

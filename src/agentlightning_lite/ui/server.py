@@ -21,8 +21,9 @@ class UIServer:
 
     Binding anywhere but the loopback needs an ``api_key`` (the store's prompts and replies are in it).
 
-    >>> import agentlightning_lite as agl
-    >>> UIServer(RunData(agl.MemoryStore()), host="0.0.0.0")
+    >>> import os, tempfile, agentlightning_lite as agl
+    >>> store = agl.SQLiteStore(os.path.join(tempfile.mkdtemp(), "runs.db"))
+    >>> UIServer(RunData(store), host="0.0.0.0")
     Traceback (most recent call last):
     ...
     ValueError: binding 0.0.0.0 (not the loopback) needs an API key: pass api_key= (agl-lite ui --api-key)
