@@ -351,8 +351,8 @@ async def engine_failed(
         await run_in_threadpool(record, server, call, task, [span], True)
     except Exception:
         logger.exception("PolicyServer: could not record the error span")
-    return APIError(  # the details are in the log and the error span, not in the answer
-        500, "The engine failed to generate (see the server's log).", type="server_error", code="engine_error"
+    return APIError(
+        500, f"The engine failed: {type(exc).__name__}: {exc}", type="server_error", code="engine_error"
     )
 
 
