@@ -134,4 +134,3 @@ def test_a_real_unknown_rollout_is_a_404_and_a_real_bad_body_a_400(
         rid = store.start_rollout("t").rollout_id
         r = http.post("/agl/v1/rollouts", json={"rollout_id": rid})
         assert r.status_code == 409 and "exists already" in r.json()["error"]["message"]
-
