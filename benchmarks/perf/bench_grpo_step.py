@@ -156,7 +156,7 @@ def run_ours(cfg: Config) -> dict[str, Any]:
     import torch
 
     import agentlightning_lite as agl
-    from agentlightning_lite.rl import trainer as trainer_mod
+    from agentlightning_lite.rl import update as trainer_mod  # where the update calls forward_logprobs
 
     # instrumentation only: time the update's forward passes without and with gradient
     fwd_times = {"nograd": 0.0, "grad": 0.0}
@@ -625,15 +625,15 @@ def main() -> None:
     ours, trl = summarise(runs["ours"]), summarise(runs["trl"])
     tab, brk = table(ours, trl), breakdown(ours, trl)
 
-    step_ok = ours["step_s"] <= trl["step_s"]
-    mem_ok = ours["train_peak_mib"] <= trl["train_peak_mib"]
+    step_ok = ours["step_s"] <= 1.1 * trl["step_s"]
+    mem_ok = ours["train_peak_mib"] <= 0.5 * trl["train_peak_mib"]
     verdict = (
         f"**Verdict:** warm GRPO step {ours['step_s']:.1f} s vs TRL {trl['step_s']:.1f} s "
         f"({ours['step_s'] / trl['step_s']:.2f}x: step-time target {'met' if step_ok else 'NOT met'}); "
         f"peak RSS during the steps {ours['train_peak_mib']:.0f} vs {trl['train_peak_mib']:.0f} MiB "
         f"({ours['train_peak_mib'] / trl['train_peak_mib']:.2f}x: "
         f"memory target {'met' if mem_ok else 'NOT met'}). "
-        "Target: both no worse than TRL's."
+        "Target: peak RSS at most 0.5x TRL's, at no more than 1.1x its warm step time."
     )
     print(f"\n{tab}\n\n{brk}\n\n{verdict}")
 
