@@ -13,11 +13,13 @@ the example its documentation shows, so an extra that misses a package it needs 
   ``llm.openai_client()``, against a trainer-side server started from the project's main environment.
 * ``extras-otel``: the ``agl.otel`` docstring examples (ingest and export).
 * ``extras-cli``: the README's trace-only example, then ``agl-lite runs`` / ``agl-lite show`` on its store.
+* ``extras-ui``: the same store, served by ``agl-lite ui``; its page lists the rollout.
 * ``extras-adapters``: every ``python`` block of ``docs/adapters.md``.
 
-Not run here: ``vllm`` and ``qlora`` (CUDA only), ``ray`` (its example needs a Ray cluster; the
-main environment's suite runs a local one), ``benchmarks`` and ``notebooks`` (used with the other
-extras, by the benchmarks and the notebook test of the main environment).
+Not run here: ``vllm`` and ``qlora`` (CUDA only), ``apo`` (its example trains, with ``serve``),
+``ray`` (its example needs a Ray cluster; the main environment's suite runs a local one),
+``benchmarks`` and ``notebooks`` (used with the other extras, by the benchmarks and the notebook
+test of the main environment).
 
 ``newest-*``: the newest releases of one framework family (no version bound but the framework's
 own), with the project's ``[serve]`` extra, running that family's adapter tests. No single
@@ -286,6 +288,53 @@ def extras_cli(session: nox.Session) -> None:
             session.error(f"expected one rollout in runs.db, got {rows}")
         rid = rows[0].get("rollout_id") or rows[0].get("id")
         session.run("agl-lite", "show", "runs.db", str(rid)[:8])
+
+
+@nox.session(name="extras-ui")
+def extras_ui(session: nox.Session) -> None:
+    """[ui] alone: the README's trace-only example writes runs.db; `agl-lite ui` serves its page."""
+    import urllib.request
+
+    _fresh(session, "ui", torch=False)
+    _assert_absent(session, "torch")
+    tmp = Path(tempfile.mkdtemp(prefix="agl-ui-", dir=session.create_tmp()))
+    (tmp / "trace.py").write_text(_readme_block("### 1. Trace only"))
+    with session.chdir(tmp):
+        session.run("python", "trace.py")
+    rows = json.loads(
+        _python_code(
+            session,
+            f"import json, agentlightning_lite as agl; s = agl.SQLiteStore({str(tmp / 'runs.db')!r}); "
+            "print(json.dumps([r.rollout_id for r in s.rollouts()]))",
+        ).splitlines()[-1]
+    )
+    ui = subprocess.Popen(
+        [str(Path(session.bin) / "agl-lite"), "ui", str(tmp / "runs.db"), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert ui.stderr is not None
+        deadline, url = time.monotonic() + 60, None
+        while url is None and time.monotonic() < deadline:
+            line = ui.stderr.readline()
+            if not line and ui.poll() is not None:
+                break
+            m = re.search(r"http://127\.0\.0\.1:\d+/", line)
+            url = m.group(0) if m else None
+        if url is None:
+            session.error("agl-lite ui did not say where it serves")
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            page = resp.read().decode("utf-8", "replace")
+        if resp.status != 200 or rows[0][:8] not in page:
+            session.error(f"agl-lite ui's page ({resp.status}) does not list rollout {rows[0]}")
+        session.log(f"agl-lite ui served {url} ({len(page)} bytes) listing {rows[0][:8]}")
+    finally:
+        ui.send_signal(signal.SIGINT)
+        try:
+            ui.wait(30)
+        except subprocess.TimeoutExpired:
+            ui.kill()
 
 
 @nox.session(name="extras-adapters")

@@ -143,7 +143,7 @@ def test_ci_checks_each_documented_extra_alone() -> None:
     root = pathlib.Path(__file__).resolve().parents[2]
     nox = (root / "noxfile.py").read_text(encoding="utf-8")
     sessions = set(re.findall(r'@nox\.session\(name="([\w-]+)"\)', nox))
-    for extra in ("serve", "remote", "otel", "cli", "adapters"):
+    for extra in ("serve", "remote", "otel", "cli", "ui", "adapters"):
         assert f"extras-{extra}" in sessions
     for family in ("langchain", "openai-agents", "autogen", "crewai"):
         assert f"newest-{family}" in sessions
