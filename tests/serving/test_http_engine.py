@@ -289,7 +289,8 @@ sys.path.insert(0, {root!r})
 import agentlightning_lite as agl
 from agentlightning_lite.serving import PolicyServer
 from tests.conftest import tiny_hf_engine
-server = PolicyServer(tiny_hf_engine(step_delay_s=0.05, no_eos=True), agl.MemoryStore(), api_key="k").start()
+engine = tiny_hf_engine(step_delay_s=0.05, no_eos=True)
+server = PolicyServer(engine, agl.MemoryStore(), api_key="k", port={port}).start()
 print(server.url, flush=True)
 server.serve_forever()
 """
@@ -298,12 +299,16 @@ server.serve_forever()
 @pytest.mark.slow
 def test_a_killed_backend_fails_its_requests_and_the_other_serves_on(backend: Any) -> None:
     live = backend()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_TINY.format(root=str(ROOT))],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
+
+    def serve(port: int = 0) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", SERVE_TINY.format(root=str(ROOT), port=port)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )
+
+    proc = serve()
     try:
         doomed = proc.stdout.readline().strip()  # type: ignore[union-attr]
         assert doomed.startswith("http://127.0.0.1:")
@@ -326,6 +331,15 @@ def test_a_killed_backend_fails_its_requests_and_the_other_serves_on(backend: An
             assert res.result(60).num_tokens == 3
         assert set(engine.session_servers.values()) == {live.url}
         assert engine.health()[doomed] != "ok" and engine.health()[live.url] == "ok"
+        # restarted on its port, the server answers /health and serves again (new rollouts reach it)
+        proc.wait(10)
+        proc = serve(int(doomed.rsplit(":", 1)[1]))
+        assert proc.stdout.readline().strip() == doomed  # type: ignore[union-attr]
+        deadline = time.monotonic() + 30
+        while engine.backends[0].dead_since is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        res = engine.submit(GenRequest(prompt_token_ids=ids, max_tokens=2, temperature=0, session="r4"))
+        assert res.result(60).num_tokens == 2 and engine.session_servers["r4"] == doomed
         engine.close()
     finally:
         proc.kill()

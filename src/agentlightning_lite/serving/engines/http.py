@@ -63,12 +63,13 @@ class HTTPEngine(Engine):
             the servers read adapters from the file system, so it must be visible to them.
         max_context: the context length (default: ``max_model_len`` from ``/v1/models``, else 8192).
         timeout_s: how long one request may take.
-        revive_after_s: a server that failed is tried again after this long (a restarted server serves on).
+        revive_after_s: how often the failed servers' ``/health`` is asked (one that answers serves again).
 
     Several servers: a rollout's calls (``GenRequest.session``) stick to one server (its prefix cache);
     new rollouts, and calls without a session, go to the server with the fewest requests in flight.
     A server that cannot be reached fails its requests with a :class:`BackendError` naming it, is left
-    out while the others serve, and is tried again after ``revive_after_s``.
+    out while the others serve, and serves again once its ``/health`` answers (asked every
+    ``revive_after_s``).
 
     LoRA hand-over: :meth:`update_weights` loads the new adapter under a new version name
     (``policy-v3``); requests admitted from then on use it, on every server (each loads a version
@@ -135,6 +136,7 @@ class HTTPEngine(Engine):
             )
 
         self._client = self._run(make_client())
+        self._prober = asyncio.run_coroutine_threadsafe(self._probe_dead(), self._loop)
         info = self._models(model)
         self.served_model = model or info.get("id") or "model"
         self.model_name = model_name or self.served_model
@@ -172,6 +174,22 @@ class HTTPEngine(Engine):
             )
         return {}
 
+    async def _probe_dead(self) -> None:
+        """Every ``revive_after_s``, ask the failed servers' ``/health``; one that answers serves again."""
+        while True:
+            await asyncio.sleep(self.revive_after_s)
+            for b in self.backends:
+                if b.dead_since is None:
+                    continue
+                try:
+                    r = await self._client.get(b.url + "/health", timeout=5)
+                except (self._httpx.TransportError, OSError):
+                    continue
+                if r.status_code == 200:
+                    b.loaded.clear()  # a restarted server has none of our adapters
+                    b.dead_since = None
+                    logger.warning("inference server %s answers again", b.url)
+
     async def _get(self, b: _Backend, path: str) -> Any:
         r = await self._client.get(b.url + path)
         self._check(b, path, r)
@@ -180,6 +198,11 @@ class HTTPEngine(Engine):
     async def _post(self, b: _Backend, path: str, body: dict[str, Any]) -> Any:
         try:
             r = await self._client.post(b.url + path, json=body)
+        except self._httpx.TimeoutException as exc:  # slow, not dead: this request alone fails
+            raise BackendError(
+                f"inference server {b.url} did not answer {path} within {self.timeout_s:.0f} s "
+                f"({type(exc).__name__}); raise timeout_s for longer replies"
+            ) from exc
         except (self._httpx.TransportError, OSError) as exc:
             b.dead_since, b.error = time.monotonic(), f"{type(exc).__name__}: {exc}"
             logger.warning("inference server %s failed: %s", b.url, b.error)
@@ -199,7 +222,6 @@ class HTTPEngine(Engine):
 
     def _pick(self, session: str | None) -> _Backend:
         """The server for a request: its session's, else the live one with the fewest in flight."""
-        now = time.monotonic()
         with self._select_lock:
             if session is not None:
                 b = self._sessions.get(session)
@@ -208,10 +230,6 @@ class HTTPEngine(Engine):
                     b.in_flight += 1
                     return b
             live = [b for b in self.backends if b.dead_since is None]
-            if not live:  # every server failed: try those failed longest ago again
-                live = [b for b in self.backends if now - (b.dead_since or 0) >= self.revive_after_s]
-                for b in live:
-                    b.dead_since = None
             if not live:
                 raise BackendError(
                     "every inference server failed: "
