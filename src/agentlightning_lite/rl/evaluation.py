@@ -69,8 +69,10 @@ class FailedSteps:
         if limit is None or self.count < limit or self.first_failure is None:
             return
         status, error = self.first_failure
-        steps = "step" if self.count == 1 else f"{self.count} steps in a row"
+        n, first = self.count, step - self.count + 1
+        steps = f"step {step}" if n == 1 else f"{n} steps in a row (steps {first}-{step})"
         raise RuntimeError(
-            f"every rollout of {steps} failed (up to step {step}; max_failed_steps={limit}), so there "
-            f"is nothing to train on. The first rollout ended {status!r} with: {error or 'no error recorded'}"
+            f"every rollout of {steps} failed or timed out, so there is nothing to train on "
+            f"(max_failed_steps={limit}; None never stops). The last step's first rollout ended "
+            f"{status!r} with: {error or 'no error recorded'}"
         )
