@@ -1,4 +1,4 @@
-"""Sample building: a step's rollouts -> the store's transitions -> training samples.
+"""Sample building: a step's tasks, and its rollouts -> the store's transitions -> training samples.
 
 Which rollouts count (failed ones dropped or given ``failed_reward``; SFT keeps the good ones only),
 which calls (the trained agents'), and which of those are skipped: too long for ``max_seq_len``, or
@@ -7,6 +7,7 @@ made by weights more than ``max_staleness`` updates older than the engine's now.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +19,25 @@ from .batching import Sample
 from .diagnostics import step_diagnostics
 from .rollouts import RolloutResult
 
-__all__ = ["build_samples", "kept_rollouts"]
+__all__ = ["build_samples", "kept_rollouts", "next_tasks"]
+
+
+def next_tasks(
+    dataset: Sequence[Any], n: int, seed: int, epoch: int, cursor: int
+) -> tuple[list[tuple[int, Any]], int, int]:
+    """The next ``n`` (index, task) pairs of a seeded per-epoch shuffle, from data position
+    (``epoch``, ``cursor``); returns them and the position after them."""
+    out = []
+    while len(out) < n:
+        order = list(range(len(dataset)))
+        random.Random(seed * 100_003 + epoch).shuffle(order)
+        if cursor >= len(order):
+            epoch, cursor = epoch + 1, 0
+            continue
+        i = order[cursor]
+        cursor += 1
+        out.append((i, dataset[i]))
+    return out, epoch, cursor
 
 
 def kept_rollouts(

@@ -46,7 +46,7 @@ from .metrics import MetricsLogger, plot_reward_curve
 from .policies import Policy, adapter_params, build_policies, make_optimizer, plan_for
 from .ppo import PPO
 from .rollouts import RolloutResult, RolloutSpec
-from .samples import build_samples
+from .samples import build_samples, next_tasks
 from .sft import SFT, sft_update
 from .sources import InProcessRollouts, RolloutSource, Serving
 from .trajectory import merge_trajectories
@@ -371,16 +371,9 @@ class Trainer:
 
     def _next_batch(self, dataset: Sequence[Any]) -> list[tuple[int, Any]]:
         """The next ``batch_size`` (index, task) pairs of a seeded per-epoch shuffle."""
-        out = []
-        while len(out) < self.batch_size:
-            order = list(range(len(dataset)))
-            random.Random(self.seed * 100_003 + self._epoch).shuffle(order)
-            if self._cursor >= len(order):
-                self._epoch, self._cursor = self._epoch + 1, 0
-                continue
-            i = order[self._cursor]
-            self._cursor += 1
-            out.append((i, dataset[i]))
+        out, self._epoch, self._cursor = next_tasks(
+            dataset, self.batch_size, self.seed, self._epoch, self._cursor
+        )
         return out
 
     def train_step(self, agent: Callable[..., Any], tasks: Sequence[tuple[int, Any]]) -> dict[str, Any]:
