@@ -66,7 +66,9 @@ class Trainer:
         model: the policy: a name from ``agl.models`` (``"smollm2-135m"``, embedded), a Hugging
             Face id or local path.
         algorithm: ``agl.GRPO(...)`` (default), ``agl.PPO(...)`` or ``agl.SFT(...)`` (supervised
-            fine-tuning on the recorded calls; ``fit(..., algorithm=...)`` switches from then on).
+            fine-tuning on the recorded calls; ``fit(..., algorithm=...)`` switches from then on), or
+            ``agl.APO(...)``: ``fit`` optimises the prompts the agent reads instead (docs/apo.md).
+        prompts: fixed prompts of every rollout (``agl.prompt`` reads them): a ``prompts.json`` or a dict.
         lora: ``agl.LoRA(...)`` adapter settings (``load_in_4bit=True`` for QLoRA on a GPU).
         engine: ``"auto"`` (vLLM on a GPU when installed, else transformers), ``"hf"``,
             ``"vllm"``, or an engine instance (``agl.engines.HFEngine(...)``).
