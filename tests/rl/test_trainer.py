@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -87,19 +87,29 @@ def test_two_real_grpo_steps_change_the_lora_weights(engine: object, tmp_path: P
     trainer.close()
 
 
-def test_crashes_and_timeouts_do_not_stop_training(engine: object, tmp_path: Path) -> None:
+def test_crashes_and_timeouts_do_not_stop_training(tiny_llama: Any, tmp_path: Path) -> None:
+    from agentlightning_lite.serving.engines import HFEngine
+    from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+    # the tiny Llama: its replies take milliseconds, so the rollouts that do not hang finish well within
+    # the timeout even on a busy machine
+    engine = HFEngine(tiny_llama(), tokenizer=ByteTokenizer(), lora=agl.LoRA(r=4, alpha=8), seed=0)
     release = threading.Event()
+    hung: list[threading.Thread] = []
 
     def agent(task: dict, llm: agl.LLM) -> float:
         if task["seed"] == 1:
+            hung.append(threading.current_thread())
             release.wait(60)  # hangs until the test lets it go, long after its timeout
+            agl.emit_reward(0.5)
+            agl.emit_signal("late", value=1)
             return 1.0
         reward = chatty_agent(task, llm)
         if task["seed"] == 0:
             raise RuntimeError("the agent crashed after its LLM call")
         return reward
 
-    trainer = make(engine, tmp_path, rollout_timeout=20, failed_reward=0.0)
+    trainer = make(engine, tmp_path, rollout_timeout=30, failed_reward=0.0)
     trainer.batch_size = 3
     before = lora_weights(trainer.policy)
     out = trainer.fit(agent, [TASKS[0], TASKS[1], TASKS[2]], steps=1)
@@ -114,10 +124,29 @@ def test_crashes_and_timeouts_do_not_stop_training(engine: object, tmp_path: Pat
     assert out["train/failed_rollouts"] == 4 and out["train/timeout_rollouts"] == 4
     assert out["train/samples"] >= 8  # the failed ones' calls count with reward 0
     assert any(not torch.equal(v, lora_weights(trainer.policy)[k]) for k, v in before.items())
-    release.set()  # the timed-out agents finish late; their rollouts stay 'timeout'
-    time.sleep(0.5)
-    assert sorted(r.status for r in trainer.store.rollouts()).count("timeout") == 4
+
+    def timed_out() -> dict[str, Any]:
+        store = trainer.store
+        return {
+            r.rollout_id: (
+                r.status,
+                r.reward,
+                r.error,
+                r.end_time,
+                [s.span_id for s in store.spans(r.rollout_id)],
+            )
+            for r in store.rollouts(status="timeout")
+        }
+
+    before_late = timed_out()
+    assert len(before_late) == 4 and len(hung) == 4
+    release.set()  # the timed-out agents finish late: emit, return a reward, leave their rollout
+    for thread in hung:
+        thread.join(30)
+        assert not thread.is_alive(), f"{thread.name} did not finish"
+    assert timed_out() == before_late  # what they did after the timeout reached nothing
     trainer.close()
+    engine.close()
 
 
 def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
