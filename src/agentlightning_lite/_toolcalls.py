@@ -32,7 +32,8 @@ class ToolCall:
 
 
 def _tool_call(c: dict[str, Any]) -> ToolCall:
-    fn = c.get("function") if isinstance(c.get("function"), dict) else c
+    f = c.get("function")
+    fn = f if isinstance(f, dict) else c
     args = fn.get("arguments", fn.get("args"))
     cid = c.get("id")
     name = fn.get("name")

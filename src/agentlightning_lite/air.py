@@ -170,8 +170,8 @@ class Rule:
             idx = call_before(calls, s)
             if idx is None:
                 continue
-            value = self.reward(s) if callable(self.reward) else self.reward
-            value = check_reward(value, f"air.Rule({self.name}) reward")
+            raw = self.reward(s) if callable(self.reward) else self.reward
+            value = check_reward(raw, f"air.Rule({self.name}) reward")
             if value is not None:
                 out.append(IntermediateReward(idx, value, self.name, s.span_id))
         return out

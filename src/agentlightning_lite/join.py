@@ -83,7 +83,8 @@ def _reply(output: Any) -> _Reply:
     for c in output.get("tool_calls") or ():
         if not isinstance(c, dict):
             continue
-        fn = c.get("function") if isinstance(c.get("function"), dict) else c
+        f = c.get("function")
+        fn = f if isinstance(f, dict) else c
         name = fn.get("name")
         if isinstance(name, str):
             args = _norm_args(fn.get("arguments"))
@@ -192,9 +193,9 @@ def join_spans(spans: Sequence[Span], mark_unjoined: bool = False) -> list[Span]
 
     for f in sorted(frameworks, key=lambda x: x.start_time):
         rid = f.attributes.get(RESPONSE_ID)
-        s = by_request.get(rid) if isinstance(rid, str) else None
-        if s is not None and s.span_id not in claimed:
-            claim(f, s)
+        match = by_request.get(rid) if isinstance(rid, str) else None
+        if match is not None and match.span_id not in claimed:
+            claim(f, match)
         else:
             pending.append(f)
     for f in pending:

@@ -241,4 +241,4 @@ def load_model(
     if dtype is not None:
         kwargs["dtype"] = dtype
     model = AutoModelForCausalLM.from_pretrained(r.path, **kwargs)
-    return model.to(device)
+    return model.to(device)  # type: ignore[arg-type]  # transformers' wrapper on .to hides its signature

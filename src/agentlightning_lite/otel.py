@@ -102,7 +102,8 @@ def _from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) ->
     attrs = dict(otel_span.attributes or {})
     ctx = otel_span.context
     op = attrs.get("gen_ai.operation.name")
-    kind = attrs.pop(_PREFIX + "kind", None) or _OP_TO_KIND.get(str(op), "custom")
+    # an attribute set by any exporter: Span validates it (one of SPAN_KINDS)
+    kind: Any = attrs.pop(_PREFIX + "kind", None) or _OP_TO_KIND.get(str(op), "custom")
     if kind == "custom" and any(k.startswith(("gen_ai.prompt.", "gen_ai.completion.")) for k in attrs):
         kind = "llm"
     name = otel_span.name
@@ -177,7 +178,7 @@ def _from_otel(otel_span: Any, rollout_id: str, parent_id: str | None = None) ->
     )
 
 
-class SpanProcessor(_OTelSpanProcessor):  # type: ignore[misc,valid-type]
+class SpanProcessor(_OTelSpanProcessor):
     """An OTel span processor that records every finished OTel span into a tracer's store.
 
     The rollout of a span is, in order: its ``agentlightning.rollout_id`` attribute; the agl

@@ -7,16 +7,16 @@ import logging
 import threading
 import time
 import warnings
-from typing import Any
+from typing import Any, cast
 
 from ._json import dumps
 from .ids import new_span_id
 from .store.base import Store
 from .store.memory import MemoryStore
 from .store.rows import SpanRow
-from .types import ROLLOUT_MODES, SPAN_KINDS, Span, check_reward
+from .types import ROLLOUT_MODES, SPAN_KINDS, Span, SpanKind, SpanStatus, check_reward
 
-logger = logging.getLogger("agentlightning_lite.tracer")
+logger = logging.getLogger(__name__)
 
 _rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
     "agl_rollout", default=None
@@ -85,7 +85,7 @@ class SpanHandle:
         self.span_id = span_id or new_span_id()
         self.rollout_id = rollout_id
         self.parent_id = parent_id
-        self.kind = kind
+        self.kind = cast(SpanKind, kind)  # checked against SPAN_KINDS above
         self.name = name
         self.agent = agent
         self.start_time = time.time() if start_time is None else start_time
@@ -96,7 +96,7 @@ class SpanHandle:
         self.prompt_token_ids: list[int] | None = None
         self.response_token_ids: list[int] | None = None
         self.response_logprobs: list[float] | None = None
-        self.status = "ok"
+        self.status: SpanStatus = "ok"
         self.error: str | None = None
 
     @property

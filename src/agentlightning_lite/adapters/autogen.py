@@ -186,7 +186,7 @@ class LightningModelClient(ChatCompletionClient):
         rec.end(key, output=_result(result), attributes={"finish_reason": result.finish_reason})
         return result
 
-    async def create_stream(  # type: ignore[override]
+    async def create_stream(
         self,
         messages: Sequence[LLMMessage],
         *,
@@ -240,12 +240,12 @@ class LightningModelClient(ChatCompletionClient):
         return self.inner.remaining_tokens(messages, tools=tools)
 
     @property
-    def capabilities(self) -> Any:  # type: ignore[override]
+    def capabilities(self) -> Any:
         """The wrapped client's capabilities."""
         return self.inner.capabilities
 
     @property
-    def model_info(self) -> Any:  # type: ignore[override]
+    def model_info(self) -> Any:
         """The wrapped client's model info."""
         return self.inner.model_info
 

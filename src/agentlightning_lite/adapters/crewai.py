@@ -110,7 +110,8 @@ def _llm_output(response: Any) -> Any:
         for c in response:
             dump = getattr(c, "model_dump", None)
             d = c if isinstance(c, dict) else (dump() if callable(dump) else {"name": str(c)})
-            fn = d.get("function") or {}
+            fn = d.get("function")
+            fn = fn if isinstance(fn, dict) else {}
             calls.append(
                 {"id": d.get("id"), "name": fn.get("name", d.get("name")), "arguments": fn.get("arguments")}
             )

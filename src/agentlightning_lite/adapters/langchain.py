@@ -58,7 +58,7 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
 
 def _message(m: BaseMessage) -> dict[str, Any]:
     try:
-        return convert_to_openai_messages(m)  # type: ignore[return-value]
+        return convert_to_openai_messages(m)
     except Exception:  # an unusual message type: keep what it says
         return {"role": m.type, "content": m.content}
 
@@ -112,7 +112,7 @@ class LightningCallback(BaseCallbackHandler):
             return str(md["agent"]), True
         parent = self.recorder.get(parent_run_id) if parent_run_id is not None else None
         parent_key = self.recorder.resolve(parent_run_id) if parent_run_id is not None else None
-        if parent is not None and self._explicit.get(parent_key, False):
+        if parent is not None and parent_key is not None and self._explicit.get(parent_key, False):
             return parent.agent, True
         node = md.get("langgraph_node")
         if isinstance(node, str) and node and not node.startswith("__"):

@@ -247,7 +247,8 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     _add_trace_processor(processor)
 
     def undo() -> None:
-        multi = get_trace_provider()._multi_processor  # the SDK has no remove_processor
+        # the SDK has no remove_processor; _multi_processor is DefaultTraceProvider's, not the base class's
+        multi = get_trace_provider()._multi_processor  # type: ignore[attr-defined]
         with multi._lock:
             multi._processors = tuple(p for p in multi._processors if p is not processor)
 

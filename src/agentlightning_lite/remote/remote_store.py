@@ -11,11 +11,11 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from ..store.base import Store
 from ..store.rows import SpanRow, span_to_row
-from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, TRUSTED, Rollout, Span, check_reward
+from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, TRUSTED, Rollout, RolloutMode, Span, check_reward
 from .client import MAX_LEASES, RemoteError, RunnerClient
 
 __all__ = ["RemoteStore"]
@@ -150,7 +150,13 @@ class RemoteStore(Store):
     ) -> Rollout:
         if mode not in ROLLOUT_MODES:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
-        local = Rollout(rollout_id=rollout_id or "-", task=task, mode=mode, start_time=0.0, metadata=metadata)
+        local = Rollout(
+            rollout_id=rollout_id or "-",
+            task=task,
+            mode=cast(RolloutMode, mode),  # checked against ROLLOUT_MODES above
+            start_time=0.0,
+            metadata=metadata or {},
+        )
         body = local.model_dump(mode="json", include={"task", "mode", "metadata"})
         body["rollout_id"] = rollout_id
         ro = Rollout.model_validate(self.client.start_rollout(body), context=TRUSTED)

@@ -118,7 +118,7 @@ def select_tools(
     if not isinstance(tools, list):
         raise ChatFormatError("tools must be a list", "tools")
     fns = [_function(t, i) for i, t in enumerate(tools)]
-    full = [{"type": "function", "function": fn} for fn in fns]
+    full: list[dict[str, Any]] = [{"type": "function", "function": fn} for fn in fns]
     if tool_choice is None or tool_choice == "auto":
         return full, None
     if tool_choice == "none":
@@ -160,7 +160,8 @@ def _call_parts(call: Any) -> tuple[str, Any]:
     """(name, arguments) of an OpenAI tool call or a plain ``{"name", "arguments"}`` dict."""
     if not isinstance(call, dict):
         raise ChatFormatError(f"a tool call must be an object, got {call!r}", "messages")
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    f = call.get("function")
+    fn = f if isinstance(f, dict) else call
     name = fn.get("name")
     if not isinstance(name, str):
         raise ChatFormatError(f"a tool call needs a function name, got {call!r}", "messages")

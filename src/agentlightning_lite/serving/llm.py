@@ -60,10 +60,12 @@ class LLM(BaseModel):
         return self.model_copy(update={"model": f"{model}@{agent}", "agent": agent})
 
     def prompt(self, name: str, default: str | None = None) -> str:
-        """The text of prompt ``name`` for this rollout and agent: ``agl.prompt(name, default, agent=self.agent)``
-        (the candidate ``agl.APO`` is evaluating, the trainer's fixed prompts, or ``default``).
+        """The text of prompt ``name`` for this rollout and agent:
+        ``agl.prompt(name, default, agent=self.agent)`` (the candidate ``agl.APO`` is evaluating, the
+        trainer's fixed prompts, or ``default``).
 
-        >>> LLM(base_url="http://127.0.0.1:8000/v1", model="m").for_agent("writer").prompt("system", "Be brief.")
+        >>> llm = LLM(base_url="http://127.0.0.1:8000/v1", model="m")
+        >>> llm.for_agent("writer").prompt("system", "Be brief.")
         'Be brief.'
         """
         from ..apo.prompts import prompt

@@ -17,7 +17,7 @@ from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
 from .rows import SpanRow, row_to_span
 
-logger = logging.getLogger("agentlightning_lite.store")
+logger = logging.getLogger(__name__)
 
 #: the metadata key under which a rollout records the process that started it
 OWNER_KEY = "agl.owner"
@@ -91,7 +91,7 @@ class Store(abc.ABC):
     All methods are thread-safe. Stores are context managers (``close()`` on exit).
 
     Span writes follow two rules, the same in every store (a refused write is dropped and logged on
-    the ``agentlightning_lite.store`` logger, never raised: SQLiteStore only finds out when its batch
+    the ``agentlightning_lite.store.base`` logger, never raised: SQLiteStore only finds out when its batch
     commits):
 
     - **a span id belongs to one rollout.** Writing a span id already stored under another rollout
@@ -174,11 +174,11 @@ class Store(abc.ABC):
 
     def set_reward(self, rollout_id: str, reward: float) -> None:
         """Record the final reward of a rollout without changing its status."""
-        reward = check_reward(reward)
+        checked = check_reward(reward)
         rollout = self._rollout_for_update(rollout_id)
         if rollout is None:
             raise UnknownRolloutError(rollout_id)
-        self._update_rollout(rollout.model_copy(update={"reward": reward}))
+        self._update_rollout(rollout.model_copy(update={"reward": checked}))
 
     @abc.abstractmethod
     def get_rollout(self, rollout_id: str) -> Rollout | None:

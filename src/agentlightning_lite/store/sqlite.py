@@ -21,7 +21,7 @@ from ..types import TRUSTED, Rollout, Span
 from .base import Store, is_late, log_dropped
 from .rows import SpanRow, floats_to_blob, ids_to_blob, row_to_span, span_to_row
 
-logger = logging.getLogger("agentlightning_lite.store")
+logger = logging.getLogger(__name__)
 
 #: ``PRAGMA application_id`` of files written by this package ("AGLL").
 APPLICATION_ID = 0x41474C4C

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from .data import PAGE_SIZES, SORTS, RolloutQuery, RunData
 
@@ -111,8 +112,8 @@ def _env() -> Environment:
     return env
 
 
-def make_app(data: RunData, api_key: str | None = None) -> Starlette:
-    """The web view of ``data`` (a :class:`~.data.RunData`); ``api_key`` guards every route."""
+def make_app(data: RunData, api_key: str | None = None) -> ASGIApp:
+    """The web view of ``data`` (a :class:`~.data.RunData`) as an ASGI app; ``api_key`` guards every route."""
     env = _env()
 
     def render(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:

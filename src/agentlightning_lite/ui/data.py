@@ -349,22 +349,22 @@ class RunData:
             advantages = dict(zip(keys, adv, strict=True))
             group_calls = len(rewards)
         by_span = {t.metadata.get("span_id"): t for t in ts}
-        calls = []
+        calls: list[dict[str, Any]] = []
         for s in spans:
             if s.kind != "llm":
                 continue
-            t = by_span.get(s.span_id)
-            reason = None if t is not None else _why_not_trained(s, self.agents)
-            if t is not None and not (t.response_token_ids and t.prompt_token_ids is not None):
+            tr = by_span.get(s.span_id)
+            reason = None if tr is not None else _why_not_trained(s, self.agents)
+            if tr is not None and not (tr.response_token_ids and tr.prompt_token_ids is not None):
                 reason = "no token ids: the call was not made through the PolicyServer"
             a = advantages.get(f"{ro.rollout_id}/{s.span_id}") if reason is None else None
             calls.append(
                 {
                     "span": s,
-                    "transition": t if reason is None else None,
+                    "transition": tr if reason is None else None,
                     "reason": reason,
                     "advantage": a,
-                    "tokens": self._tokens(s, a, t.reward if t is not None and reason is None else None),
+                    "tokens": self._tokens(s, a, tr.reward if tr is not None and reason is None else None),
                     "adapter": s.attributes.get("adapter"),
                     "weights_version": s.attributes.get("weights_version"),
                     "prompt_text": s.attributes.get("prompt_text"),
