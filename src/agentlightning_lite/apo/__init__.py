@@ -4,10 +4,12 @@
 (``pip install 'agentlightning-lite[apo]'``) when it runs.
 """
 
+from typing import Any
+
 from .prompts import component_key, load_prompts, prompt, save_prompts, with_prompts
 
 
-def __getattr__(name: str):  # APO imports the rollout machinery: load it on first use
+def __getattr__(name: str) -> Any:  # APO imports the rollout machinery: load it on first use
     if name in ("APO", "candidate_id"):
         from . import optimizer
 

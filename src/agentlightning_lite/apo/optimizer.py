@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..air import AIRRule
 from ..rl.rollouts import RolloutResult, RolloutSpec
@@ -32,6 +32,9 @@ from ..store.recovery import INTERRUPTED, recover_interrupted
 from .prompts import component_key, load_prompts, save_prompts, split_key
 from .reflection import ReflectionLM
 from .reflective import prompt_reads, rollout_record
+
+if TYPE_CHECKING:
+    from gepa.core.result import GEPAResult
 
 __all__ = ["APO", "candidate_id"]
 
@@ -258,11 +261,11 @@ class APO:
             kwargs["reflection_prompt_template"] = self.reflection_prompt_template
         t0 = time.perf_counter()
         try:
-            result = gepa.optimize(
+            result: GEPAResult[Any, Any] = gepa.optimize(
                 seed_candidate=seed,
                 trainset=train,
                 valset=val,
-                adapter=adapter,
+                adapter=adapter,  # type: ignore[arg-type]  # duck-typed: gepa's protocol is generic over its types
                 reflection_lm=reflection,
                 candidate_selection_strategy=self.candidate_selection,  # type: ignore[arg-type]
                 skip_perfect_score=self.skip_perfect_score,
@@ -272,7 +275,7 @@ class APO:
                 use_merge=self.use_merge,
                 max_metric_calls=self.budget,
                 logger=_Log(),
-                callbacks=[recorder],
+                callbacks=[recorder],  # type: ignore[list-item]  # implements the GEPACallback hooks it needs
                 track_best_outputs=False,
                 display_progress_bar=False,
                 seed=self.seed,
@@ -283,6 +286,7 @@ class APO:
             recorder.close()
         best = dict(result.best_candidate)  # type: ignore[arg-type]
         best_idx = result.best_idx
+        prompts = {**fixed, **best}
         scores = result.val_aggregate_scores
         summary = {
             "apo/best_val_score": float(scores[best_idx]),
@@ -293,11 +297,11 @@ class APO:
             "apo/reflection_calls": float(getattr(reflection, "calls", 0)),
             "apo/time_s": time.perf_counter() - t0,
             "apo/best_candidate": candidate_id(best),
-            "prompts": {**fixed, **best},
+            "prompts": prompts,
         }
         save_prompts(
             out / "prompts.json",
-            summary["prompts"],
+            prompts,
             candidate=candidate_id(best),
             val_score=summary["apo/best_val_score"],
             seed_val_score=summary["apo/seed_val_score"],

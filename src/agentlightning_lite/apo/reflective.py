@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..air import AIRRule
+from ..air import AIRRule, IntermediateReward
 from ..types import Rollout, Span
 from .prompts import PROMPT_SPAN, split_key
 
@@ -99,7 +99,7 @@ def rollout_record(
             }
             for s in signals
         ]
-    rewards = []
+    rewards: list[IntermediateReward | str] = []
     for rule in air or ():
         try:
             rewards.extend(rule(spans, llm))
