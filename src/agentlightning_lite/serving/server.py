@@ -30,7 +30,7 @@ from starlette.routing import BaseRoute, Route
 from ..errors import AGLError, UnknownRolloutError
 from ..store.base import Store
 from ..store.memory import MemoryStore
-from .engines.base import Engine
+from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
 from .routes import chat, completions, lora, meta
@@ -113,7 +113,7 @@ class PolicyServer:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: ServingEngine,
         store: Store | None = None,
         host: str = "127.0.0.1",
         port: int = 0,

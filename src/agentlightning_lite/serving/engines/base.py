@@ -227,8 +227,8 @@ class Engine(abc.ABC):
         ...
         KeyError: "unknown adapter(s) ['writer']: this engine serves []"
         """
-        wanted = {*routes.values(), default} - {None}
-        unknown = sorted(a for a in wanted if a not in self.adapters)  # type: ignore[misc]
+        wanted = {a for a in (*routes.values(), default) if a is not None}
+        unknown = sorted(a for a in wanted if a not in self.adapters)
         if unknown:
             raise KeyError(f"unknown adapter(s) {unknown}: this engine serves {sorted(self.adapters)}")
         with self.lock:

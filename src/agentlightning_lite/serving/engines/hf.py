@@ -140,7 +140,8 @@ class HFEngine(BatchingEngine):
             if tokenizer is None:
                 raise ValueError("pass tokenizer= with an already loaded model")
             module = model
-            self.model_name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "model")
+            config_name = getattr(getattr(model, "config", None), "_name_or_path", "model")
+            self.model_name = str(model_name or config_name)
             if self.load_in_4bit and not getattr(module, "is_loaded_in_4bit", False):
                 raise ValueError(
                     "LoRA(load_in_4bit=True) with an already loaded model needs that model loaded in 4-bit "
@@ -152,7 +153,7 @@ class HFEngine(BatchingEngine):
 
             module = prepare_4bit(module)  # already on its GPU (bitsandbytes weights cannot be moved)
         else:
-            module = module.to(self.device)
+            module = module.to(self.device)  # type: ignore[arg-type]  # transformers' wrapper hides .to's signature
         module.eval()
         self.tokenizer = tokenizer
         if lora is not None:
@@ -590,7 +591,7 @@ class HFEngine(BatchingEngine):
                 step_tok, step_lp = pad.clone(), torch.zeros(n, device=device)
             for i, r in enumerate(requests):
                 if not (done[i] or fast[i]):
-                    row_allowed = None if matchers[i] is None else allowed[i]
+                    row_allowed = None if matchers[i] is None or allowed is None else allowed[i]
                     tok, lp, top = self._sample(logits[i], r, gens[i], row_allowed)
                     step_tok[i], step_lp[i] = tok, lp
                     if top is not None:
@@ -653,7 +654,8 @@ class HFEngine(BatchingEngine):
 
         results = []
         for i, r in enumerate(requests):
-            text = texts[i] if texts[i] is not None else self.decode(tokens[i])
+            done_text = texts[i]
+            text = done_text if done_text is not None else self.decode(tokens[i])
             results.append(
                 GenResult(
                     prompt_token_ids=list(r.prompt_token_ids),

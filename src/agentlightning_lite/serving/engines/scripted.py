@@ -122,7 +122,8 @@ class ScriptedEngine(Engine):
                 + (f" {fmt.name!r}" if fmt.name else "")
                 + "): ScriptedEngine replies from its script and cannot constrain it"
             )
-        finish, stop_reason = "stop", None
+        stop_reason: str | int | None = None
+        finish = "stop"
         hits = sorted((text.find(s), s) for s in req.stop if s and s in text)
         if hits:  # cut at the earliest stop string, as a real engine would have stopped there
             text, stop_reason = text[: hits[0][0]], hits[0][1]

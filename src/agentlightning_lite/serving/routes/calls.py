@@ -249,7 +249,8 @@ async def generate(
     watch = asyncio.ensure_future(_disconnected(request)) if request is not None else None
     try:
         if watch is not None:
-            await asyncio.wait({waiting, watch}, return_when=asyncio.FIRST_COMPLETED)
+            both: set[asyncio.Future[Any]] = {waiting, watch}
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
             if not waiting.done():  # the client is gone
                 raise APIError(499, "The client closed the request.", code="client_closed_request")
         return list(await waiting)
@@ -289,7 +290,7 @@ def record(server: PolicyServer, call: Call, task: Any, spans: list[Span], faile
         return
     rollout_id = call.rollout_id
     implicit = rollout_id is None
-    if implicit:
+    if rollout_id is None:
         if not server.record_unrouted:
             return
         ro = server.store.start_rollout(

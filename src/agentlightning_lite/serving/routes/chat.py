@@ -93,7 +93,8 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
     choices, spans = [], []
     total = usage(len(prompt_ids), results)
     for i, res in enumerate(results):
-        content, calls = (res.text, [])
+        content: str | None = res.text
+        calls: list[dict[str, Any]] = []
         if offered:
             content, calls = parse_tool_calls(res.text, offered)
         message: dict[str, Any] = {"role": "assistant", "content": content}
