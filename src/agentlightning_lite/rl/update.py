@@ -75,6 +75,8 @@ class UpdateSettings:
     merged: bool = False  # samples are merged trajectories (one sequence per episode)
     step: int = 0
     timer: Timer = field(default_factory=Timer)
+    #: a :class:`~.distributed.DataParallel` when several ranks share the update, else ``None``
+    data_parallel: Any = None
 
 
 def micro_batches(samples: list[Sample], most: int, max_tokens: int) -> list[list[Sample]]:
@@ -187,7 +189,11 @@ def _epochs(
             masks = [batches[j].response_mask for j in group]
             weights = algo.loss_weights([chunks[j] for j in group], masks)
             optimizer.zero_grad(set_to_none=True)
-            for j, (weight, tok_w) in zip(group, weights, strict=True):
+            dp = cfg.data_parallel  # several ranks: this one computes its share of the mini batch
+            mine = dp.mine([batches[j].input_ids.numel() for j in group]) if dp else range(len(group))
+            for k, (j, (weight, tok_w)) in enumerate(zip(group, weights, strict=True)):
+                if k not in mine:
+                    continue
                 b = batches[j]
                 segs = b.segment_ids if cfg.merged else None
                 lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
@@ -214,6 +220,8 @@ def _epochs(
                 pg_loss = float(aggregate(pg.detach(), b.response_mask, *agg))
                 logs.setdefault("train/pg_loss", []).append(pg_loss)
                 logs.setdefault("train/clip_frac", []).append(float(pstats["clip_frac"]))
+            if dp:
+                dp.all_reduce_grads(params)  # the sum is the whole mini batch's gradient
             grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
             logs.setdefault("train/grad_norm", []).append(float(grad_norm))
             optimizer.step()
@@ -245,6 +253,8 @@ def optimise(
     out["train/response_tokens"] = float(sum(sum(s.token_mask()) for s in samples))
     out["train/sequences"] = float(len(samples))
     out["train/sequence_tokens"] = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
+    if cfg.data_parallel:
+        out.update(cfg.data_parallel.metrics())
     return out
 
 

@@ -1,0 +1,206 @@
+"""Data-parallel updates on torch.distributed (gloo, CPU, the tiny Llama): 2 ranks == 1 process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentlightning_lite.rl.batching import Sample
+from agentlightning_lite.rl.distributed import (
+    DistributedError,
+    detect,
+    partition_by_tokens,
+    samples_from_json,
+    samples_to_json,
+    token_imbalance,
+)
+
+WORKER = Path(__file__).with_name("_dist_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+#: a 2-rank update and a 1-process update on the same samples agree to this (float32 sums in another order)
+ATOL = 1e-5
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src"), **extra})
+    return env
+
+
+def _read(out: Path, rank: int) -> dict[str, Any]:
+    return json.loads((out / f"rank{rank}.json").read_text())
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((torch.tensor(a[n]) - torch.tensor(b[n])).abs().max()) for n in a)
+
+
+def test_detect_reads_the_launchers_variables() -> None:
+    assert detect({}) is None
+    assert detect({"RANK": "0", "WORLD_SIZE": "1"}) is None  # a world of one is a plain run
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "10.0.0.2",
+        "MASTER_PORT": "1234",
+    }
+    got = detect(env)
+    assert got is not None and (got.rank, got.world_size, got.local_rank, got.is_main) == (1, 4, 1, False)
+    assert (got.master_addr, got.master_port) == ("10.0.0.2", "1234")
+    with pytest.raises(DistributedError, match="outside WORLD_SIZE"):
+        detect({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(DistributedError, match="malformed"):
+        detect({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+def test_partition_balances_tokens_longest_first() -> None:
+    sizes = [100, 10, 60, 50, 40, 30]
+    split = partition_by_tokens(sizes, 2)
+    assert sorted(i for p in split for i in p) == list(range(6))  # each micro-batch exactly once
+    assert [sum(sizes[i] for i in p) for p in split] == [150, 140]
+    assert token_imbalance(sizes, split) == pytest.approx(150 / 145)
+    assert partition_by_tokens([5], 3) == [[0], [], []]  # more ranks than micro-batches: some idle
+    assert token_imbalance([5], [[0], [], []]) == pytest.approx(3.0)
+
+
+def test_samples_round_trip_through_json() -> None:
+    part = Sample([1], [2, 3], [-0.5, -0.25], 1.0, "g", temperature=0.7, rollout_id="a")
+    s = Sample(
+        [1, 2],
+        [3, 4, 5],
+        None,
+        0.5,
+        ("task", 1),
+        advantage=-1.5,
+        rollout_id="a",
+        index=2,
+        agent="x",
+        meta={"policy": "p"},
+        parts=[part, part],
+        offsets=[0, 1],
+    )
+    back = samples_from_json(samples_to_json([s, part]))
+    assert back == [s, part]
+    assert back[0].group == ("task", 1) and isinstance(back[0].parts[0], Sample)  # type: ignore[index]
+
+
+def test_single_process_update_never_starts_a_process_group(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import runpy, sys, torch.distributed as d; sys.argv = ['w', sys.argv[1], 'grpo'];"
+                f"runpy.run_path({str(WORKER)!r}, run_name='__main__'); print('INIT', d.is_initialized())"
+            ),
+            str(tmp_path),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "INIT False" in proc.stdout
+    assert "dist/token_imbalance" not in _read(tmp_path, 0)["metrics"]
+
+
+@pytest.mark.parametrize("algo", ["grpo", "grpo-rollout", "ppo"])
+def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, algo: str) -> None:
+    """GRPO (2 epochs x 2 mini-batches of 2 micro-batches), GRPO weighing rollouts with a KL term, and
+    PPO (its value head all-reduced too): the adapter after a 2-rank update equals the single-process
+    one within ATOL, both ranks hold the same bytes, and the update moved the adapter far more than ATOL."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(
+        [sys.executable, str(WORKER), str(one), algo],
+        env=_env(),
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_port()),
+            str(WORKER),
+            str(two),
+            algo,
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref, r0, r1 = _read(one, 0), _read(two, 0), _read(two, 1)
+    assert r0["samples"] == r1["samples"] == 8  # rank 1 got rank 0's samples by broadcast
+    assert _diff(ref["state"], r0["state"]) < ATOL
+    assert r0["checksum"] == r1["checksum"] and r0["all_equal"] and r1["all_equal"]
+    assert r0["state"] == r1["state"]
+    assert r0["metrics"]["dist/world_size"] == 2.0
+    assert 1.0 <= r0["metrics"]["dist/token_imbalance"] < 2.0
+    assert r0["metrics"]["train/grad_norm"] == pytest.approx(ref["metrics"]["train/grad_norm"], rel=1e-4)
+    assert ref["moved"] > 100 * ATOL  # the update moved the adapter far more than the tolerance
+    if algo == "ppo":
+        assert any(v != 0 for v in ref["state"]["value_head.v.weight"][0])
+
+
+def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> None:
+    """Rank 1 dies between its backward and the all-reduce; rank 0 raises DistributedError naming the
+    all-reduce and exits non-zero within the process group's timeout (10 s) instead of hanging."""
+    port = str(_port())
+    procs = []
+    for rank in (0, 1):
+        env = _env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            AGL_TEST_PG_TIMEOUT="10",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), str(tmp_path), "grpo", "die"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    t0 = time.monotonic()
+    try:
+        _, err0 = procs[0].communicate(timeout=90)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[1].wait(timeout=10) == 3
+    assert procs[0].returncode != 0
+    assert "DistributedError" in err0 and "all-reduce of the gradients" in err0, err0[-2000:]
+    assert time.monotonic() - t0 < 90
+    assert not (tmp_path / "rank0.json").exists()
