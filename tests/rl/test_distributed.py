@@ -204,3 +204,31 @@ def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> Non
     assert "DistributedError" in err0 and "all-reduce of the gradients" in err0, err0[-2000:]
     assert time.monotonic() - t0 < 90
     assert not (tmp_path / "rank0.json").exists()
+
+
+def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    cmd += ["--master_addr", "127.0.0.1", "--master_port", str(_port()), str(script), *args]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+
+
+def test_trainer_fit_under_torchrun_then_resumes(tmp_path: Path) -> None:
+    """Trainer.fit (GRPO, real rollouts on the tiny Llama served by rank 0) on 2 ranks: both ranks end
+    every run with the same adapter; run again with resume=True, both load rank 0's step-2 checkpoint
+    (rank 1's adapter would differ otherwise) and train step 3; the metrics are rank 0's, once per step."""
+    script = WORKER.with_name("_dist_fit_worker.py")
+    for steps, extra in (("2", []), ("3", ["resume"])):
+        proc = _torchrun(script, str(tmp_path), steps, *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r0, r1 = (json.loads((tmp_path / f"fit-rank{r}.json").read_text()) for r in (0, 1))
+        assert r0["step"] == r1["step"] == int(steps)
+        assert r0["checksum"] == r1["checksum"]
+        assert r0["metrics"]["dist/world_size"] == r1["metrics"]["dist/world_size"] == 2.0
+        assert r1["metrics"]["train/sequences"] == r0["metrics"]["train/sequences"] > 0  # the same samples
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step-000001",
+        "step-000002",
+        "step-000003",
+    ]

@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_ACTIVE: DataParallel | None = None  # this process's rank, while its process group is up
 
 
 class DistributedError(AGLError, RuntimeError):
@@ -178,12 +180,49 @@ class DataParallel:
                 timeout=datetime.timedelta(seconds=timeout_s),
             )
         log.info("rank %d of %d on %s (%s)", self.rank, self.world_size, self.device, backend)
+        global _ACTIVE
+        _ACTIVE = self
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> DataParallel | None:
         """The data-parallel side of this process when a launcher started several ranks, else ``None``."""
         launch = detect()
         return None if launch is None else cls(launch, **kwargs)
+
+    @staticmethod
+    def active() -> DataParallel | None:
+        """This process's rank while its process group is up (``None`` in a single-process run)."""
+        return _ACTIVE
+
+    @staticmethod
+    def start(trainer: Any, total: int, resume: bool) -> dict[str, Any] | None:
+        """The start of ``Trainer.fit``: resume when asked; then, under a launcher, wait until every
+        rank has resumed (or not). Rank 0 (and a single process) gets ``None`` and runs the step loop:
+        rollouts, store, serving, hand-over, checkpoints, evaluation; every other rank runs
+        :meth:`follow` here until step ``total`` and returns its last update's metrics."""
+        from .sft import SFT
+
+        if resume:
+            trainer._resume()
+        dp = DataParallel.active() or DataParallel.from_env()
+        if dp is None:
+            return None
+        if isinstance(trainer.algorithm, SFT):
+            raise NotImplementedError("SFT under torchrun / accelerate launch is not supported yet")
+        dp.barrier()  # rank 0's rollouts start once every rank has loaded its checkpoint
+        return None if dp.is_main else dp.follow(trainer, total)
+
+    @staticmethod
+    def shared(build: Callable[..., tuple[list[Sample], dict[str, float]]]) -> Callable[..., Any]:
+        """``build`` (rank 0's sample building) followed, under a launcher, by the broadcast of its
+        samples to the other ranks (which receive them in :meth:`follow`)."""
+
+        def run(*args: Any, **kwargs: Any) -> tuple[list[Sample], dict[str, float]]:
+            samples, stats = build(*args, **kwargs)
+            dp = DataParallel.active()
+            return (samples if dp is None else dp.broadcast_samples(samples)), stats
+
+        return run
 
     @property
     def is_main(self) -> bool:
@@ -208,7 +247,20 @@ class DataParallel:
 
         box: list[Any] = [samples_to_json(samples or []) if self.is_main else None]
         self._collective("broadcast of the samples", dist.broadcast_object_list, box, src=0)
-        return samples_from_json(box[0])
+        return list(samples or []) if self.is_main else samples_from_json(box[0])
+
+    def follow(self, trainer: Any, total: int) -> dict[str, Any]:
+        """A rank other than 0, until step ``total``: each step rank 0's samples (its advantages are
+        computed here the same way), then this rank's share of the update of every policy."""
+        from .update import Timer
+
+        last: dict[str, Any] = {}
+        while trainer.step < total:
+            trainer._timer = Timer(trainer.device)
+            samples = self.broadcast_samples(None)
+            last = trainer._update(samples) if samples else {"train/skipped_update": 1.0}
+            trainer.step += 1
+        return last
 
     def mine(self, sizes: Sequence[int]) -> set[int]:
         """Which of a mini-batch's micro-batches (``sizes``: their padded tokens) this rank computes;
@@ -258,7 +310,8 @@ class DataParallel:
         self.imbalance = []
         return out
 
-    def checksum(self, params: Iterable[tuple[str, torch.Tensor]]) -> str:
+    @staticmethod
+    def checksum(params: Iterable[tuple[str, torch.Tensor]]) -> str:
         """A SHA-256 of named tensors (e.g. the adapter's), to check that every rank holds the same."""
         h = hashlib.sha256()
         for name, t in sorted(params, key=lambda kv: kv[0]):
@@ -284,6 +337,9 @@ class DataParallel:
         can make that one abort)."""
         import torch.distributed as dist
 
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
         if dist.is_initialized():
             self.barrier()
             dist.destroy_process_group()

@@ -38,6 +38,7 @@ from ._runtime import enable_gradient_checkpointing as _enable_gradient_checkpoi
 from ._runtime import is_checkpointing as _is_checkpointing  # noqa: F401 (old name)
 from .batching import Sample
 from .checkpoint import policy_states, resume_latest, save_checkpoint, save_policies
+from .distributed import DataParallel
 from .engine_setup import build_engine, training_model, update_autocast
 from .evaluation import FailedSteps, evaluation_summary, rollout_metrics
 from .grpo import GRPO
@@ -336,8 +337,8 @@ class Trainer:
             return self._apo.run(self, agent, train_dataset, val_dataset, resume=resume)
         per_epoch = math.ceil(len(train_dataset) / self.batch_size)
         total = steps if steps is not None else per_epoch * epochs
-        if resume:
-            self._resume()
+        if (followed := DataParallel.start(self, total, resume)) is not None:  # resume; under torchrun:
+            return followed  # a rank other than 0, which only took its share of each step's update
         last: dict[str, Any] = {}
         bar = progress(total, "training", initial=min(self.step, total))
 
@@ -465,7 +466,7 @@ class Trainer:
 
     # -- samples and the update -------------------------------------------------------------
     def _samples(self, results: Sequence[RolloutResult]) -> tuple[list[Sample], dict[str, float]]:
-        return build_samples(
+        return DataParallel.shared(build_samples)(  # under torchrun, rank 0's samples go to every rank
             results,
             self.store,
             version=int(self.engine.version),
@@ -531,6 +532,7 @@ class Trainer:
             merged=self.transitions_mode == "trajectory",
             step=self.step,
             timer=self._timer,
+            data_parallel=DataParallel.active(),
         )
         return optimise(model, samples, self.algorithm, pol.optimizer, pol.value_head, settings)  # type: ignore[arg-type]
 

@@ -1,0 +1,66 @@
+"""One rank of ``Trainer.fit`` under torchrun (run by tests/rl/test_distributed.py).
+
+``python -m torch.distributed.run --nproc_per_node 2 _dist_fit_worker.py OUT STEPS [resume]``: GRPO on
+the tiny Llama served in-process, a checkpoint every step into ``OUT``; writes ``OUT/fit-rank<r>.json``
+(the step reached, the adapter's checksum, the last metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests._helpers
+
+from tests._helpers import tiny_llama
+
+import agentlightning_lite as agl
+from agentlightning_lite.rl.distributed import DataParallel, detect
+from agentlightning_lite.serving.engines import HFEngine
+from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+
+def varied(task: dict, llm: agl.LLM) -> float:
+    """Rewards replies with more distinct characters: a spread in every group, so GRPO has a gradient."""
+    reply = llm.openai_client().chat.completions.create(
+        model=llm.model, max_tokens=8, temperature=1.0, messages=[{"role": "user", "content": task["q"]}]
+    )
+    return len(set(reply.choices[0].message.content or "")) / 8.0
+
+
+def main() -> None:
+    out, steps, resume = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["resume"]
+    launch = detect()
+    rank = launch.rank if launch else 0
+    lora = agl.LoRA(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    engine = HFEngine(
+        tiny_llama(), tokenizer=ByteTokenizer(), lora=lora, seed=0, model_name="tiny", num_threads=1
+    )
+    trainer = agl.Trainer(
+        engine=engine,
+        algorithm=agl.GRPO(group_size=4, lr=1e-2, micro_batch_size=2),
+        batch_size=2,
+        store=agl.MemoryStore(),
+        output_dir=out,
+        loggers=[],
+        save_every=1,
+        old_logprobs="recompute",
+    )
+    tasks = [{"q": f"Tell me about {i}."} for i in range(4)]
+    try:
+        last = trainer.fit(varied, tasks, steps=steps, resume=resume)
+        lora_state = [(n, p) for n, p in trainer.policy.named_parameters() if "lora_" in n]
+        digest = DataParallel.checksum(lora_state)
+        (out / f"fit-rank{rank}.json").write_text(
+            json.dumps({"step": trainer.step, "checksum": digest, "metrics": last})
+        )
+    finally:
+        trainer.close()
+        engine.close()
+        if (dp := DataParallel.active()) is not None:
+            dp.close()
+
+
+if __name__ == "__main__":
+    main()
