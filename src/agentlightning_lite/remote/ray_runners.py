@@ -15,7 +15,7 @@ from .runners import RemoteRunners
 
 __all__ = ["RayRunners"]
 
-logger = logging.getLogger("agentlightning_lite.remote")
+logger = logging.getLogger(__name__)
 
 
 class _RunnerActor:

@@ -22,7 +22,7 @@ from .routes import remote_routes
 
 __all__ = ["RemoteRunners"]
 
-logger = logging.getLogger("agentlightning_lite.remote")
+logger = logging.getLogger(__name__)
 
 
 class RemoteRunners:

@@ -48,7 +48,9 @@ def rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        np_state = np.random.get_state()
+        assert isinstance(np_state, tuple)  # the global RandomState is an MT19937: the legacy tuple
+        kind, keys, pos, has_gauss, cached = np_state
         state["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
     except ImportError:  # pragma: no cover
         pass

@@ -97,7 +97,8 @@ def step_diagnostics(
         bare = Counter(
             s.agent
             for s in served
-            if s.agent in agent_policy
+            if s.agent is not None
+            and s.agent in agent_policy
             and agent_policy[s.agent] != "default"
             and s.attributes.get("adapter") is None
         )

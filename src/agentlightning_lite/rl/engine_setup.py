@@ -82,7 +82,7 @@ def build_engine(
     if not isinstance(engine, str):
         return _attach(engine, plan), None
     kind = choose_engine(engine)
-    routes = {} if plan.shared else {"routes": plan.routes}
+    routes: dict[str, Any] = {} if plan.shared else {"routes": plan.routes}
     if kind == "hf":
         hf_options = {"seed": seed, "max_batch_size": max(16, concurrency), **options}
         return eng.HFEngine(model, **_adapters(plan), **routes, **hf_options), None

@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["MetricsLogger", "plot_reward_curve"]
 
-logger = logging.getLogger("agentlightning_lite.metrics")
+logger = logging.getLogger(__name__)
 
 
 class MetricsLogger:

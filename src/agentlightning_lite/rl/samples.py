@@ -27,7 +27,7 @@ def next_tasks(
 ) -> tuple[list[tuple[int, Any]], int, int]:
     """The next ``n`` (index, task) pairs of a seeded per-epoch shuffle, from data position
     (``epoch``, ``cursor``); returns them and the position after them."""
-    out = []
+    out: list[tuple[int, Any]] = []
     while len(out) < n:
         order = list(range(len(dataset)))
         random.Random(seed * 100_003 + epoch).shuffle(order)
