@@ -164,6 +164,8 @@ def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, algo: str) -
     assert r0["metrics"]["dist/world_size"] == 2.0
     assert 1.0 <= r0["metrics"]["dist/token_imbalance"] < 2.0
     assert r0["metrics"]["train/grad_norm"] == pytest.approx(ref["metrics"]["train/grad_norm"], rel=1e-4)
+    for key in ("train/loss", "train/pg_loss", "train/clip_frac"):  # every rank's micro-batches, on rank 0
+        assert r0["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-4, abs=1e-6), key
     assert ref["moved"] > 100 * ATOL  # the update moved the adapter far more than the tolerance
     if algo == "ppo":
         assert any(v != 0 for v in ref["state"]["value_head.v.weight"][0])

@@ -302,6 +302,20 @@ class DataParallel:
             else:
                 p.grad.copy_(g)
 
+    def gather_logs(self, logs: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Every rank's per-micro-batch values of the update's metrics, key by key (the grad norm is
+        taken after the all-reduce, the same on every rank: this rank's)."""
+        import torch.distributed as dist
+
+        got: list[Any] = [None] * self.world_size
+        self._collective("gather of the update's metrics", dist.all_gather_object, got, logs)
+        out: dict[str, list[float]] = {}
+        for rank_logs in got:
+            for k, v in rank_logs.items():
+                out.setdefault(k, []).extend(v)
+        out["train/grad_norm"] = logs["train/grad_norm"]
+        return out
+
     def metrics(self) -> dict[str, float]:
         """``dist/token_imbalance``: the worst mini-batch split since the last call (max/mean tokens)."""
         out = {"dist/world_size": float(self.world_size)}

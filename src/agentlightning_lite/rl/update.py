@@ -246,6 +246,8 @@ def optimise(
         advantages = algo.token_advantages(chunks, batches, reference.old_v, cfg.merged)
     with cfg.timer.phase("update"):
         logs = _epochs(model, chunks, batches, reference, advantages, algo, optimizer, value_head, cfg)
+    if cfg.data_parallel:  # every rank's micro-batches in the metrics, as in one process
+        logs = cfg.data_parallel.gather_logs(logs)
     out = {k: statistics.fmean(v) for k, v in logs.items()}
     out["train/logprob_mismatch_mean"] = reference.mismatch_mean
     out["train/logprob_mismatch_max"] = reference.mismatch_max
