@@ -11,15 +11,14 @@ import concurrent.futures
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from ... import models
 from ..structured import ResponseFormat, ResponseFormatError, grammar, ll_tokenizer, tool_names
 from .base import BatchingEngine, GenRequest, GenResult
+from .hf_sampling import LogprobsMode, allowed_tokens, grammar_matcher, sample_row, sample_rows
 
 __all__ = ["HFEngine"]
-
-LogprobsMode = Literal["scaled", "raw", "processed"]
 
 
 class HFEngine(BatchingEngine):
@@ -400,38 +399,6 @@ class HFEngine(BatchingEngine):
                 return failed
         return super().submit(request)
 
-    def _matcher(self, req: GenRequest) -> Any:
-        """An llguidance matcher for a request with a ``response_format`` (``None`` without one)."""
-        if req.response_format is None:
-            return None
-        import llguidance
-
-        m = llguidance.LLMatcher(
-            self._ll_tokenizer(), grammar(req.response_format, tool_names(req.tools)), log_level=0
-        )
-        if m.is_error():
-            raise ResponseFormatError(f"'response_format' cannot be enforced: {m.get_error()}")
-        return m
-
-    def _allowed(self, matchers: Sequence[Any], width: int) -> Any:
-        """The tokens each row may sample next ([n, width] bool; all for unconstrained rows)."""
-        import numpy as np
-        import torch
-
-        rows = []
-        for m in matchers:
-            if m is None:
-                rows.append(np.ones(width, dtype=bool))
-                continue
-            bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-            row = bits[:width].astype(bool)
-            if len(row) < width:
-                row = np.concatenate([row, np.zeros(width - len(row), dtype=bool)])
-            if not row.any():  # cannot happen for a valid grammar; end the reply rather than sample noise
-                row[sorted(self._eos)[0]] = True
-            rows.append(row)
-        return torch.from_numpy(np.stack(rows)).to(self.device)
-
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         import torch
 
@@ -487,51 +454,6 @@ class HFEngine(BatchingEngine):
             return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
         return contextlib.nullcontext()
 
-    def _sample(
-        self, logits: Any, req: GenRequest, gen: Any, allowed: Any = None
-    ) -> tuple[Any, Any, tuple[Any, Any] | None]:
-        """Pick the next token for one row: its id and logprob as 0-d tensors on the model's device,
-        and the top alternatives as ``(ids, logprobs)`` tensors (no host copy: the caller batches them).
-        ``allowed`` (bool, one per token) masks what may be sampled (structured outputs)."""
-        import torch
-
-        raw = torch.log_softmax(logits, dim=-1)
-        pick = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
-        if req.temperature <= 1e-5:
-            token = torch.argmax(pick)
-            report = raw
-        else:
-            scaled = torch.log_softmax(logits / req.temperature, dim=-1)
-            processed = scaled if allowed is None else torch.log_softmax(pick / req.temperature, dim=-1)
-            if req.top_p < 1.0:
-                sorted_lp, order = torch.sort(processed, descending=True)
-                cum = torch.cumsum(sorted_lp.exp(), dim=-1)
-                drop_sorted = (cum - sorted_lp.exp()) >= req.top_p  # keep the smallest set reaching top_p
-                drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-                processed = torch.log_softmax(processed.masked_fill(drop, float("-inf")), dim=-1)
-            token = torch.multinomial(processed.exp(), 1, generator=gen)[0]
-            report = {"scaled": scaled, "raw": raw, "processed": processed}[self.logprobs_mode]
-        top = None
-        if req.top_logprobs:
-            vals, idx = torch.topk(report, req.top_logprobs)
-            top = (idx, vals)
-        return token, report[token], top
-
-    def _sample_rows(self, logits: Any, temps: Any, greedy: Any, allowed: Any = None) -> tuple[Any, Any]:
-        """Sample every row at once (same semantics as :meth:`_sample` without top-p or seeds); the
-        token ids and their logprobs stay on the model's device."""
-        import torch
-
-        raw = torch.log_softmax(logits, dim=-1)
-        scaled = torch.log_softmax(logits / temps, dim=-1)
-        pick = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
-        probs = scaled.exp() if allowed is None else torch.softmax(pick / temps, dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=self._rng).squeeze(-1)
-        tokens = torch.where(greedy, torch.argmax(pick, dim=-1), sampled)
-        report = torch.where(greedy[:, None], raw, raw if self.logprobs_mode == "raw" else scaled)
-        lps = report.gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, lps
-
     def _decode(
         self, requests: Sequence[GenRequest], version: int, adapter: str | None = None
     ) -> list[GenResult]:
@@ -548,7 +470,7 @@ class HFEngine(BatchingEngine):
             mask[i, width - k :] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        matchers = [self._matcher(r) for r in requests]
+        matchers = [grammar_matcher(r, self._ll_tokenizer) for r in requests]
         constrained = any(m is not None for m in matchers)
         gens = []
         for r in requests:
@@ -584,15 +506,15 @@ class HFEngine(BatchingEngine):
         pad = torch.full((n,), self.pad_token_id, dtype=torch.long, device=device)
         done_rows, finished = None, 0  # ``done`` on the device, rebuilt only when a row finishes
         for _step in range(max_new):
-            allowed = self._allowed(matchers, logits.shape[-1]) if constrained else None
+            allowed = allowed_tokens(matchers, logits.shape[-1], self._eos, device) if constrained else None
             if any(fast):
-                step_tok, step_lp = self._sample_rows(logits, temps, greedy, allowed)
+                step_tok, step_lp = sample_rows(logits, temps, greedy, self._rng, self.logprobs_mode, allowed)
             else:
                 step_tok, step_lp = pad.clone(), torch.zeros(n, device=device)
             for i, r in enumerate(requests):
                 if not (done[i] or fast[i]):
                     row_allowed = None if matchers[i] is None or allowed is None else allowed[i]
-                    tok, lp, top = self._sample(logits[i], r, gens[i], row_allowed)
+                    tok, lp, top = sample_row(logits[i], r, gens[i], self.logprobs_mode, row_allowed)
                     step_tok[i], step_lp[i] = tok, lp
                     if top is not None:
                         row_tops[i].append(top)
