@@ -11,6 +11,7 @@ import pytest
 import agentlightning_lite as agl
 from agentlightning_lite.serving import engines
 from agentlightning_lite.serving.engines import (
+    AdapterRemovingEngine,
     InPlaceEngine,
     MultiAdapterEngine,
     ServingEngine,
@@ -23,6 +24,7 @@ def test_scripted_engine_serves_only() -> None:
     assert isinstance(engine, ServingEngine)
     assert not isinstance(engine, TrainableEngine)
     assert not isinstance(engine, MultiAdapterEngine)
+    assert not isinstance(engine, AdapterRemovingEngine)
     assert not hasattr(engine, "update_weights")  # no method that only raises: the contract is honest
 
 
@@ -30,6 +32,10 @@ def test_hf_engine_trains_in_place_and_serves_several_adapters(tiny_engine: Any)
     engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
     assert isinstance(engine, InPlaceEngine) and isinstance(engine, TrainableEngine)
     assert isinstance(engine, MultiAdapterEngine)
+    assert isinstance(engine, AdapterRemovingEngine)  # the PolicyServer's unload route relies on it
+    engine.add_adapter("extra", agl.LoRA(r=2, alpha=4))
+    engine.remove_adapter("extra")
+    assert "extra" not in engine.adapters
     assert engine.update_weights(lambda model: None) == 1  # the engine counts its own updates
     assert engine.version == 1
 
@@ -43,6 +49,7 @@ def test_vllm_engine_takes_weights_but_does_not_train_in_place(tiny_engine: Any)
             assert isinstance(engine, TrainableEngine)
             assert not isinstance(engine, InPlaceEngine)  # weights live in vLLM: the trainer pushes copies
             assert isinstance(engine, MultiAdapterEngine)  # saved adapters, loaded over HTTP
+            assert not isinstance(engine, AdapterRemovingEngine)  # vLLM's adapters are not taken out
         finally:
             engine.close()
 

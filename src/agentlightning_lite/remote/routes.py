@@ -196,7 +196,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
 
     def version_of(rid: str) -> int:
         v = queue.weights_version_of(rid)
-        return int(getattr(server.engine, "version", 0)) if v is None else v
+        return server.engine.version if v is None else v
 
     def require_rollout(rid: str) -> None:
         if rid in known or queue.knows(rid):

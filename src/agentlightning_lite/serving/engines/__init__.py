@@ -7,13 +7,14 @@ attached), and a scripted one for tests.
 """
 
 from .base import BatchingEngine, Engine, GenRequest, GenResult
-from .contract import InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
+from .contract import AdapterRemovingEngine, InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
 from .hf import HFEngine
 from .http import BackendError, HTTPEngine
 from .scripted import ScriptedEngine
 from .vllm import VLLMEngine
 
 __all__ = [
+    "AdapterRemovingEngine",
     "BackendError",
     "BatchingEngine",
     "Engine",

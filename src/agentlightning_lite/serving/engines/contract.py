@@ -1,4 +1,4 @@
-"""What the rest of the package may ask of an engine: three small protocols.
+"""What the rest of the package may ask of an engine: a few small protocols.
 
 :class:`ServingEngine` is what every engine does (the PolicyServer needs nothing more): turn
 chat messages into prompt token ids and back, generate (blocking, or one request as a future that
@@ -7,7 +7,8 @@ can be cancelled), say which response formats it can enforce, count its weight `
 the only one that changes its ``version`` (callers read it, never write it).
 :class:`InPlaceEngine` is a trainable engine whose module *is* the training model (``HFEngine``):
 the trainer updates ``model`` inside ``update_weights(fn)``, under the engine's lock.
-:class:`MultiAdapterEngine` serves several LoRA adapters on one base model, one per agent.
+:class:`MultiAdapterEngine` serves several LoRA adapters on one base model, one per agent;
+:class:`AdapterRemovingEngine` can also take one out again (``HFEngine``).
 
 The protocols are checked at runtime with ``isinstance`` (attribute presence, not signatures):
 
@@ -28,7 +29,14 @@ from typing import Any, Protocol, Union, runtime_checkable
 from ..structured import ResponseFormat
 from .base import GenRequest, GenResult
 
-__all__ = ["InPlaceEngine", "MultiAdapterEngine", "ServingEngine", "TrainableEngine", "WeightSource"]
+__all__ = [
+    "AdapterRemovingEngine",
+    "InPlaceEngine",
+    "MultiAdapterEngine",
+    "ServingEngine",
+    "TrainableEngine",
+    "WeightSource",
+]
 
 #: What :meth:`TrainableEngine.update_weights` accepts: a state dict, an adapter directory, or (engines
 #: that train in place) a function run on the engine's own model under its lock.
@@ -113,3 +121,11 @@ class MultiAdapterEngine(ServingEngine, Protocol):
     def add_adapter(self, name: str, lora: Any, trainable: bool | None = None) -> None:
         """Add adapter ``name``: LoRA settings (a fresh, trainable adapter) or a saved adapter's
         directory (loaded frozen unless ``trainable=True``)."""
+
+
+@runtime_checkable
+class AdapterRemovingEngine(MultiAdapterEngine, Protocol):
+    """A multi-adapter engine that can also remove an adapter (``HFEngine``)."""
+
+    def remove_adapter(self, name: str) -> None:
+        """Remove adapter ``name`` (``KeyError`` when the engine has no such adapter)."""

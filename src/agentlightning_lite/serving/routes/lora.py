@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from ... import __version__
-from ..engines.contract import MultiAdapterEngine
+from ..engines.contract import AdapterRemovingEngine, MultiAdapterEngine
 from ..errors import APIError, JSONResponse, bad_request
 from .calls import check_auth, read_json
 
@@ -83,9 +83,9 @@ async def unload_lora_adapter(server: PolicyServer, request: Request) -> Respons
     check_auth(server, request)
     body = await read_json(request, server.max_body_bytes)
     name = _name(body)
-    remove = getattr(server.engine, "remove_adapter", None)
+    engine = server.engine
     async with server.lora_lock:
-        if name not in server.lora_adapters or remove is None:
+        if name not in server.lora_adapters or not isinstance(engine, AdapterRemovingEngine):
             raise APIError(
                 404,
                 f"The lora adapter '{name}' cannot be found.",
@@ -93,7 +93,7 @@ async def unload_lora_adapter(server: PolicyServer, request: Request) -> Respons
                 param="lora_name",
                 code="lora_not_found",
             )
-        await run_in_threadpool(remove, name)
+        await run_in_threadpool(engine.remove_adapter, name)
         del server.lora_adapters[name]
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
