@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import socket
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -30,6 +28,7 @@ from starlette.routing import BaseRoute, Route
 from ..errors import AGLError, UnknownRolloutError
 from ..store.base import Store
 from ..store.memory import MemoryStore
+from ._threaded import ThreadedUvicorn
 from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
@@ -65,7 +64,7 @@ class _RecentSet:
                 self._items.popitem(last=False)
 
 
-class PolicyServer:
+class PolicyServer(ThreadedUvicorn):
     """Serve an engine over the OpenAI API and record each call, with its tokens, in a store.
 
     The server runs in a background thread of this process (``with PolicyServer(...) as server``
@@ -111,6 +110,10 @@ class PolicyServer:
     [True]
     """
 
+    _label = "PolicyServer"
+    _thread_name = "agl-policy-server"
+    _backlog = 2048
+
     def __init__(
         self,
         engine: ServingEngine,
@@ -128,10 +131,9 @@ class PolicyServer:
         max_body_bytes: int = 32 * 2**20,
         loop: str = "auto",
     ) -> None:
+        super().__init__(host, port, log_level)
         self.engine = engine
         self.store: Store = store if store is not None else MemoryStore()
-        self.host = host
-        self._requested_port = int(port)
         self.api_key = api_key
         self.model_name = model_name or engine.model_name
         self.served_names = {self.model_name, engine.model_name, *aliases}
@@ -139,7 +141,6 @@ class PolicyServer:
         self.max_n = max_n
         self.record_unrouted = record_unrouted
         self.flush = flush
-        self.log_level = log_level
         self.max_body_bytes = int(max_body_bytes)
         if loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
@@ -158,125 +159,19 @@ class PolicyServer:
         #: ``model`` names one is served by it
         self.lora_adapters: dict[str, str] = {}
         self.lora_lock = asyncio.Lock()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self._socket: socket.socket | None = None
-        self._port: int | None = None
         self.app = self._build_app()
 
-    # -- lifecycle ------------------------------------------------------------------------
-    @property
-    def port(self) -> int:
-        """The port the server listens on (known once started)."""
-        if self._port is None:
-            raise RuntimeError("the PolicyServer is not started")
-        return self._port
-
-    @property
-    def url(self) -> str:
-        """``http://host:port`` (no path)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
+    # -- lifecycle (start, stop, serve_forever, port, url, running: ThreadedUvicorn) -------------
     @property
     def base_url(self) -> str:
         """The OpenAI base URL of unrouted calls: ``http://host:port/v1``."""
         return f"{self.url}/v1"
 
-    @property
-    def running(self) -> bool:
-        """Whether the server thread is serving."""
-        return self._thread is not None and self._thread.is_alive()
+    def _config_options(self) -> dict[str, Any]:
+        return {"timeout_keep_alive": 30, "loop": self.loop}
 
-    def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # proto=IPPROTO_TCP, not 0: the accepted sockets inherit it, and plain asyncio sets
-        # TCP_NODELAY only on sockets whose proto says TCP. Without it every response waited for the
-        # client's delayed ACK (about 40 ms) unless uvloop served. The listener's flag is inherited too.
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind((self.host, self._requested_port))
-        except OSError as exc:
-            sock.close()
-            raise OSError(f"cannot listen on {self.host}:{self._requested_port}: {exc}") from exc
-        sock.listen(2048)
-        sock.set_inheritable(True)
-        return sock
-
-    def _make_server(self) -> Any:
-        import uvicorn
-
-        config = uvicorn.Config(
-            self.app,
-            log_level=self.log_level,
-            access_log=False,
-            lifespan="off",
-            timeout_keep_alive=30,
-            loop=self.loop,
-        )
-        return uvicorn.Server(config)
-
-    def start(self, timeout: float = 30.0) -> PolicyServer:
-        """Start serving in a background thread; returns once the port accepts connections."""
-        if self.running:
-            return self
-        self._socket = self._bind()
-        self._port = self._socket.getsockname()[1]
-        self._server = self._make_server()
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, name="agl-policy-server", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("the PolicyServer thread stopped while starting (see the log above)")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"the PolicyServer did not start within {timeout} s")
-            time.sleep(0.01)
+    def _on_started(self) -> None:
         logger.info("PolicyServer serving %s at %s", self.model_name, self.base_url)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving (open connections get ``timeout`` seconds to finish)."""
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive() and self._server is not None:
-                self._server.force_exit = True
-                self._thread.join(timeout)
-        self._thread = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-
-    def serve_forever(self) -> None:
-        """Serve in the foreground until Ctrl-C or SIGTERM (what ``agl-lite serve`` runs)."""
-        import signal
-
-        def _term(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, _term)
-        self.start()
-        try:
-            while self.running:
-                self._thread.join(0.5)  # type: ignore[union-attr]
-        except KeyboardInterrupt:
-            pass
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            self.stop()
-
-    def __enter__(self) -> PolicyServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         where = self.base_url if self._port is not None else "not started"
