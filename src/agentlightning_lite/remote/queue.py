@@ -400,26 +400,39 @@ class RolloutQueue:
             raise InvalidRequestError(f"status must be one of {_FINISHED}, got {status!r}")
         reward = check_reward(reward)
         with self._lock:
-            a = self._attempts.get(rollout_id)
-            ended = None if a is not None else self._ended.get(rollout_id)
-            if a is None and ended is None:
-                raise UnknownRolloutError(rollout_id, _NOT_OURS.format(rollout_id))
-            if not lease_ok(a.lease if a is not None else ended.lease, leases):  # type: ignore[union-attr]
-                raise LeaseMismatch(f"rollout {rollout_id!r}: the result does not carry its lease")
+            a, ended = self._leased(rollout_id, leases, "result")
             if a is not None:
                 a.job.rollout_id = rollout_id
                 self._finish_job(a.job, status, reward, error)
                 self._end(a, "done")
                 previous = "running"
             else:
-                previous = ended.state  # type: ignore[union-attr]
+                assert ended is not None
+                previous = ended.state
         if previous == "running":
             self.store.finish_rollout(rollout_id, status=status, reward=reward, error=error)
             return {"counted": True, "status": status}
         if previous == "done":  # the runner retried a call whose answer it did not get
-            return {"counted": True, "status": ended.status, "duplicate": True}  # type: ignore[union-attr]
+            assert ended is not None
+            return {"counted": True, "status": ended.status, "duplicate": True}
         self._record_late(rollout_id, status, reward, error, previous)
         return {"counted": False, "status": previous, "reason": f"the attempt was given up ({previous})"}
+
+    def _leased(
+        self, rollout_id: str, leases: Collection[str] | None, what: str
+    ) -> tuple[Attempt | None, _Ended | None]:
+        """The running attempt or the record of the ended one (exactly one is set), its lease checked.
+
+        Call under the lock. Raises :class:`UnknownRolloutError` or :class:`LeaseMismatch`.
+        """
+        a = self._attempts.get(rollout_id)
+        ended = None if a is not None else self._ended.get(rollout_id)
+        holder = a if a is not None else ended
+        if holder is None:
+            raise UnknownRolloutError(rollout_id, _NOT_OURS.format(rollout_id))
+        if not lease_ok(holder.lease, leases):
+            raise LeaseMismatch(f"rollout {rollout_id!r}: the {what} does not carry its lease")
+        return a, ended
 
     def set_reward(self, rollout_id: str, reward: float, leases: Collection[str] | None = None) -> None:
         """Record the reward of a running attempt (its result comes later).
@@ -430,15 +443,10 @@ class RolloutQueue:
         """
         reward = check_reward(reward)  # type: ignore[assignment]
         with self._lock:
-            a = self._attempts.get(rollout_id)
-            ended = None if a is not None else self._ended.get(rollout_id)
-            if a is None and ended is None:
-                raise UnknownRolloutError(rollout_id, _NOT_OURS.format(rollout_id))
-            if not lease_ok(a.lease if a is not None else ended.lease, leases):  # type: ignore[union-attr]
-                raise LeaseMismatch(f"rollout {rollout_id!r}: the reward does not carry its lease")
-            if a is None:
+            _, ended = self._leased(rollout_id, leases, "reward")
+            if ended is not None:
                 raise OutcomeCounted(
-                    f"rollout {rollout_id!r} ended ({ended.state}): its outcome is counted, "  # type: ignore[union-attr]
+                    f"rollout {rollout_id!r} ended ({ended.state}): its outcome is counted, "
                     "its reward cannot change"
                 )
             # under the lock: a result counted meanwhile cannot be overwritten by this reward
