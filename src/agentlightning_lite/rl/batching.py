@@ -296,3 +296,20 @@ def _forward_logprobs_full(
         hidden = out.hidden_states[-1][:, -(r + 1) : -1, :].float()
         values = value_head(hidden)
     return logp, values
+
+
+def micro_batches(samples: Sequence[Sample], most: int, max_tokens: int) -> list[list[Sample]]:
+    """Split samples (in order) so each chunk has at most ``most`` samples and, padded, ``max_tokens``."""
+    chunks: list[list[Sample]] = []
+    cur: list[Sample] = []
+    p_max = r_max = 0
+    for s in samples:
+        p, r = max(p_max, len(s.prompt_ids)), max(r_max, len(s.response_ids))
+        if cur and (len(cur) >= most or (len(cur) + 1) * (p + r) > max_tokens):
+            chunks.append(cur)
+            cur, p, r = [], len(s.prompt_ids), len(s.response_ids)
+        cur.append(s)
+        p_max, r_max = p, r
+    if cur:
+        chunks.append(cur)
+    return chunks

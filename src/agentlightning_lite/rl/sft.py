@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .batching import Sample, collate, forward_logprobs
+from .batching import Sample, collate, forward_logprobs, micro_batches
 
 __all__ = ["SFT", "sft_loss", "sft_update"]
 
@@ -80,22 +80,6 @@ class SFT:
             raise ValueError("SFT has no KL term: kl_coef must be 0")
 
 
-def _chunks(samples: Sequence[Sample], most: int, max_tokens: int) -> list[list[Sample]]:
-    out: list[list[Sample]] = []
-    cur: list[Sample] = []
-    p_max = r_max = 0
-    for s in samples:
-        p, r = max(p_max, len(s.prompt_ids)), max(r_max, len(s.response_ids))
-        if cur and (len(cur) >= most or (len(cur) + 1) * (p + r) > max_tokens):
-            out.append(cur)
-            cur, p, r = [], len(s.prompt_ids), len(s.response_ids)
-        cur.append(s)
-        p_max, r_max = p, r
-    if cur:
-        out.append(cur)
-    return out
-
-
 def _greedy(samples: Sequence[Sample]) -> list[Sample]:
     """Sampling temperature does not apply to teacher forcing: score every token at T=1."""
     out = []
@@ -128,7 +112,7 @@ def sft_loss(
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        for c in _chunks(samples, micro_batch_size, micro_batch_tokens):
+        for c in micro_batches(samples, micro_batch_size, micro_batch_tokens):
             b = collate(c, pad_id).to(device)
             lp, _ = forward_logprobs(model, b)
             total += float(-(lp * b.response_mask).sum())
@@ -163,7 +147,9 @@ def sft_update(
         rng.shuffle(order)
         mini = algo.mini_batch_size or len(order)
         for start in range(0, len(order), mini):
-            chunks = _chunks(order[start : start + mini], algo.micro_batch_size, algo.micro_batch_tokens)
+            chunks = micro_batches(
+                order[start : start + mini], algo.micro_batch_size, algo.micro_batch_tokens
+            )
             batches = [collate(c, pad_id).to(device) for c in chunks]
             n_tokens = sum(float(b.response_mask.sum()) for b in batches)
             if n_tokens == 0:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .batching import Sample, TokenBatch, collate, forward_logprobs
+from .batching import Sample, TokenBatch, collate, forward_logprobs, micro_batches
 from .grpo import aggregate, kl_penalty, policy_loss
 from .policies import Policy
 from .policy_gradient import PolicyGradient
@@ -77,23 +77,6 @@ class UpdateSettings:
     timer: Timer = field(default_factory=Timer)
     #: a :class:`~.distributed.DataParallel` when several ranks share the update, else ``None``
     data_parallel: Any = None
-
-
-def micro_batches(samples: list[Sample], most: int, max_tokens: int) -> list[list[Sample]]:
-    """Split samples (in order) so each chunk has at most ``most`` samples and, padded, ``max_tokens``."""
-    chunks: list[list[Sample]] = []
-    cur: list[Sample] = []
-    p_max = r_max = 0
-    for s in samples:
-        p, r = max(p_max, len(s.prompt_ids)), max(r_max, len(s.response_ids))
-        if cur and (len(cur) >= most or (len(cur) + 1) * (p + r) > max_tokens):
-            chunks.append(cur)
-            cur, p, r = [], len(s.prompt_ids), len(s.response_ids)
-        cur.append(s)
-        p_max, r_max = p, r
-    if cur:
-        chunks.append(cur)
-    return chunks
 
 
 @dataclass
