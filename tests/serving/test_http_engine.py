@@ -191,6 +191,68 @@ def test_token_ids_and_logprobs_identical_to_the_in_process_engine(backend: Any)
         local.close()
 
 
+def test_requests_name_every_sampling_setting(backend: Any, monkeypatch: Any) -> None:
+    """A vLLM server fills unset sampling settings from the model's generation_config.json (top_k 20,
+    repetition_penalty 1.05 for Qwen2.5): the engine sends neutral ones, so that only temperature and
+    top_p shape the distribution, as in the HF engine the trainer recomputes logprobs with."""
+    server = backend()
+    engine = HTTPEngine(server.url, tokenizer=server.engine.tokenizer, api_key="k")
+    sent: list[dict[str, Any]] = []
+    post_ = engine._post
+
+    async def spy(b: Any, path: str, body: dict[str, Any]) -> Any:
+        sent.append(dict(body))
+        return await post_(b, path, body)
+
+    monkeypatch.setattr(engine, "_post", spy)
+    try:
+        req = GenRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.7, top_p=0.9, seed=3)
+        assert engine.generate([req])[0].num_tokens == 2
+        (body,) = sent
+        assert body["prompt"] == [1, 2, 3] and body["return_token_ids"] and body["logprobs"] == 0
+        assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, 3)
+        assert {k: body[k] for k in ("top_k", "min_p", "repetition_penalty")} == {
+            "top_k": 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+        }
+        assert body["presence_penalty"] == body["frequency_penalty"] == 0.0
+    finally:
+        engine.close()
+
+
+def test_a_dead_backend_fails_the_agents_call_with_its_url_and_the_next_call_goes_elsewhere(
+    backend: Any,
+) -> None:
+    """Through a PolicyServer on the HTTP engine: the agent gets an error naming the dead server (its
+    rollout then fails or is retried by the usual rules), an error span is recorded, and the next call
+    of the same rollout is served by the live server."""
+    import socket
+
+    live = backend()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    engine = HTTPEngine([dead, live.url], tokenizer=live.engine.tokenizer, api_key="k", revive_after_s=60)
+    store = agl.MemoryStore()
+    try:
+        with PolicyServer(engine, store) as front:
+            ro = store.start_rollout("t")
+            url = f"{front.url}/rollout/{ro.rollout_id}/v1/chat/completions"
+            messages = [{"role": "user", "content": "hi"}]
+            body = {"model": engine.model_name, "messages": messages, "max_tokens": 3}
+            first = httpx.post(url, json=body, timeout=60)
+            assert first.status_code == 500
+            assert f"inference server {dead} is unreachable" in first.json()["error"]["message"]
+            second = httpx.post(url, json=body, timeout=60)
+            assert second.status_code == 200
+        spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
+        assert [s.status for s in spans] == ["error", "ok"]
+        assert engine.session_servers == {ro.rollout_id: live.url}
+    finally:
+        engine.close()
+
+
 def test_agents_stream_through_a_policy_server_on_the_http_engine(backend: Any) -> None:
     openai = pytest.importorskip("openai")
     server = backend()
@@ -371,7 +433,7 @@ def test_vllm_serve_command_line_and_environment() -> None:
         "--host", "127.0.0.1", "--port", "8123",
         "--served-model-name", "policy",
         "--enable-lora", "--max-lora-rank", "32", "--max-loras", "4",
-        "--gpu-memory-utilization", "0.45",
+        "--gpu-memory-utilization", "0.45", "--logprobs-mode", "processed_logprobs",
         "--max-model-len", "4096", "--tensor-parallel-size", "2", "--enable-prefix-caching",
         "--enforce-eager",
     ]  # fmt: skip
@@ -382,7 +444,7 @@ def test_vllm_serve_command_line_and_environment() -> None:
         "CUDA_VISIBLE_DEVICES": "2,3",
     }
     assert "secret" not in argv  # the key stays off the command line
-    argv, env = vllm_serve_command("m", port=1, enable_lora=False, env={})
+    argv, env = vllm_serve_command("m", port=1, enable_lora=False, logprobs_mode=None, env={})
     assert argv == ["vllm", "serve", "m", "--host", "127.0.0.1", "--port", "1", "--served-model-name", "m"]
     assert env == {}
 
@@ -510,7 +572,8 @@ def test_vllm_engine_starts_one_server_per_gpu_and_hands_adapters_to_each(
                 "serve", "tiny-model", "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1],
                 "--served-model-name", "tiny-model",
                 "--enable-lora", "--max-lora-rank", "64", "--max-loras", "2",
-                "--gpu-memory-utilization", "0.4", "--max-model-len", "2048",
+                "--gpu-memory-utilization", "0.4", "--logprobs-mode", "processed_logprobs",
+                "--max-model-len", "2048",
             ]  # fmt: skip
         assert engine.max_context == 2048 and engine.model_name == "tiny-model"
         ids = prompts(lora_engine)[2]

@@ -34,6 +34,18 @@ logger = logging.getLogger(__name__)
 __all__ = ["BackendError", "HTTPEngine"]
 
 
+#: Sampling settings sent with every request, so that a server's defaults (vLLM takes them from the
+#: model's ``generation_config.json``: Qwen2.5 asks for top_k 20 and repetition_penalty 1.05) do not
+#: change the distribution sampled from: only temperature and top_p shape it, as in the HF engine.
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "top_k": 0,  # vLLM: 0 disables (-1 is also taken)
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
 class BackendError(RuntimeError):
     """An inference server failed a request: unreachable, dead, or it answered with an error."""
 
@@ -433,6 +445,7 @@ class HTTPEngine(Engine):
             "logprobs": int(req.top_logprobs),  # 0: the sampled token's logprob only
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
+            **NEUTRAL_SAMPLING,
         }
         if req.stop:
             body["stop"] = list(req.stop)

@@ -115,6 +115,7 @@ def vllm_serve_command(
     max_lora_rank: int = 64,
     max_loras: int = 4,
     gpu_memory_utilization: float | None = None,
+    logprobs_mode: str | None = "processed_logprobs",
     api_key: str | None = None,
     gpus: str | None = None,
     extra_args: Sequence[str] = (),
@@ -125,6 +126,9 @@ def vllm_serve_command(
 
     ``options`` become flags: ``max_model_len=4096`` gives ``--max-model-len 4096``, ``True`` a bare
     flag, ``False``/``None`` nothing. ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` (``"0"``, ``"2,3"``).
+    ``logprobs_mode``: which logprobs vLLM reports (``--logprobs-mode``); ``processed_logprobs``, after
+    temperature and top-p, is what the trainer recomputes (``log_softmax(logits / T)`` at ``top_p=1``)
+    and what the HF engine reports; vLLM's own default, ``raw_logprobs``, ignores the temperature.
 
     >>> argv, env = vllm_serve_command("Qwen/Qwen2.5-0.5B-Instruct", port=8000, env={})
     >>> argv[:3]
@@ -132,7 +136,7 @@ def vllm_serve_command(
     >>> argv[3:9]
     ['--host', '127.0.0.1', '--port', '8000', '--served-model-name', 'Qwen/Qwen2.5-0.5B-Instruct']
     >>> argv[9:]
-    ['--enable-lora', '--max-lora-rank', '64', '--max-loras', '4']
+    ['--enable-lora', '--max-lora-rank', '64', '--max-loras', '4', '--logprobs-mode', 'processed_logprobs']
     >>> env
     {'VLLM_ALLOW_RUNTIME_LORA_UPDATING': 'True'}
     """
@@ -148,6 +152,8 @@ def vllm_serve_command(
         ]
     if gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(float(gpu_memory_utilization))]
+    if logprobs_mode is not None:
+        argv += ["--logprobs-mode", str(logprobs_mode)]
     for key, value in options.items():
         if value is None or value is False:
             continue
@@ -197,7 +203,8 @@ class VLLMEngine(HTTPEngine):
         startup_timeout_s: how long to wait for ``/health`` (the first start downloads and compiles).
         log_dir: where each started server's output goes (``vllm-<port>.log``; default: a temp dir).
         vllm_args: more command-line arguments, as given; ``**options``: flags by name
-            (``max_model_len=4096`` is ``--max-model-len 4096``).
+            (``max_model_len=4096`` is ``--max-model-len 4096``; ``logprobs_mode`` defaults to
+            ``"processed_logprobs"``, see :func:`vllm_serve_command`).
         check_version: compare each server's ``/version`` with :data:`SUPPORTED_VLLM`.
 
     Every server gets each new adapter version; a rollout's calls stay on one server; a server that dies
