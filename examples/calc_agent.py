@@ -71,11 +71,13 @@ def calc_agent(task: dict[str, Any], llm: agl.LLM, max_turns: int = 2, temperatu
 
     The calculator protocol is plain text (``<calc>23 + 58</calc>``), as in many ReAct-style agents,
     which keeps prompts short. Each calculator run is a ``tool`` span, so ``agl.air.ToolStatus``
-    can reward the call that asked for it.
+    can reward the call that asked for it. The system prompt is read with ``llm.prompt("system",
+    default=SYSTEM)``: :data:`SYSTEM` unless ``agl.APO`` is scoring a candidate or the trainer was
+    given prompts (``Trainer(prompts=...)``).
     """
     client = llm.openai_client(max_retries=0, timeout=600)
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM},
+        {"role": "system", "content": llm.prompt("system", default=SYSTEM)},  # agl.APO may rewrite it
         *EXAMPLE,
         {"role": "user", "content": task["question"]},
     ]

@@ -131,7 +131,7 @@ async def solve(task: dict[str, Any], llm: agl.LLM, settings: Settings = Setting
         AGENT_NAME,
         model_client=client,
         tools=[calculator],
-        system_message=SYSTEM_PROMPT,
+        system_message=llm.prompt("system", default=SYSTEM_PROMPT),  # agl.APO may rewrite it
         model_context=UnboundedChatCompletionContext(initial_messages=list(EXAMPLE)),
         reflect_on_tool_use=True,
         max_tool_iterations=settings.max_tool_turns,
