@@ -1,8 +1,11 @@
 """The HTTP client a runner talks to the trainer with: every call retried with backoff while it is away.
 
-Connection errors, timeouts, 5xx, 408 and 429 are retried (exponential backoff with jitter, up to
-``max_backoff`` seconds between tries) for ``give_up_after`` seconds (``None``: for ever, so a
-runner outlives a trainer restart); other 4xx answers raise :class:`RemoteError` at once.
+Connection errors, timeouts, 502/503/504 (a proxy in front of a trainer that is away), 408 and 429
+are retried (exponential backoff with jitter, up to ``max_backoff`` seconds between tries) for
+``give_up_after`` seconds (``None``: for ever, so a runner outlives a trainer restart). A trainer
+that answers with another 5xx (500: a failure in its handler) is asked again ``server_error_retries``
+times with the same backoff, then :class:`RemoteError` says what it answered; other 4xx answers raise
+:class:`RemoteError` at once.
 
 A claim's ``lease`` token goes with every heartbeat, result, reward and span batch of that
 rollout, in the ``X-AGL-Lease`` header (the ``lease``/``leases`` arguments below).
@@ -28,7 +31,7 @@ MAX_LEASES = 64  # tokens per request: the header stays small (HTTP servers cap 
 
 logger = logging.getLogger(__name__)
 
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_AWAY_STATUS = frozenset({408, 429, 502, 503, 504})  # retried like a connection error
 
 
 class RemoteError(AGLError):
@@ -61,11 +64,15 @@ class RunnerClient:
         max_backoff: float = 5.0,
         max_connections: int = 64,
         transport: httpx.BaseTransport | None = None,
+        server_error_retries: int = 5,
     ) -> None:
+        if server_error_retries < 0:
+            raise ValueError(f"server_error_retries must be >= 0, got {server_error_retries}")
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.give_up_after = give_up_after
         self.max_backoff = max_backoff
+        self.server_error_retries = server_error_retries
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             base_url=self.url,
@@ -93,6 +100,7 @@ class RunnerClient:
         start = time.monotonic()
         delay = 0.1
         attempt = 0
+        server_errors = 0
         while True:
             attempt += 1
             problem: str
@@ -110,7 +118,17 @@ class RunnerClient:
                     if attempt > 1:
                         logger.info("reached the trainer at %s again", self.url)
                     return resp.json() if resp.content else None
-                if resp.status_code not in _RETRY_STATUS:
+                if resp.status_code >= 500 and resp.status_code not in _AWAY_STATUS:
+                    server_errors += 1
+                    if server_errors > self.server_error_retries:
+                        message, code = _error_of(resp)
+                        raise RemoteError(
+                            resp.status_code,
+                            f"the trainer at {self.url} failed {method} {path} {server_errors} times in a "
+                            f"row (see the trainer's log): {message}",
+                            code,
+                        )
+                elif resp.status_code not in _AWAY_STATUS:
                     message, code = _error_of(resp)
                     raise RemoteError(resp.status_code, message, code)
                 problem = f"HTTP {resp.status_code}"
