@@ -22,6 +22,7 @@ from agentlightning_lite.rl.batching import Sample
 from agentlightning_lite.rl.distributed import DataParallel
 from agentlightning_lite.rl.grpo import GRPO
 from agentlightning_lite.rl.ppo import PPO, ValueHead
+from agentlightning_lite.rl.sft import SFT, sft_update
 from agentlightning_lite.rl.update import UpdateSettings, optimise
 
 
@@ -66,8 +67,9 @@ def main() -> None:
             micro_batch_size=1, epochs=1, lr=1e-2, loss_agg="rollout-mean-token-mean", kl_coef=0.05
         ),
         "ppo": lambda: PPO(micro_batch_size=2, mini_batch_size=4, epochs=2, lr=1e-2),
+        "sft": lambda: SFT(micro_batch_size=2, mini_batch_size=4, epochs=2, lr=1e-2),
     }[algo_name]()
-    head = ValueHead(32) if algo.needs_values else None
+    head = ValueHead(32) if getattr(algo, "needs_values", False) else None
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
     params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head else [])
     opt = torch.optim.AdamW(params, lr=algo.lr, weight_decay=0.01)
@@ -81,8 +83,11 @@ def main() -> None:
             os._exit(3)  # killed mid-step: after its forward/backward, before the all-reduce
 
         dp.all_reduce_grads = dead  # type: ignore[union-attr,method-assign]
-    cfg = UpdateSettings(device=torch.device("cpu"), pad_id=257, data_parallel=dp)
-    metrics = optimise(model, batch, algo, opt, head, cfg)
+    if isinstance(algo, SFT):  # the active DataParallel is picked up, as under Trainer.fit
+        metrics = sft_update(model, opt, batch, algo, pad_id=257, seed=5)
+    else:
+        cfg = UpdateSettings(device=torch.device("cpu"), pad_id=257, data_parallel=dp)
+        metrics = optimise(model, batch, algo, opt, head, cfg)
     state = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
     if head is not None:
         state.update({f"value_head.{n}": p.detach() for n, p in head.named_parameters()})

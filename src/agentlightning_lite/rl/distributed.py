@@ -200,15 +200,11 @@ class DataParallel:
         rank has resumed (or not). Rank 0 (and a single process) gets ``None`` and runs the step loop:
         rollouts, store, serving, hand-over, checkpoints, evaluation; every other rank runs
         :meth:`follow` here until step ``total`` and returns its last update's metrics."""
-        from .sft import SFT
-
         if resume:
             trainer._resume()
         dp = DataParallel.active() or DataParallel.from_env()
         if dp is None:
             return None
-        if isinstance(trainer.algorithm, SFT):
-            raise NotImplementedError("SFT under torchrun / accelerate launch is not supported yet")
         dp.barrier()  # rank 0's rollouts start once every rank has loaded its checkpoint
         return None if dp.is_main else dp.follow(trainer, total)
 
@@ -315,6 +311,17 @@ class DataParallel:
                 out.setdefault(k, []).extend(v)
         out["train/grad_norm"] = logs["train/grad_norm"]
         return out
+
+    def sum_across(self, values: Sequence[float]) -> list[float]:
+        """``values`` summed element-wise across ranks (every rank passes as many, in the same order).
+
+        SFT's loss of a mini batch is the sum of its micro-batches' losses, which the ranks share.
+        """
+        import torch.distributed as dist
+
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        self._collective("all-reduce of the losses", dist.all_reduce, t, op=dist.ReduceOp.SUM)
+        return [float(x) for x in t.cpu()]
 
     def metrics(self) -> dict[str, float]:
         """``dist/token_imbalance``: the worst mini-batch split since the last call (max/mean tokens)."""

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .batching import Sample, collate, forward_logprobs, micro_batches
+from .distributed import DataParallel
 
 __all__ = ["SFT", "sft_loss", "sft_update"]
 
@@ -129,13 +130,23 @@ def sft_update(
     pad_id: int = 0,
     seed: int = 0,
     autocast: torch.dtype | None = None,
+    data_parallel: DataParallel | None = None,
 ) -> dict[str, float]:
     """Teacher-forced updates of ``model`` on ``samples``: ``algo.epochs`` passes, token-mean NLL.
 
     The loss of a mini batch is ``-sum(log p(response token | prompt, earlier tokens)) / tokens``
     over the response tokens only (prompt, tool outputs and padding are masked out). Returns the
     mean loss, the gradient norm and the token count.
+
+    Under ``torchrun`` / ``accelerate launch`` (``data_parallel``, default: this process's active
+    :class:`~.distributed.DataParallel`) every rank shuffles and batches the same samples, computes
+    only its share of each mini batch's micro-batches (split by padded tokens), and the gradients
+    are summed across ranks before the clip and the step: each rank takes the step one process takes.
+
+    >>> sft_update(model, optimizer, samples, agl.SFT(lr=1e-4), pad_id=0)  # doctest: +SKIP
+    {'train/loss': 1.9, 'train/grad_norm': 0.7, 'sft/updates': 1.0, ...}
     """
+    dp = data_parallel if data_parallel is not None else DataParallel.active()
     samples = _greedy(samples)
     device = next(model.parameters()).device
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -156,21 +167,30 @@ def sft_update(
                 continue
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for b in batches:
+            mine = dp.mine([b.input_ids.numel() for b in batches]) if dp else range(len(batches))
+            for k, b in enumerate(batches):
+                if k not in mine:
+                    continue  # another rank's share of the mini batch
                 lp, _ = forward_logprobs(model, b, None, autocast)
                 loss = -(lp * b.response_mask).sum() / n_tokens
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"non-finite SFT loss: {float(loss)}")
                 loss.backward()
                 total += float(loss.detach())
+            if dp:
+                dp.all_reduce_grads(params)  # the sum is the whole mini batch's gradient
             grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
             optimizer.step()
             logs.setdefault("train/loss", []).append(total)
             logs.setdefault("train/grad_norm", []).append(float(grad_norm))
     model.eval()
+    if dp and logs:  # each rank's loss is its share of every mini batch's: sum them
+        logs["train/loss"] = dp.sum_across(logs["train/loss"])
     out = {k: statistics.fmean(v) for k, v in logs.items() if v}
     out["sft/updates"] = float(len(logs.get("train/loss", [])))
     out["train/response_tokens"] = float(sum(sum(s.token_mask()) for s in samples))
     out["train/sequences"] = float(len(samples))
     out["sft/perplexity"] = math.exp(min(out.get("train/loss", float("nan")), 50.0))
+    if dp:
+        out.update(dp.metrics())
     return out
