@@ -5,14 +5,35 @@ on the server's port; on each agent machine ``agl-lite runner module:agent --ser
 :class:`Runner`) claims them, runs the agent and sends its spans back (:class:`RemoteStore`);
 ``agl.RayRunners(num_workers=...)`` starts the same runners as Ray actors. Agents in other
 languages speak the same HTTP routes and send their spans with any OTLP/HTTP exporter.
+
+The runner side (:class:`Runner`, :class:`RunnerClient`, :class:`RemoteStore`) imports without the
+server's web stack (starlette, uvicorn), so an agent machine needs only httpx; :class:`RemoteRunners`
+and :class:`RayRunners`, which serve the queue, load it on first use.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from .client import RemoteError, RunnerClient
 from .queue import RolloutQueue
-from .ray_runners import RayRunners
 from .remote_store import RemoteStore
 from .runner import Runner, load_agent
-from .runners import RemoteRunners
+
+if TYPE_CHECKING:
+    from .ray_runners import RayRunners
+    from .runners import RemoteRunners
+
+_LAZY = {"RayRunners": ".ray_runners", "RemoteRunners": ".runners"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "RayRunners",
