@@ -1,8 +1,9 @@
 """One rank of ``Trainer.fit`` under torchrun (run by tests/rl/test_distributed.py).
 
-``python -m torch.distributed.run --nproc_per_node 2 _dist_fit_worker.py OUT STEPS [resume]``: GRPO on
-the tiny Llama served in-process, a checkpoint every step into ``OUT``; writes ``OUT/fit-rank<r>.json``
-(the step reached, the adapter's checksum, the last metrics).
+``python -m torch.distributed.run --nproc_per_node 2 _dist_fit_worker.py OUT STEPS [resume] [sft]``: GRPO
+(or SFT on the policy's own replies) on the tiny Llama served in-process, a checkpoint every step
+into ``OUT``; writes ``OUT/fit-rank<r>.json`` (the step reached, the adapter's checksum, the last
+metrics).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ def varied(task: dict, llm: agl.LLM) -> float:
 
 
 def main() -> None:
-    out, steps, resume = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["resume"]
+    out, steps, extra = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    resume = "resume" in extra
+    algorithm: agl.GRPO | agl.SFT = agl.GRPO(group_size=4, lr=1e-2, micro_batch_size=2)
+    if "sft" in extra:
+        algorithm = agl.SFT(group_size=4, lr=1e-2, micro_batch_size=2, mini_batch_size=4)
     launch = detect()
     rank = launch.rank if launch else 0
     lora = agl.LoRA(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
@@ -39,7 +44,7 @@ def main() -> None:
     )
     trainer = agl.Trainer(
         engine=engine,
-        algorithm=agl.GRPO(group_size=4, lr=1e-2, micro_batch_size=2),
+        algorithm=algorithm,
         batch_size=2,
         store=agl.MemoryStore(),
         output_dir=out,

@@ -236,3 +236,21 @@ def test_trainer_fit_under_torchrun_then_resumes(tmp_path: Path) -> None:
         "step-000002",
         "step-000003",
     ]
+
+
+def test_trainer_fit_sft_under_torchrun(tmp_path: Path) -> None:
+    """Trainer.fit with SFT (the policy's own replies) on 2 ranks: no longer refused; both ranks train
+    the same 2 steps on rank 0's samples and end with the same adapter and loss; rank 0 alone logs the
+    metrics and writes each checkpoint, once."""
+    script = WORKER.with_name("_dist_fit_worker.py")
+    proc = _torchrun(script, str(tmp_path), "2", "sft")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"fit-rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["step"] == r1["step"] == 2
+    assert r0["checksum"] == r1["checksum"]
+    assert r0["metrics"]["dist/world_size"] == r1["metrics"]["dist/world_size"] == 2.0
+    assert r0["metrics"]["sft/updates"] == r1["metrics"]["sft/updates"] == 2.0  # 8 calls, mini-batches of 4
+    assert r1["metrics"]["train/loss"] == pytest.approx(r0["metrics"]["train/loss"], rel=1e-5)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
