@@ -156,6 +156,14 @@ def test_load_and_unload_lora_adapter_like_vllm(backend: Any, tmp_path: Path) ->
         {"prompt": ids, "max_tokens": 8, "temperature": 0, "return_token_ids": True},
     )
     assert again.json()["choices"][0]["token_ids"] == base.json()["choices"][0]["token_ids"]
+    # load_inplace: the same name, new weights (the engine's update_weights)
+    path2, other = save_adapter(tmp_path / "b", seed=2)
+    want2 = other.generate([GenRequest(prompt_token_ids=ids, max_tokens=8, temperature=0)])[0]
+    other.close()
+    body2 = {"lora_name": "a1", "lora_path": path2, "load_inplace": True}
+    assert post(server, "/v1/load_lora_adapter", body2).status_code == 200
+    swapped = post(server, "/v1/completions", body).json()["choices"][0]["token_ids"]
+    assert swapped == want2.token_ids != want.token_ids
     r = post(server, "/v1/unload_lora_adapter", {"lora_name": "a1"})
     assert r.status_code == 200 and r.text == "Success: LoRA adapter 'a1' removed successfully."
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "a1"}).status_code == 404

@@ -118,9 +118,13 @@ class InPlaceEngine(TrainableEngine, Protocol):
 class MultiAdapterEngine(ServingEngine, Protocol):
     """An engine that can add LoRA adapters next to its others and route each agent to one."""
 
-    def add_adapter(self, name: str, lora: Any, trainable: bool | None = None) -> None:
+    def add_adapter(
+        self, name: str, lora: Any, trainable: bool | None = None, named_only: bool = False
+    ) -> None:
         """Add adapter ``name``: LoRA settings (a fresh, trainable adapter) or a saved adapter's
-        directory (loaded frozen unless ``trainable=True``)."""
+        directory (loaded frozen unless ``trainable=True``). ``named_only``: it serves only requests
+        that name it (``GenRequest.adapter``), never an agent by default (how the PolicyServer's
+        ``/v1/load_lora_adapter`` adds one)."""
 
 
 @runtime_checkable

@@ -10,7 +10,9 @@ the server's machine. The same API key rule as the generation routes applies.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
@@ -18,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from ... import __version__
-from ..engines.contract import AdapterRemovingEngine, MultiAdapterEngine
+from ..engines.contract import AdapterRemovingEngine, MultiAdapterEngine, TrainableEngine
 from ..errors import APIError, JSONResponse, bad_request
 from .calls import check_auth, read_json
 
@@ -67,11 +69,17 @@ async def load_lora_adapter(server: PolicyServer, request: Request) -> Response:
             )
         if not loaded and name in engine.adapters:
             raise bad_request(f"'{name}' is one of the engine's own adapters", "lora_name")
+        job: Callable[[], object]
+        if loaded:
+            if not isinstance(engine, TrainableEngine):
+                raise bad_request(
+                    f"{type(engine).__name__} cannot replace an adapter's weights", "load_inplace"
+                )
+            job = functools.partial(engine.update_weights, path, name)
+        else:
+            job = functools.partial(engine.add_adapter, name, path, False, named_only=True)
         try:
-            if loaded:
-                await run_in_threadpool(engine.update_weights, path, name)  # type: ignore[attr-defined]
-            else:
-                await run_in_threadpool(engine.add_adapter, name, path, False, named_only=True)  # type: ignore[call-arg]
+            await run_in_threadpool(job)
         except (ValueError, OSError, KeyError, TypeError) as exc:
             raise bad_request(f"Loading lora {name} failed: {exc}", "lora_path") from None
         server.lora_adapters[name] = path
