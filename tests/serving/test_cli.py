@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -23,7 +24,7 @@ pytest.importorskip("transformers")
 def test_parser_defaults():
     args = build_parser().parse_args(["serve"])
     assert (args.model, args.host, args.port, args.db, args.engine) == (
-        "smollm2-135m",
+        None,  # smollm2-135m for the hf and vllm engines; the server's own model for http
         "127.0.0.1",
         8000,
         None,
@@ -106,3 +107,76 @@ def test_serve_smollm2_and_find_the_call_in_sqlite(tmp_path: Path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+
+
+# -- through other inference servers: --engine http / vllm --url ---------------------------------
+@pytest.fixture
+def backend() -> Any:
+    """A PolicyServer (API key ``k``) over the tiny HF engine: the inference server behind the CLI's."""
+    from agentlightning_lite.serving import PolicyServer
+
+    from ..conftest import tiny_hf_engine
+
+    server = PolicyServer(tiny_hf_engine(), agl.MemoryStore(), api_key="k").start()
+    yield server
+    server.stop()
+    server.engine.close()
+
+
+def test_serve_through_another_server_by_url(backend: Any, tmp_path: Path) -> None:
+    """`agl-lite serve --engine http --url ...`: the calls go to the server at the URL, and the spans
+    this server records hold exactly the token ids and logprobs that server's engine produces."""
+    from agentlightning_lite.serving.engines import GenRequest
+
+    db = tmp_path / "runs.db"
+    cmd = [sys.executable, "-m", "agentlightning_lite.cli", "serve", "--engine", "http", "--url", backend.url]
+    cmd += ["--tokenizer", "bytes", "--backend-api-key", "k", "--db", str(db), "--port", "0"]
+    proc = subprocess.Popen(
+        [*cmd, "--log-level", "warning"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        base_url, seen = None, []
+        deadline = time.monotonic() + 120
+        while base_url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()  # type: ignore[union-attr]
+            if not line and proc.poll() is not None:
+                break
+            seen.append(line)
+            m = re.search(r"serving model 'tiny' at (http://\S+/v1)", line)
+            base_url = m.group(1) if m else None
+        assert base_url, "".join(seen)
+        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0
+        )
+        store = agl.SQLiteStore(db)
+        (t,) = agl.transitions(store, require_tokens=True)
+        store.close()
+        want = backend.engine.generate(
+            [GenRequest(prompt_token_ids=t.prompt_token_ids, max_tokens=5, temperature=0)]
+        )[0]
+        assert t.response_token_ids == want.token_ids and reply.choices[0].message.content == want.text
+        assert backend.engine.stats["requests"] == 2  # the CLI's call, and ours just now
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+
+
+def test_serve_engine_url_errors(backend: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--engine", "http"]) == 2
+    assert "--engine http needs --url" in capsys.readouterr().err
+    assert main(["serve", "--url", backend.url]) == 2
+    assert "--url is for --engine vllm or --engine http" in capsys.readouterr().err
+    assert main(["serve", "--engine", "http", "--url", backend.url, "--backend-api-key", "k"]) == 2
+    assert "needs --tokenizer" in capsys.readouterr().err
+    # vllm --url checks the server's /version: a PolicyServer is not vLLM
+    code = main(["serve", "--engine", "vllm", "--url", backend.url, "--tokenizer", "bytes"])
+    assert code == 1 and "is an agentlightning-lite PolicyServer, not vLLM" in capsys.readouterr().err

@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from ._common import EXIT_USAGE, CLIError
+
 
 def add_parser(sub: Any) -> None:
     serve = sub.add_parser(
@@ -23,9 +25,36 @@ def add_parser(sub: Any) -> None:
             "does not have is started (mode trace)."
         ),
     )
-    serve.add_argument("--model", default="smollm2-135m", help="model name, Hugging Face id or local path")
     serve.add_argument(
-        "--engine", choices=("hf", "vllm"), default="hf", help="inference engine (default: hf)"
+        "--model",
+        default=None,
+        help="model name, Hugging Face id or local path (default: smollm2-135m; with --engine http: the "
+        "model the first --url server lists)",
+    )
+    serve.add_argument(
+        "--engine",
+        choices=("hf", "vllm", "http"),
+        default="hf",
+        help="hf: transformers in this process (default); vllm: start `vllm serve`, or attach to the "
+        "vLLM servers at --url; http: generate through any server at --url that speaks vLLM's token-id "
+        "HTTP subset (another agl-lite serve, say)",
+    )
+    serve.add_argument(
+        "--url",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="vllm/http: the inference servers (http://host:port); a rollout's calls stay on one of them",
+    )
+    serve.add_argument(
+        "--tokenizer",
+        default=None,
+        help="http: the served model's tokenizer (a Hugging Face id or path; default: --model)",
+    )
+    serve.add_argument(
+        "--backend-api-key",
+        default=os.environ.get("AGL_BACKEND_API_KEY"),
+        help="vllm/http: the key of the servers at --url (default: $AGL_BACKEND_API_KEY, else none)",
     )
     serve.add_argument("--db", default=None, help="SQLite store to record into (default: in memory only)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -46,13 +75,48 @@ def add_parser(sub: Any) -> None:
 
 
 # -- commands ---------------------------------------------------------------------------------------
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _tokenizer(name: str) -> Any:
+    """A tokenizer by name: a model this package knows (``smollm2-135m``) gets its own; else the name
+    (a Hugging Face id or path, or ``bytes``) goes to the engine as it is."""
+    from .. import models
+
+    return models.load_tokenizer(name) if name.lower() in models.KNOWN_MODELS else name
+
+
 def _engine(args: argparse.Namespace) -> Any:
     from ..serving import engines
 
+    if args.url and args.engine == "hf":
+        raise CLIError("--url is for --engine vllm or --engine http", EXIT_USAGE)
+    if args.engine == "http":
+        if not args.url:
+            raise CLIError("--engine http needs --url (the inference servers)", EXIT_USAGE)
+        tokenizer = args.tokenizer or args.model
+        if tokenizer is None:
+            raise CLIError("--engine http needs --tokenizer (or --model): the served model's", EXIT_USAGE)
+        return engines.HTTPEngine(
+            args.url,
+            tokenizer=_tokenizer(tokenizer),
+            model=args.model,
+            api_key=args.backend_api_key,
+            lora=args.lora,
+            model_name=args.served_name,
+        )
+    model = args.model or DEFAULT_MODEL
     if args.engine == "vllm":
-        return engines.VLLMEngine(args.model, lora=args.lora, model_name=args.served_name)
+        return engines.VLLMEngine(
+            model,
+            lora=args.lora,
+            model_name=args.served_name,
+            url=args.url,
+            api_key=args.backend_api_key,
+            tokenizer=None if args.tokenizer is None else _tokenizer(args.tokenizer),
+        )
     return engines.HFEngine(
-        args.model,
+        model,
         lora=args.lora,
         device=args.device,
         max_batch_size=args.max_batch_size,
@@ -83,7 +147,8 @@ def serve(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     store = SQLiteStore(args.db) if args.db else MemoryStore()
-    print(f"agl-lite: loading {args.model} ({args.engine})...", file=sys.stderr, flush=True)
+    what = " ".join(args.url) if args.url else (args.model or DEFAULT_MODEL)
+    print(f"agl-lite: loading {what} ({args.engine})...", file=sys.stderr, flush=True)
     engine = _engine(args)
     server = make_server(
         engine,
