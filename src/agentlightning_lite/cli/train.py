@@ -59,6 +59,27 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
     train.add_argument("--qlora", action="store_true", help="4-bit base weights (QLoRA; CUDA GPU only)")
     train.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto", help="default: auto")
+    train.add_argument(
+        "--url",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="vllm: attach to these running vLLM servers (http://host:port) instead of starting one; they "
+        "read the adapters this run writes, so share its --output-dir path",
+    )
+    train.add_argument(
+        "--backend-api-key",
+        default=os.environ.get("AGL_BACKEND_API_KEY"),
+        help="with --url: the servers' API key (default: $AGL_BACKEND_API_KEY, else none)",
+    )
+    train.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option (VALUE read as JSON, else as text), e.g. max_model_len=4096, "
+        "gpu_memory_utilization=0.5, check_version=false; repeat for several",
+    )
     train.add_argument("--agents", nargs="+", metavar="NAME", help="train only these agents' calls")
     train.add_argument(
         "--credit", type=parse_credit, default=None, metavar="RULE", help="final|discounted[:g]"
@@ -168,6 +189,35 @@ def prepare_tasks(module: Any, tasks: list[Any]) -> None:
         prepare(tasks)
 
 
+def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The engine name and ``engine_options`` of ``--engine``, ``--url``, ``--backend-api-key`` and
+    ``--engine-option KEY=VALUE``.
+
+    >>> ns = argparse.Namespace(engine="auto", url=["http://gpu:8000"], backend_api_key=None,
+    ...                         engine_option=["max_model_len=4096", "check_version=false"])
+    >>> _engine_choice(ns)
+    ('vllm', {'max_model_len': 4096, 'check_version': False, 'url': ['http://gpu:8000']})
+    """
+    options: dict[str, Any] = {}
+    for item in args.engine_option:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise CLIError(f"--engine-option takes KEY=VALUE, got {item!r}", EXIT_USAGE)
+        try:
+            options[key] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key] = text
+    engine = args.engine
+    if args.url:
+        if engine == "hf":
+            raise CLIError("--url attaches to vLLM servers: use it with --engine vllm", EXIT_USAGE)
+        engine = "vllm"
+        options["url"] = list(args.url)
+        if args.backend_api_key:
+            options["api_key"] = args.backend_api_key
+    return engine, options
+
+
 def train(args: argparse.Namespace) -> int:
     """Run ``agl-lite train``: evaluate, ``Trainer.fit``, evaluate again, save the adapter."""
     for name in ("steps", "batch_size", "group_size", "lora_r", "concurrency"):
@@ -204,13 +254,15 @@ def train(args: argparse.Namespace) -> int:
             host=host.strip("[]") or "127.0.0.1", port=int(port), api_key=args.api_key
         )
         _err(f"rollouts are queued for runners: agl-lite runner {args.agent} --server http://{args.runners}")
+    engine, engine_options = _engine_choice(args)
     t0 = time.time()
     trainer = agl.Trainer(
         runners=runners,
         model=args.model,
         algorithm=algo_cls(group_size=args.group_size, lr=args.lr),
         lora=agl.LoRA(r=args.lora_r, alpha=2 * args.lora_r, load_in_4bit=args.qlora),
-        engine=args.engine,
+        engine=engine,
+        engine_options=engine_options,
         agents=_names(args.agents),
         credit=args.credit,
         air=_air(args),
