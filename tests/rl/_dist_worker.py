@@ -1,7 +1,7 @@
 """One rank of a data-parallel update on fixed samples (run by tests/rl/test_distributed.py).
 
-``python _dist_worker.py OUT ALGO [die]`` under ``torchrun`` (or with RANK/WORLD_SIZE/MASTER_* set by
-hand), or alone for the single-process reference. Writes ``OUT/rank<r>.json``: the adapter (and value
+``python _dist_worker.py OUT ALGO [die|fsdp [gc]]`` under ``torchrun`` (or with RANK/WORLD_SIZE/MASTER_*
+set by hand), or alone for the single-process reference. Writes ``OUT/rank<r>.json``: the adapter (and value
 head) after the update, its checksum, whether all ranks agreed, and the update's metrics.
 """
 
@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from tests._helpers import tiny_llama
 
+from agentlightning_lite.rl._runtime import is_checkpointing
 from agentlightning_lite.rl.batching import Sample
 from agentlightning_lite.rl.distributed import DataParallel
 from agentlightning_lite.rl.grpo import GRPO
@@ -61,8 +62,25 @@ def main() -> None:
     for n, p in model.named_parameters():
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.02)  # a live adapter, not the zero init
+    base_numel = sum(p.numel() for n, p in model.named_parameters() if "layers" in n and "lora_" not in n)
+    if (
+        "gc" in sys.argv[3:]
+    ):  # gradient checkpointing (non-reentrant), as Trainer(gradient_checkpointing=True)
+        from agentlightning_lite.rl._runtime import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model)
+    if "fsdp" in sys.argv[3:] and dp is not None:
+        from agentlightning_lite.rl.fsdp import shard_base
+
+        shard_base(model, dp)  # each rank keeps half of every decoder layer's frozen weights
+    layer_numel = sum(  # what this rank holds of them: a DTensor's local shard
+        (p.to_local() if hasattr(p, "to_local") else p).numel()
+        for n, p in model.named_parameters()
+        if "layers" in n and "lora_" not in n
+    )
     algo = {
         "grpo": lambda: GRPO(micro_batch_size=2, mini_batch_size=4, epochs=2, lr=1e-2),
+        "grpo-odd": lambda: GRPO(micro_batch_size=3, epochs=2, lr=1e-2),  # 3 micro-batches on 2 ranks
         "grpo-rollout": lambda: GRPO(
             micro_batch_size=1, epochs=1, lr=1e-2, loss_agg="rollout-mean-token-mean", kl_coef=0.05
         ),
@@ -103,6 +121,9 @@ def main() -> None:
                 "all_equal": agree,
                 "metrics": metrics,
                 "samples": len(batch),
+                "checkpointing": is_checkpointing(model),
+                "layer_numel": layer_numel,  # this rank's decoder-layer frozen weights
+                "base_numel": base_numel,  # all of them
             }
         )
     )

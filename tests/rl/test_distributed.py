@@ -173,6 +173,45 @@ def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, algo: str) -
         assert any(v != 0 for v in ref["state"]["value_head.v.weight"][0])
 
 
+@pytest.mark.parametrize("algo", ["grpo", "grpo-odd", "sft", "grpo-odd+gc"])
+def test_fsdp2_sharded_base_on_two_ranks_equals_one_process(tmp_path: Path, algo: str) -> None:
+    """FSDP2 (fully_shard, gloo, CPU) of the tiny Llama's decoder layers: each rank holds half of their
+    frozen weights, and the LoRA adapter after the 2-rank update equals the unsharded single-process
+    one within ATOL. With 3 micro-batches per mini-batch (grpo-odd) the rank with fewer runs idle
+    passes to keep the layers' all-gathers in step (else it would hang); +gc: with gradient
+    checkpointing on both sides."""
+    algo, *extra = algo.replace("+", " ").split()
+    one, two = tmp_path / "one", tmp_path / "two"
+    ref_cmd = [sys.executable, str(WORKER), str(one), algo, *extra]
+    subprocess.run(ref_cmd, env=_env(), check=True, timeout=120)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr"]
+    cmd += ["127.0.0.1", "--master_port", str(_port()), str(WORKER), str(two), algo, "fsdp", *extra]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref, r0, r1 = _read(one, 0), _read(two, 0), _read(two, 1)
+    assert ref["layer_numel"] == ref["base_numel"]
+    assert ref["checkpointing"] == r0["checkpointing"] == ("gc" in extra)
+    assert r0["layer_numel"] == r1["layer_numel"] == ref["base_numel"] // 2  # sharded in two
+    assert _diff(ref["state"], r0["state"]) < ATOL
+    assert r0["checksum"] == r1["checksum"] and r0["all_equal"]
+    assert ref["moved"] > 100 * ATOL
+    idle = r0["metrics"]["dist/idle_passes"] + r1["metrics"]["dist/idle_passes"]
+    assert idle == (2 if algo == "grpo-odd" else 0)  # 2 epochs x one mini-batch of 3 micro-batches
+
+
+def test_shard_base_needs_several_ranks_and_no_4bit_weights() -> None:
+    from agentlightning_lite.rl.fsdp import decoder_layers, shard_base
+
+    from .._helpers import tiny_llama
+
+    model = tiny_llama()
+    assert len(decoder_layers(model)) == 2
+    with pytest.raises(DistributedError, match="needs several ranks"):
+        shard_base(model)
+    with pytest.raises(DistributedError, match="no decoder layers"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
 def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> None:
     """Rank 1 dies between its backward and the all-reduce; rank 0 raises DistributedError naming the
     all-reduce and exits non-zero within the process group's timeout (10 s) instead of hanging."""

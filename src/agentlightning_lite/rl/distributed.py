@@ -165,6 +165,10 @@ class DataParallel:
         self.launch = launch
         self.rank, self.world_size = launch.rank, launch.world_size
         self.imbalance: list[float] = []
+        #: set by :func:`.fsdp.shard_base`: one idle forward/backward, for a rank with fewer micro-batches
+        self.lockstep: Callable[[], None] | None = None
+        self._owed = 0  # idle passes this rank owes before the next all-reduce of the gradients
+        self._idle = 0
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.backend = backend
@@ -263,6 +267,8 @@ class DataParallel:
         records the split's :func:`token_imbalance`."""
         split = partition_by_tokens(sizes, self.world_size)
         self.imbalance.append(token_imbalance(sizes, split))
+        if self.lockstep is not None:  # sharded layers: every rank runs as many passes
+            self._owed = max(len(p) for p in split) - len(split[self.rank])
         return set(split[self.rank])
 
     def all_reduce_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -272,6 +278,10 @@ class DataParallel:
         import torch.distributed as dist
 
         ps = [p for p in params if p.requires_grad]
+        while self._owed > 0 and self.lockstep is not None:
+            self._owed -= 1
+            self._idle += 1
+            self.lockstep()
         if not ps:
             return
         # one flag per parameter rides along: a parameter no rank has a gradient for (another
@@ -328,7 +338,9 @@ class DataParallel:
         out = {"dist/world_size": float(self.world_size)}
         if self.imbalance:
             out["dist/token_imbalance"] = max(self.imbalance)
-        self.imbalance = []
+        if self.lockstep is not None:
+            out["dist/idle_passes"] = float(self._idle)
+        self.imbalance, self._idle = [], 0
         return out
 
     @staticmethod
