@@ -328,6 +328,31 @@ def test_lora_version_switch_while_requests_are_in_flight(backend: Any, tmp_path
         e1.close()
 
 
+def test_a_version_name_left_loaded_by_an_earlier_run_is_replaced(backend: Any, tmp_path: Path) -> None:
+    """A server that outlived a trainer still holds ``policy-v0`` (its weights): a new engine starting
+    again at version 0 must serve its own adapter under that name, not the stale one."""
+    server = backend()
+    stale, e_stale = save_adapter(tmp_path / "stale", seed=5)
+    mine, e_mine = save_adapter(tmp_path / "mine", seed=6)
+    ids = prompts(server.engine)[2]
+    req = GenRequest(prompt_token_ids=ids, max_tokens=8, temperature=0)
+    want, old = e_mine.generate([req])[0], e_stale.generate([req])[0]
+    e_stale.close()
+    e_mine.close()
+    assert want.token_ids != old.token_ids
+    assert (
+        post(server, "/v1/load_lora_adapter", {"lora_name": "policy-v0", "lora_path": stale}).status_code
+        == 200
+    )
+    engine = HTTPEngine(server.url, tokenizer=server.engine.tokenizer, api_key="k", lora=mine)
+    try:
+        got = engine.generate([req])[0]
+        assert got.token_ids == want.token_ids and got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+        assert server.lora_adapters == {"policy-v0": mine}
+    finally:
+        engine.close()
+
+
 def test_two_backends_sticky_sessions_spread_by_load(backend: Any) -> None:
     a, b = backend(step_delay_s=0.01), backend(step_delay_s=0.01)
     engine = HTTPEngine([a.url, b.url], tokenizer=a.engine.tokenizer, api_key="k")

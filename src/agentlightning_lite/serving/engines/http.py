@@ -47,7 +47,12 @@ NEUTRAL_SAMPLING: dict[str, Any] = {
 
 
 class BackendError(RuntimeError):
-    """An inference server failed a request: unreachable, dead, or it answered with an error."""
+    """An inference server failed a request: unreachable, dead, or it answered with an error
+    (``status``: its HTTP status, ``None`` when it did not answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -230,7 +235,9 @@ class HTTPEngine(Engine):
                 detail = err.get("message") if isinstance(err, dict) else err
             except (ValueError, AttributeError):
                 detail = r.text[:500]
-            raise BackendError(f"inference server {b.url} answered {r.status_code} to {path}: {detail}")
+            raise BackendError(
+                f"inference server {b.url} answered {r.status_code} to {path}: {detail}", r.status_code
+            )
 
     def _pick(self, session: str | None) -> _Backend:
         """The server for a request: its session's, else the live one with the fewest in flight."""
@@ -377,7 +384,15 @@ class HTTPEngine(Engine):
         async with b.lock:
             if vname in b.loaded:
                 return
-            await self._post(b, "/v1/load_lora_adapter", {"lora_name": vname, "lora_path": path})
+            body = {"lora_name": vname, "lora_path": path}
+            try:
+                await self._post(b, "/v1/load_lora_adapter", body)
+            except BackendError as exc:
+                if exc.status != 400 or "already" not in str(exc):
+                    raise
+                # a name left loaded by an earlier run on a server that outlived it: replace its weights
+                await self._post(b, "/v1/unload_lora_adapter", {"lora_name": vname})
+                await self._post(b, "/v1/load_lora_adapter", body)
             b.loaded.add(vname)
 
     # -- generation -----------------------------------------------------------------------
