@@ -212,6 +212,28 @@ def test_shard_base_needs_several_ranks_and_no_4bit_weights() -> None:
         decoder_layers(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.slow
+def test_accelerate_launch_runs_the_same_script_on_two_cpu_ranks(tmp_path: Path) -> None:
+    """``accelerate launch --multi_gpu --num_processes 2`` on a machine without GPUs starts torchrun's
+    launcher: the same worker runs 2 gloo ranks, whose adapter equals the 1-process one. (Its
+    ``--cpu --num_processes 2`` starts one plain process unless given an MPI hostfile.)"""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    if not accelerate.exists():
+        pytest.skip("accelerate is not installed")
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run([sys.executable, str(WORKER), str(one), "grpo"], env=_env(), check=True, timeout=120)
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_port())]
+    proc = subprocess.run(
+        [*cmd, str(WORKER), str(two), "grpo"], env=_env(), capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref, r0, r1 = _read(one, 0), _read(two, 0), _read(two, 1)
+    assert r0["metrics"]["dist/world_size"] == 2.0
+    assert _diff(ref["state"], r0["state"]) < ATOL
+    assert r0["checksum"] == r1["checksum"] and r0["all_equal"]
+
+
 def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> None:
     """Rank 1 dies between its backward and the all-reduce; rank 0 raises DistributedError naming the
     all-reduce and exits non-zero within the process group's timeout (10 s) instead of hanging."""
