@@ -315,3 +315,34 @@ def test_trainer_fit_sft_under_torchrun(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+
+
+def test_only_rank_0_hands_new_weights_to_a_separate_engine() -> None:
+    """Ranks other than 0 train their own copy (TrainOnly) and never load adapters into a vLLM-like
+    engine they do not share; rank 0's WeightHandOver does, once per update."""
+    from peft import LoraConfig, get_peft_model
+
+    from agentlightning_lite.rl.distributed import TrainOnly
+    from agentlightning_lite.rl.weights import WeightHandOver
+    from agentlightning_lite.serving.engines import ScriptedEngine
+
+    from .._helpers import tiny_llama
+
+    class Served(ScriptedEngine):  # a trainable engine with its own copy of the weights (as VLLMEngine)
+        def __init__(self) -> None:
+            super().__init__(["ok"])
+            self.loaded: list[Any] = []
+
+        def update_weights(self, source: Any, adapter: str | None = None) -> int:
+            self.loaded.append(source)
+            return len(self.loaded)
+
+    model = get_peft_model(tiny_llama(), LoraConfig(r=2, target_modules=["q_proj"]))
+    trained: list[Any] = []
+    rank0, rank1 = Served(), Served()
+    WeightHandOver(rank0, model).apply(trained.append)
+    TrainOnly(rank1, model).apply(trained.append)
+    TrainOnly(rank1, model).push()
+    assert trained == [model, model]  # both ranks ran their update
+    assert len(rank0.loaded) == 1 and any("lora_A" in k for k in rank0.loaded[0])
+    assert rank1.loaded == []

@@ -31,11 +31,13 @@ import torch
 
 from ..errors import AGLError
 from .batching import Sample
+from .weights import WeightHandOver
 
 __all__ = [
     "DataParallel",
     "DistributedError",
     "Launch",
+    "TrainOnly",
     "detect",
     "partition_by_tokens",
     "samples_from_json",
@@ -151,6 +153,27 @@ def samples_from_json(text: str) -> list[Sample]:
     return [_sample_from(d) for d in json.loads(text)]
 
 
+class TrainOnly(WeightHandOver):
+    """The weight hand-over of a rank other than 0: it trains its own copy of the model but never
+    hands it to an engine it does not share (a vLLM server): rank 0 alone loads each new adapter.
+
+    >>> from agentlightning_lite.serving.engines import ScriptedEngine
+    >>> seen = []
+    >>> TrainOnly(ScriptedEngine(["hi"]), model="the model").apply(seen.append)
+    >>> seen
+    ['the model']
+    """
+
+    def apply(self, update: Callable[[Any], None], adapters: Sequence[str | None] = (None,)) -> None:
+        if self.in_place:  # the engine's module is this rank's own training model (HFEngine)
+            super().apply(update, adapters)
+        else:
+            update(self.model)
+
+    def push(self, adapters: Sequence[str | None] = (None,)) -> None:
+        return None
+
+
 class DataParallel:
     """This rank's side of a data-parallel update (see the module's docstring).
 
@@ -204,9 +227,11 @@ class DataParallel:
         rank has resumed (or not). Rank 0 (and a single process) gets ``None`` and runs the step loop:
         rollouts, store, serving, hand-over, checkpoints, evaluation; every other rank runs
         :meth:`follow` here until step ``total`` and returns its last update's metrics."""
+        dp = DataParallel.active() or DataParallel.from_env()
+        if dp is not None and not dp.is_main:  # only rank 0 hands new weights to a separate engine
+            trainer._weights = TrainOnly(trainer._weights.engine, trainer._weights.model)
         if resume:
             trainer._resume()
-        dp = DataParallel.active() or DataParallel.from_env()
         if dp is None:
             return None
         dp.barrier()  # rank 0's rollouts start once every rank has loaded its checkpoint
