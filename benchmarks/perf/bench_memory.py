@@ -47,6 +47,7 @@ VARIANTS = {
     "checkpointing": {},
     "bf16": {},
     "mmap 1 MiB": {"MALLOC_MMAP_THRESHOLD_": "1048576"},
+    "checkpointing + mmap 1 MiB": {"MALLOC_MMAP_THRESHOLD_": "1048576"},
 }
 
 
@@ -61,8 +62,8 @@ def measure(
     import agentlightning_lite as agl
     from agentlightning_lite.rl import batching
     from agentlightning_lite.rl._memory import peak_rss_mib, release_host_memory, rss_mib
+    from agentlightning_lite.rl._runtime import enable_gradient_checkpointing
     from agentlightning_lite.rl.batching import Sample, collate, forward_logprobs
-    from agentlightning_lite.rl.trainer import _enable_gradient_checkpointing
     from agentlightning_lite.serving.engines import HFEngine
 
     torch.set_num_threads(threads)
@@ -70,8 +71,8 @@ def measure(
         MODEL, lora=agl.LoRA(r=16, alpha=32), autocast="bfloat16" if variant == "bf16" else None, seed=0
     )
     model = engine.model
-    if variant == "checkpointing":
-        _enable_gradient_checkpointing(model)
+    if variant.startswith("checkpointing"):
+        enable_gradient_checkpointing(model)
     gen = torch.Generator().manual_seed(0)
 
     def seq(n: int) -> list[int]:

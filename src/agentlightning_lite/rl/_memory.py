@@ -1,11 +1,12 @@
-"""Host memory of the training process: give the allocator's free heap back, read the RSS.
+"""Host memory of the training process: keep the allocator from hoarding freed activations, read the RSS.
 
-A CPU update allocates activations of many sizes and frees them; glibc keeps most of the freed memory in
-its heap, so after the first update the process stays at its peak RSS for good (6.6 GiB after an update
-of the embedded model over 4 x 2 x 800 tokens, of which 0.9 GiB is in use: ``benchmarks/perf/
-memory_results.md``). The trainer calls :func:`release_host_memory` (``malloc_trim(0)``) after each update
-and evaluation: the peak is unchanged, the resident size between updates falls back to what is in use,
-which is what matters when an engine server, rollout workers or several runs share one machine.
+A CPU update allocates activations of many sizes and frees them. With glibc's default settings most of
+the freed memory stays in its heap, fragmented: an update of the embedded model over 4 x 2 x 800 tokens
+peaked at 6.7 GiB (3.5 GiB with gradient checkpointing, whose saved activations are 0.1 GiB), of which
+0.9 GiB is the model (``benchmarks/perf/memory_results.md``). Two remedies, both applied by the trainer:
+:func:`limit_heap_retention` when it starts (large blocks get their own mappings, unmapped when freed:
+the peak follows what is in use) and :func:`release_host_memory` (``malloc_trim(0)``) after each update
+and evaluation (the rest of the free heap goes back to the system).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 _libc: Any = None
 _checked = False
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
 def _malloc_trim() -> Any:
@@ -33,6 +35,27 @@ def _malloc_trim() -> Any:
             except OSError:
                 _libc = None
     return getattr(_libc, "malloc_trim", None)
+
+
+def limit_heap_retention(threshold_mib: float = 1.0) -> bool:
+    """Serve host memory blocks of ``threshold_mib`` MiB or more with their own mappings, unmapped when
+    freed (glibc ``mallopt(M_MMAP_THRESHOLD, ...)``, process-wide); whether it was set. Not set off
+    glibc, nor when the environment already sets ``MALLOC_MMAP_THRESHOLD_`` (the user's choice wins).
+
+    glibc's default threshold is dynamic: it rises to the size of the largest mapped block freed (up
+    to 32 MiB), so after the first update the activations come from the heap, whose freed pages stay
+    resident and fragment; the process then sits near 4x the memory the update actually uses.
+
+    >>> isinstance(limit_heap_retention(1.0), bool)
+    True
+    """
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    _malloc_trim()  # loads libc
+    mallopt = getattr(_libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold_mib * 2**20)))
 
 
 def release_host_memory() -> bool:

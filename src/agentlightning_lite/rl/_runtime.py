@@ -6,12 +6,13 @@ from typing import Any
 
 import torch
 
-from ._memory import peak_rss_mib, rss_mib
+from ._memory import limit_heap_retention, peak_rss_mib, rss_mib
 
 __all__ = [
     "enable_gradient_checkpointing",
     "is_checkpointing",
     "memory_stats",
+    "prepare_update_memory",
     "progress",
     "release_cuda_cache",
 ]
@@ -38,6 +39,21 @@ def enable_gradient_checkpointing(model: Any) -> None:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def prepare_update_memory(model: Any, update_config: Any) -> bool:
+    """What :class:`~.config.UpdateConfig` says about memory, applied once when a trainer starts:
+    gradient checkpointing on ``model`` and glibc's mmap threshold for host memory. Returns whether
+    checkpointing is on."""
+    if update_config.host_mmap_threshold_mib is not None:
+        limit_heap_retention(update_config.host_mmap_threshold_mib)
+    wanted = update_config.gradient_checkpointing
+    if wanted is None:  # on where the model supports it
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        wanted = bool(getattr(base, "supports_gradient_checkpointing", False))
+    if wanted:
+        enable_gradient_checkpointing(model)
+    return bool(wanted)
 
 
 def is_checkpointing(model: Any) -> bool:

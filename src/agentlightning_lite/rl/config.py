@@ -100,17 +100,35 @@ class UpdateConfig:
         gradient_checkpointing: recompute each decoder layer's activations in the backward pass
             instead of keeping them (transformers' gradient checkpointing, non-reentrant, so it
             works with peft's frozen base): activation memory of the update falls from one set per
-            layer to about one layer's, for roughly one more forward pass of time. Generation is
-            unaffected (the engine runs the model in eval mode, where checkpointing is off).
+            layer to about one layer's, for roughly one more forward pass of time. ``None`` (the
+            default): on when the model supports it, as TRL does; ``True`` requires it; ``False``
+            trades that memory for speed. Generation is unaffected (the engine runs
+            the model in eval mode, where checkpointing is off). The numbers are the same either way.
+        host_mmap_threshold_mib: on Linux with glibc, host (CPU) memory blocks of at least this many
+            MiB get their own mapping, returned to the system as soon as they are freed (glibc's
+            ``M_MMAP_THRESHOLD``, set for the whole process when the trainer starts). glibc's own
+            default raises that threshold to 32 MiB after the first large free, and the update's
+            freed activations then stay in its heap, fragmented: a CPU update peaked at 3.5 GiB with
+            0.1 GiB of saved activations (``benchmarks/perf/memory_results.md``). The cost is more
+            page faults (a CPU update takes longer; GPU memory is not affected). ``None`` keeps
+            glibc's behaviour; an explicit ``MALLOC_MMAP_THRESHOLD_`` in the environment wins.
+
+    >>> UpdateConfig(gradient_checkpointing=False, host_mmap_threshold_mib=None).old_logprobs
+    'auto'
     """
 
     old_logprobs: str = "auto"
     logprob_tolerance: float = 1e-3
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | None = None
+    host_mmap_threshold_mib: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.old_logprobs not in ("auto", "engine", "recompute"):
             raise ValueError("old_logprobs must be 'auto', 'engine' or 'recompute'")
+        if self.host_mmap_threshold_mib is not None and not 0 < self.host_mmap_threshold_mib <= 32:
+            raise ValueError(
+                f"host_mmap_threshold_mib must be in (0, 32] MiB or None, got {self.host_mmap_threshold_mib}"
+            )
 
 
 @dataclass

@@ -33,9 +33,8 @@ from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from . import config as cfg
 from ._memory import release_host_memory
-from ._runtime import enable_gradient_checkpointing, memory_stats, progress, release_cuda_cache
-from ._runtime import enable_gradient_checkpointing as _enable_gradient_checkpointing  # noqa: F401 (old name)
 from ._runtime import is_checkpointing as _is_checkpointing  # noqa: F401 (old name)
+from ._runtime import memory_stats, prepare_update_memory, progress, release_cuda_cache
 from .batching import Sample
 from .checkpoint import policy_states, resume_latest, save_checkpoint, save_policies
 from .distributed import DataParallel
@@ -189,7 +188,7 @@ class Trainer:
         max_staleness: int | None = None,
         transitions: str = "call",
         policies: Mapping[str, Any] | None = None,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | None = None,
         max_failed_steps: int | None = 1,
         rollout_config: cfg.RolloutConfig | None = None,
         sample_config: cfg.SampleConfig | None = None,
@@ -250,9 +249,7 @@ class Trainer:
         self._weights = WeightHandOver(self.engine, self.policy)
         self.device = next(self.policy.parameters()).device
         self.autocast = update_autocast(self.engine, self.device)
-        self.gradient_checkpointing = bool(self.update_config.gradient_checkpointing)
-        if self.gradient_checkpointing:
-            enable_gradient_checkpointing(self.policy)
+        self.gradient_checkpointing = prepare_update_memory(self.policy, self.update_config)
         self._policies: list[Policy] = build_policies(self._plan, self.policy, self.algorithm, self.device)
         self.metrics = MetricsLogger(self.output_dir, self.logging_config.loggers)
         # -- where rollouts run ------------------------------------------------------------------
