@@ -39,8 +39,9 @@ def test_apo_finds_the_better_prompt_within_its_budget(reflector: Any, tmp_path:
     saved = json.loads((tmp_path / "prompts.json").read_text())
     assert saved["prompts"] == {"system": DIGITS} and saved["val_score"] == 1.0
     assert agl.APO.load(tmp_path) == {"system": DIGITS}
-    # the budget: GEPA stops once its evaluations reach it (the last minibatch may go past by its size)
-    assert result["apo/metric_calls"] <= 20 + 3
+    # the budget: GEPA stops once its evaluations reach it (the last iteration may go past it by two
+    # minibatches and, when its proposal is accepted, the validation set)
+    assert result["apo/metric_calls"] <= 20 + 2 * 3 + 3
     assert result["apo/rollouts_run"] <= result["apo/metric_calls"] + 1  # + the probe rollout
     # every evaluation is a traced rollout naming its candidate, whose texts it ran with
     ros = apo_rollouts(store)
@@ -74,6 +75,18 @@ def test_apo_finds_the_better_prompt_within_its_budget(reflector: Any, tmp_path:
     assert server.requests[0]["model"] == "reflector" and server.requests[0]["auth"] == "Bearer rk"
     first = server.prompts()[0]
     assert "You are a helpful assistant." in first and "plus" in first and "scored 0" in first
+
+
+def test_the_progress_bar_counts_the_budget_and_shows_the_best_score(
+    reflector: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = reflector()
+    result, _, _ = run_apo(sum_agent, sums(3), sums(3, start=10), tmp_path, reflection=server.llm, budget=20)
+    assert result["apo/best_val_score"] == 1.0
+    err = capsys.readouterr().err
+    frames = [f for f in err.replace("\r", "\n").splitlines() if f.startswith("APO")]
+    assert frames and "/20" in frames[-1]
+    assert "best=0.000" in err and "best=1.000" in frames[-1] and "candidates=2" in frames[-1]
 
 
 def two_agents(task: dict[str, Any], llm: agl.LLM) -> float:

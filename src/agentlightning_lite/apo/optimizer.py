@@ -75,7 +75,8 @@ class APO:
             ``api_key`` of any OpenAI-compatible endpoint, or a callable ``prompt -> text``.
         budget: evaluations (rollouts) GEPA may spend: its ``max_metric_calls``. The seed candidate's
             first evaluation on the validation set counts; one probe rollout finding the prompts'
-            defaults (when ``components`` gives none) does not.
+            defaults (when ``components`` gives none) does not. GEPA checks it between iterations:
+            the last one may go past it by ``2 * minibatch_size`` plus the validation set's size.
         components: what to optimise: component keys (``"writer/system"`` for
             ``agl.prompt("system", agent="writer")``, ``"system"`` without an agent), or a mapping
             key -> starting text. ``None``: every prompt the agent reads. Others keep their text.
