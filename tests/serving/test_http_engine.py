@@ -353,6 +353,23 @@ def test_a_version_name_left_loaded_by_an_earlier_run_is_replaced(backend: Any, 
         engine.close()
 
 
+def test_only_lora_weights_are_handed_over(backend: Any, tmp_path: Path) -> None:
+    import torch
+
+    server = backend()
+    p0, e0 = save_adapter(tmp_path / "a", seed=1)
+    e0.close()
+    engine = HTTPEngine(server.url, tokenizer=server.engine.tokenizer, api_key="k", lora=p0)
+    try:
+        with pytest.raises(ValueError, match=r"LoRA adapters only.*full-weight updates are not handed over"):
+            engine.update_weights({"model.embed_tokens.weight": torch.zeros(2, 2)})
+        with pytest.raises(ValueError, match="LoRA adapters only"):
+            engine.update_weights({})
+        assert engine.version == 0 and engine.adapter_version("policy") == "policy-v0"
+    finally:
+        engine.close()
+
+
 def test_two_backends_sticky_sessions_spread_by_load(backend: Any) -> None:
     a, b = backend(step_delay_s=0.01), backend(step_delay_s=0.01)
     engine = HTTPEngine([a.url, b.url], tokenizer=a.engine.tokenizer, api_key="k")
@@ -547,6 +564,52 @@ def test_vllm_engine_startup_timeout_says_what_to_check(tmp_path: Path, monkeypa
     with pytest.raises(TimeoutError, match=r"did not answer /health within 1 s \(its log: .*vllm-\d+\.log\)"):
         VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"), startup_timeout_s=1)
     assert time.monotonic() - t0 < 30  # and the child was stopped, not waited for
+
+
+FAKE_OLD_VLLM = """
+from http.server import BaseHTTPRequestHandler, HTTPServer
+args = sys.argv[1:]
+flags = dict(zip(args[2::2], args[3::2]))
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({{"version": "0.9.2"}}).encode() if self.path == "/version" else b""
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+HTTPServer(("127.0.0.1", int(flags["--port"])), Handler).serve_forever()
+"""
+
+
+def test_vllm_engine_refuses_a_vllm_older_than_its_range_and_stops_it(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    from agentlightning_lite.serving.engines import VLLMEngine
+    from agentlightning_lite.serving.engines import vllm as vllm_module
+
+    bin_dir = fake_vllm(tmp_path, FAKE_OLD_VLLM.format())
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    started: list[Any] = []
+    launch = vllm_module.VLLMEngine._launch
+
+    def spy(self: Any, argv: list[str], env: dict[str, str], log_path: str) -> None:
+        launch(self, argv, env, log_path)
+        started.append(self.processes[-1])
+
+    monkeypatch.setattr(vllm_module.VLLMEngine, "_launch", spy)
+    with pytest.raises(
+        RuntimeError, match=r"runs vLLM 0\.9\.2, older than this engine needs.*pip install 'vllm"
+    ):
+        VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"), startup_timeout_s=60)
+    (proc,) = started
+    assert proc.poll() is not None  # the server it started is stopped
 
 
 FAKE_VLLM_SERVE = """

@@ -359,6 +359,11 @@ class HTTPEngine(Engine):
             if name not in self._current:
                 raise KeyError(f"unknown adapter {name!r}: this engine serves {self.adapters}")
             if isinstance(source, Mapping):
+                if not source or not all("lora_" in str(k) for k in source):
+                    raise ValueError(
+                        f"{type(self).__name__} hands over LoRA adapters only (a peft adapter state dict: "
+                        "every key a lora_A/lora_B weight); full-weight updates are not handed over"
+                    )
                 path = self._write_adapter(source, name)
             elif isinstance(source, (str, os.PathLike)):
                 path = self._checked(str(source))
