@@ -199,7 +199,7 @@ def test_fsdp2_sharded_base_on_two_ranks_equals_one_process(tmp_path: Path, algo
     assert idle == (2 if algo == "grpo-odd" else 0)  # 2 epochs x one mini-batch of 3 micro-batches
 
 
-def test_shard_base_needs_several_ranks_and_no_4bit_weights() -> None:
+def test_shard_base_refuses_4bit_weights_and_a_single_process() -> None:
     from agentlightning_lite.rl.fsdp import decoder_layers, shard_base
 
     from .._helpers import tiny_llama
@@ -210,6 +210,15 @@ def test_shard_base_needs_several_ranks_and_no_4bit_weights() -> None:
         shard_base(model)
     with pytest.raises(DistributedError, match="no decoder layers"):
         decoder_layers(torch.nn.Linear(2, 2))
+
+    class Params4bit(torch.nn.Parameter):  # bitsandbytes' packed 4-bit weights go by this name
+        pass
+
+    quantised = tiny_llama()
+    layer = quantised.model.layers[0].self_attn
+    layer.q_proj.weight = Params4bit(layer.q_proj.weight.detach(), requires_grad=False)
+    with pytest.raises(DistributedError, match="QLoRA with FSDP2 is not supported"):
+        shard_base(quantised)
 
 
 @pytest.mark.slow
@@ -346,3 +355,24 @@ def test_only_rank_0_hands_new_weights_to_a_separate_engine() -> None:
     assert trained == [model, model]  # both ranks ran their update
     assert len(rank0.loaded) == 1 and any("lora_A" in k for k in rank0.loaded[0])
     assert rank1.loaded == []
+
+
+def test_a_trainer_the_launch_cannot_train_is_refused_with_what_to_do() -> None:
+    """On GPUs each rank's model must be on its own GPU (LOCAL_RANK), and a sharded policy cannot be
+    served by the in-process engine (rank 0 would generate alone from layers the others hold)."""
+    from types import SimpleNamespace
+
+    from agentlightning_lite.rl.distributed import DataParallel, Launch
+
+    dp = object.__new__(DataParallel)  # the checks only, without a process group
+    dp.launch, dp.rank, dp.world_size = Launch(1, 2, 1, "127.0.0.1", "29500"), 1, 2
+    dp.backend, dp.device, dp.lockstep = "nccl", torch.device("cuda", 1), None
+    on_gpu0 = SimpleNamespace(device=torch.device("cuda", 0), _weights=SimpleNamespace(in_place=True))
+    with pytest.raises(DistributedError, match=r"on cuda:0, its GPU is cuda:1.*from_env"):
+        dp.check_trainer(on_gpu0)
+    dp.check_trainer(SimpleNamespace(device=torch.device("cuda", 1), _weights=on_gpu0._weights))  # fine
+    dp.backend, dp.device, dp.lockstep = "gloo", torch.device("cpu"), lambda: None
+    cpu = SimpleNamespace(device=torch.device("cpu"), _weights=SimpleNamespace(in_place=True))
+    with pytest.raises(DistributedError, match=r"sharded.*in-process engine"):
+        dp.check_trainer(cpu)
+    dp.check_trainer(SimpleNamespace(device=torch.device("cpu"), _weights=SimpleNamespace(in_place=False)))

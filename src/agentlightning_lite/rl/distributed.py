@@ -228,6 +228,8 @@ class DataParallel:
         rollouts, store, serving, hand-over, checkpoints, evaluation; every other rank runs
         :meth:`follow` here until step ``total`` and returns its last update's metrics."""
         dp = DataParallel.active() or DataParallel.from_env()
+        if dp is not None:
+            dp.check_trainer(trainer)
         if dp is not None and not dp.is_main:  # only rank 0 hands new weights to a separate engine
             trainer._weights = TrainOnly(trainer._weights.engine, trainer._weights.model)
         if resume:
@@ -236,6 +238,25 @@ class DataParallel:
             return None
         dp.barrier()  # rank 0's rollouts start once every rank has loaded its checkpoint
         return None if dp.is_main else dp.follow(trainer, total)
+
+    def check_trainer(self, trainer: Any) -> None:
+        """Refuse, on every rank alike, a trainer this launch cannot train: its model on another GPU
+        than this rank's, or a sharded model (:func:`.fsdp.shard_base`) that the in-process engine
+        generates from."""
+        device = getattr(trainer, "device", None)
+        if self.backend == "nccl" and device is not None and torch.device(device) != self.device:
+            raise DistributedError(
+                f"rank {self.rank}'s training model is on {device}, its GPU is {self.device} (LOCAL_RANK="
+                f"{self.launch.local_rank}): call DataParallel.from_env() (or "
+                "torch.cuda.set_device(LOCAL_RANK)) before building the Trainer, so that each rank loads "
+                "its model on its own GPU"
+            )
+        if self.lockstep is not None and trainer._weights.in_place:
+            raise DistributedError(
+                "the policy's decoder layers are sharded (shard_base) but the in-process engine generates "
+                "from that same model on rank 0 alone, which would wait for the other ranks forever: serve "
+                "with an engine that holds its own weights (engine='vllm' with url=[...]) or do not shard"
+            )
 
     @staticmethod
     def shared(build: Callable[..., tuple[list[Sample], dict[str, float]]]) -> Callable[..., Any]:

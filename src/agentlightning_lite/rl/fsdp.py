@@ -89,13 +89,13 @@ def shard_base(
     """
     from torch.distributed.fsdp import fully_shard
 
+    _check_not_4bit(model)
     dp = data_parallel if data_parallel is not None else DataParallel.active()
     if dp is None:
         raise DistributedError(
             "shard_base needs several ranks: start the script with torchrun / accelerate launch "
             "(a single process has nothing to shard across)"
         )
-    _check_not_4bit(model)
     layers = decoder_layers(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     keep = {p for p in model.parameters() if p.requires_grad}
