@@ -5,7 +5,9 @@ on the tiny random Llama behind it."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -257,6 +259,36 @@ def test_a_dead_backend_fails_the_agents_call_with_its_url_and_the_next_call_goe
         spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
         assert [s.status for s in spans] == ["error", "ok"]
         assert engine.session_servers == {ro.rollout_id: live.url}
+    finally:
+        engine.close()
+
+
+def test_the_front_servers_spans_record_each_calls_weights_version(backend: Any, tmp_path: Path) -> None:
+    server = backend()
+    p0, e0 = save_adapter(tmp_path / "v0", seed=1)
+    p1, e1 = save_adapter(tmp_path / "v1", seed=2)
+    e0.close()
+    e1.close()
+    engine = HTTPEngine(server.url, tokenizer=server.engine.tokenizer, api_key="k", lora=p0)
+    store = agl.MemoryStore()
+    try:
+        with PolicyServer(engine, store) as front:
+            ro = store.start_rollout("t")
+            client = front.llm(ro.rollout_id).openai_client(max_retries=0)
+
+            def call() -> None:
+                client.chat.completions.create(
+                    model=engine.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+                )
+
+            call()
+            engine.update_weights(p1)
+            call()
+        spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
+        assert [(s.attributes["weights_version"], s.attributes["adapter"]) for s in spans] == [
+            (0, "policy"),
+            (1, "policy"),
+        ]
     finally:
         engine.close()
 
@@ -555,15 +587,29 @@ def test_vllm_engine_reports_a_server_that_dies_while_starting(tmp_path: Path, m
         VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"))
 
 
-def test_vllm_engine_startup_timeout_says_what_to_check(tmp_path: Path, monkeypatch: Any) -> None:
+def test_vllm_engine_startup_timeout_says_what_to_check(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     from agentlightning_lite.serving.engines import VLLMEngine
+    from agentlightning_lite.serving.engines import vllm as vllm_module
 
     bin_dir = fake_vllm(tmp_path, "import time\ntime.sleep(60)")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(vllm_module, "_NOTE_EVERY_S", 0.5)
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"did not answer /health within 1 s \(its log: .*vllm-\d+\.log\)"):
-        VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"), startup_timeout_s=1)
+    with caplog.at_level(logging.WARNING, logger="agentlightning_lite.serving.engines.vllm"):
+        with pytest.raises(
+            TimeoutError, match=r"did not answer /health within 2 s \(its log: .*vllm-\d+\.log\)"
+        ):
+            VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"), startup_timeout_s=2)
     assert time.monotonic() - t0 < 30  # and the child was stopped, not waited for
+    # while it waits, it says what for and where to look
+    note = next(r.getMessage() for r in caplog.records if "waiting for vLLM" in r.getMessage())
+    assert re.search(
+        r"waiting for vLLM to load tiny at http://127\.0\.0\.1:\d+ \(\d+ s so far; "
+        r".*follow its log: .*vllm-\d+\.log\)",
+        note,
+    ), note
 
 
 FAKE_OLD_VLLM = """
@@ -607,9 +653,11 @@ def test_vllm_engine_refuses_a_vllm_older_than_its_range_and_stops_it(
     with pytest.raises(
         RuntimeError, match=r"runs vLLM 0\.9\.2, older than this engine needs.*pip install 'vllm"
     ):
-        VLLMEngine("tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"), startup_timeout_s=60)
-    (proc,) = started
-    assert proc.poll() is not None  # the server it started is stopped
+        VLLMEngine(
+            "tiny", tokenizer="bytes", log_dir=str(tmp_path / "logs"), startup_timeout_s=60, replicas=2
+        )
+    assert len(started) == 2  # replicas=2: two servers, each on its own port
+    assert all(p.poll() is not None for p in started)  # the servers it started are stopped
 
 
 FAKE_VLLM_SERVE = """

@@ -39,6 +39,7 @@ __all__ = ["SUPPORTED_VLLM", "VLLMEngine", "check_vllm_version", "vllm_available
 SUPPORTED_VLLM = ">=0.10.2,<0.34"
 _LOWEST, _ABOVE = (0, 10, 2), (0, 34)
 WRITTEN_FOR = "0.33.0"
+_NOTE_EVERY_S = 30.0  # how often the wait for /health says what it waits for
 
 INSTALL_HINT = (
     "VLLMEngine starts `vllm serve`, which needs vLLM (a CUDA GPU and Linux): "
@@ -359,7 +360,7 @@ class VLLMEngine(HTTPEngine):
                     "(lower gpu_memory_utilization or max_model_len), a CUDA driver older than vLLM's build. "
                     "Raise startup_timeout_s if it was only slow."
                 )
-            if time.monotonic() - last_note >= 30:
+            if time.monotonic() - last_note >= _NOTE_EVERY_S:
                 last_note = time.monotonic()
                 logger.warning(
                     "waiting for vLLM to load %s at %s (%.0f s so far; it downloads and compiles on a first "
