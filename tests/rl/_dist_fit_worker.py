@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests._helpers
 
@@ -39,11 +40,26 @@ def main() -> None:
     launch = detect()
     rank = launch.rank if launch else 0
     lora = agl.LoRA(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
-    engine = HFEngine(
-        tiny_llama(), tokenizer=ByteTokenizer(), lora=lora, seed=0, model_name="tiny", num_threads=1
-    )
+    served = next((a.split("=", 1)[1].split(",") for a in extra if a.startswith("served=")), None)
+    engine: Any
+    dp = None
+    if served is None:  # the HF engine serves the training model itself
+        engine = HFEngine(
+            tiny_llama(), tokenizer=ByteTokenizer(), lora=lora, seed=0, model_name="tiny", num_threads=1
+        )
+        options: dict[str, Any] = {"engine": engine}
+    else:  # a server with its own weights (the vLLM engine attached to a PolicyServer) serves
+        url, model_dir = served
+        dp = DataParallel.from_env()  # before the Trainer, as on GPUs
+        engine = None
+        options = {
+            "model": model_dir,
+            "engine": "vllm",
+            "lora": lora,
+            "engine_options": {"url": [url], "check_version": False, "max_model_len": 512},
+        }
     trainer = agl.Trainer(
-        engine=engine,
+        **options,
         algorithm=algorithm,
         batch_size=2,
         store=agl.MemoryStore(),
@@ -52,17 +68,30 @@ def main() -> None:
         save_every=1,
         old_logprobs="recompute",
     )
+    if "fsdp" in extra:
+        from agentlightning_lite.rl.fsdp import shard_base
+
+        shard_base(trainer.policy, dp)
     tasks = [{"q": f"Tell me about {i}."} for i in range(4)]
     try:
         last = trainer.fit(varied, tasks, steps=steps, resume=resume)
         lora_state = [(n, p) for n, p in trainer.policy.named_parameters() if "lora_" in n]
         digest = DataParallel.checksum(lora_state)
         (out / f"fit-rank{rank}.json").write_text(
-            json.dumps({"step": trainer.step, "checksum": digest, "metrics": last})
+            json.dumps(
+                {
+                    "step": trainer.step,
+                    "checksum": digest,
+                    "metrics": last,
+                    "engine_version": int(trainer.engine.version),  # adapters this rank handed over
+                    "sharded": any(hasattr(p, "to_local") for p in trainer.policy.parameters()),
+                }
+            )
         )
     finally:
         trainer.close()
-        engine.close()
+        if engine is not None:
+            engine.close()
         if (dp := DataParallel.active()) is not None:
             dp.close()
 

@@ -376,3 +376,66 @@ def test_a_trainer_the_launch_cannot_train_is_refused_with_what_to_do() -> None:
     with pytest.raises(DistributedError, match=r"sharded.*in-process engine"):
         dp.check_trainer(cpu)
     dp.check_trainer(SimpleNamespace(device=torch.device("cpu"), _weights=SimpleNamespace(in_place=False)))
+
+
+SERVER = """
+import sys
+sys.path.insert(0, {root!r})
+import agentlightning_lite as agl
+from agentlightning_lite.serving import PolicyServer
+from agentlightning_lite.serving.engines import HFEngine
+engine = HFEngine(sys.argv[1], model_name=sys.argv[1], num_threads=1, seed=0)
+PolicyServer(engine, agl.MemoryStore(), port=int(sys.argv[2])).serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_fit_on_two_ranks_with_a_separate_server_and_a_sharded_base(tmp_path: Path) -> None:
+    """Trainer.fit on 2 ranks with the vLLM engine attached (url=) to a server holding its own weights
+    (a PolicyServer over the HF engine, speaking vLLM's routes), the training copy's decoder layers
+    sharded with FSDP2 on both ranks: 2 GRPO steps, the same adapter on both ranks, and only rank 0
+    handed adapters to the server (its engine reached version 2, rank 1's stayed at 0)."""
+    from agentlightning_lite.models import load_tokenizer
+
+    from .._helpers import tiny_llama
+
+    model_dir = tmp_path / "tiny-smol"  # a tiny Llama on SmolLM2's tokenizer, as a model directory
+    tok = load_tokenizer("smollm2-135m")
+    tiny_llama(
+        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
+    ).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    script = tmp_path / "server.py"
+    script.write_text(SERVER.format(root=str(ROOT / "src")))
+    port = _port()
+    server = subprocess.Popen(
+        [sys.executable, str(script), str(model_dir), str(port)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert server.poll() is None, server.communicate()[1][-3000:]
+                time.sleep(0.5)
+        out = tmp_path / "run"
+        proc = _torchrun(
+            WORKER.with_name("_dist_fit_worker.py"), str(out), "2", f"served={url},{model_dir}", "fsdp"
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    r0, r1 = (json.loads((out / f"fit-rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["step"] == r1["step"] == 2
+    assert r0["sharded"] and r1["sharded"]
+    assert r0["checksum"] == r1["checksum"]
+    assert (r0["engine_version"], r1["engine_version"]) == (2, 0)
+    assert r0["metrics"]["train/sequences"] == r1["metrics"]["train/sequences"] > 0
