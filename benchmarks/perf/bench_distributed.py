@@ -8,11 +8,14 @@ ranks, broadcasts them (as ``Trainer.fit`` does); each process runs ``--warmup``
 then the timed one (from a barrier to a barrier). Variants:
 
 - ``1 rank x T threads`` for T in 1 and the core count (the single process using the whole machine);
-- ``2 ranks x T/2 threads`` under ``torchrun --nproc_per_node 2`` (gloo).
+- ``2 ranks x T/2 threads`` under ``torchrun --nproc_per_node 2`` (gloo);
+- the same 2 ranks with the decoder layers' frozen weights sharded by FSDP2 (``rl.fsdp.shard_base``;
+  ``--no-fsdp`` leaves this row out).
 
 Reported per variant: the update's wall time (the timed update, the slowest rank), its reference phase
 (old logprobs, computed by every rank on all samples) and its update phase (forward/backward of the
-rank's share, the gradient all-reduce, the optimiser step), each rank's peak RSS, the step's
+rank's share, the gradient all-reduce, the optimiser step), each rank's peak RSS and its RSS after the
+update, the step's
 ``dist/token_imbalance``, and the largest difference of the final adapter from the 1-rank one.
 
     python -m benchmarks.perf.bench_distributed                     # smollm2-135m, writes the results
@@ -97,6 +100,10 @@ def worker(args: argparse.Namespace) -> None:
     dp = DataParallel.from_env(timeout_s=1800.0)
     rank = dp.rank if dp else 0
     model, vocab, pad = _model(args.model)
+    if args.fsdp and dp is not None:
+        from agentlightning_lite.rl.fsdp import shard_base
+
+        shard_base(model, dp)
     params = [p for p in model.parameters() if p.requires_grad]
     algo = GRPO(micro_batch_size=args.micro_batch, lr=1e-4, epochs=1)
     opt = torch.optim.AdamW(params, lr=algo.lr, weight_decay=0.01)
@@ -134,6 +141,7 @@ def worker(args: argparse.Namespace) -> None:
                 "reference_s": sum(metrics.get(f"timing/{k}_logprobs", 0.0) for k in ("old", "ref")),
                 "update_phase_s": metrics.get("timing/update", float("nan")),
                 "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "rss_after_mib": _rss_mib(),
                 "token_imbalance": metrics.get("dist/token_imbalance", 1.0),
                 "loss": metrics.get("train/loss"),
                 "sequence_tokens": metrics.get("train/sequence_tokens"),
@@ -148,14 +156,22 @@ def worker(args: argparse.Namespace) -> None:
         dp.close()
 
 
+def _rss_mib() -> float:
+    """This process's resident memory now (``VmRSS``), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _worker_args(args: argparse.Namespace, out: Path, threads: int) -> list[str]:
-    return [
+def _worker_args(args: argparse.Namespace, out: Path, threads: int, fsdp: bool) -> list[str]:
+    return ["--fsdp"] * fsdp + [
         "--worker", str(out), "--threads", str(threads), "--model", args.model,
         "--samples", str(args.samples), "--prompt-tokens", str(args.prompt_tokens),
         "--response-tokens", str(args.response_tokens), "--micro-batch", str(args.micro_batch),
@@ -163,10 +179,10 @@ def _worker_args(args: argparse.Namespace, out: Path, threads: int) -> list[str]
     ]  # fmt: skip
 
 
-def _run(args: argparse.Namespace, out: Path, ranks: int, threads: int) -> list[dict[str, Any]]:
+def _run(args: argparse.Namespace, out: Path, ranks: int, threads: int, fsdp: bool) -> list[dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update({"OMP_NUM_THREADS": str(threads), "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"})
-    script = [str(Path(__file__).resolve()), *_worker_args(args, out, threads)]
+    script = [str(Path(__file__).resolve()), *_worker_args(args, out, threads, fsdp)]
     if ranks == 1:
         cmd = [sys.executable, *script]
     else:
@@ -192,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed updates before the timed one")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="threads of the 1-rank variant")
     p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--fsdp", action="store_true", help=argparse.SUPPRESS)  # a worker: shard the base
+    p.add_argument("--no-fsdp", action="store_true", help="leave out the 2-rank FSDP2 row")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-write", action="store_true", help="print the table only (smoke tests)")
     p.add_argument("--out", type=Path, default=HERE / "distributed_results.md")
@@ -205,15 +223,17 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks._harness import cpu_model, load_average
 
-    variants = [(1, 1), (1, args.cores), (2, max(1, args.cores // 2))]
-    variants = list(dict.fromkeys(variants))
+    half = max(1, args.cores // 2)
+    variants = list(dict.fromkeys([(1, 1, False), (1, args.cores, False), (2, half, False)]))
+    if not args.no_fsdp:
+        variants.append((2, half, True))
     load_before = load_average()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="agl-bench-dist-") as tmp:
         ref: dict[str, Any] | None = None
-        for ranks, threads in variants:
-            out = Path(tmp) / f"{ranks}x{threads}"
-            rows = _run(args, out, ranks, threads)
+        for ranks, threads, fsdp in variants:
+            out = Path(tmp) / f"{ranks}x{threads}{'-fsdp' * fsdp}"
+            rows = _run(args, out, ranks, threads, fsdp)
             adapter = torch.load(out / "adapter.pt")
             ref = ref or adapter
             diff = max(float((adapter[n] - ref[n]).abs().max()) for n in ref)
@@ -221,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
                 {
                     "ranks": ranks,
                     "threads_per_rank": threads,
+                    "fsdp": fsdp,
+                    "rss_after_mib": [round(r["rss_after_mib"], 1) for r in rows],
                     "update_s": max(r["update_s"] for r in rows),
                     "reference_s": max(r["reference_s"] for r in rows),
                     "update_phase_s": max(r["update_phase_s"] for r in rows),
@@ -233,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
                     "sequence_tokens": rows[0]["sequence_tokens"],
                 }
             )
-            print(f"{ranks} rank(s) x {threads} thread(s): {results[-1]['update_s']:.2f} s", file=sys.stderr)
+            label = f"{ranks} rank(s) x {threads} thread(s){' FSDP2' * fsdp}"
+            print(f"{label}: {results[-1]['update_s']:.2f} s", file=sys.stderr)
     given = argv if argv is not None else sys.argv[1:]
     cmd = "python -m benchmarks.perf.bench_distributed " + " ".join(given)
     base = results[0]["update_s"]
@@ -250,14 +273,17 @@ def main(argv: list[str] | None = None) -> None:
         "update(s), then the timed one.",
         "",
         "| ranks x threads | update (s) | reference phase (s) | update phase (s) | speed-up | peak RSS per "
-        "rank (MiB) | token imbalance | adapter max diff vs 1x1 (moved) | ranks agree |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "rank (MiB) | RSS after, per rank (MiB) | token imbalance | adapter max diff vs 1x1 (moved) | "
+        "ranks agree |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['ranks']} x {r['threads_per_rank']} | {r['update_s']:.2f} | {r['reference_s']:.2f} | "
+            f"| {r['ranks']} x {r['threads_per_rank']}{' FSDP2' * r['fsdp']} | {r['update_s']:.2f} | "
+            f"{r['reference_s']:.2f} | "
             f"{r['update_phase_s']:.2f} | {base / r['update_s']:.2f}x | "
-            f"{', '.join(f'{m:.0f}' for m in r['peak_rss_mib'])} | {r['token_imbalance']:.3f} | "
+            f"{', '.join(f'{m:.0f}' for m in r['peak_rss_mib'])} | "
+            f"{', '.join(f'{m:.0f}' for m in r['rss_after_mib'])} | {r['token_imbalance']:.3f} | "
             f"{r['max_abs_diff_vs_first']:.1e} ({r['adapter_moved']:.1e}) | "
             f"{'yes' if r['ranks_agree'] else 'NO'} |"
         )
@@ -266,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
         "update: the timed update from a barrier to a barrier (the slowest rank); the reference phase (old "
         "logprobs) is computed by every rank on all samples, the update phase is each rank's share of the "
         "forward/backward, the gradient all-reduce and the optimiser step (the slowest rank's). Peak RSS: "
-        "`ru_maxrss` of each rank's process (model loading included). Speed-up: against 1 x 1.",
+        "`ru_maxrss` of each rank's process (model loading included: FSDP2 shards the model after loading it "
+        "whole); RSS after: `VmRSS` once the timed update is done. Speed-up: against 1 x 1.",
         "",
     ]
     payload = {"command": cmd.strip(), "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
