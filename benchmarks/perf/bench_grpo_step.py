@@ -60,7 +60,7 @@ class Config:
     max_grad_norm: float = 1.0
     seed: int = 0
     steps: int = 2  # per process: all but the last are warm-up, the last one is timed
-    trl_gradient_checkpointing: bool = False  # TRL's own default is True; ours has none
+    trl_gradient_checkpointing: bool = False  # TRL's own default is True (as ours)
     threads: int | None = None  # torch CPU threads in each worker (None: torch's default, the core count)
 
 
@@ -248,8 +248,12 @@ def run_ours(cfg: Config) -> dict[str, Any]:
                 )
         ts = agl.transitions(trainer.store, require_tokens=True)
         prompt_tokens = sorted({len(t.prompt_token_ids or []) for t in ts})
+        checkpointing = trainer.gradient_checkpointing
+        mmap_mib = trainer.update_config.host_mmap_threshold_mib
         trainer.close()
     return {
+        "checkpointing": checkpointing,
+        "mmap_threshold_mib": mmap_mib,
         "load_s": load_s,
         "load_peak_mib": load_peak_mib,
         "after_load_mib": after_load_mib,
@@ -577,7 +581,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2, help="fresh processes per contender (interleaved)")
     ap.add_argument(
-        "--trl-gradient-checkpointing", action="store_true", help="TRL's own default (ours has none)"
+        "--trl-gradient-checkpointing", action="store_true", help="TRL's own default (ours is on by default)"
     )
     ap.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads per worker (default: torch's)"
@@ -648,9 +652,7 @@ def main() -> None:
     if args.append:
         cmd += " --append"
     n_step = len(TASKS) * cfg.group_size
-    gc = (
-        "on (TRL's default)" if cfg.trl_gradient_checkpointing else "off (TRL's default is on; ours has none)"
-    )
+    gc = "on (TRL's default)" if cfg.trl_gradient_checkpointing else "off (TRL's default is on)"
     ours_pt = sorted({t for r in runs["ours"] for t in r["prompt_tokens"]})
     trl_pt = sorted({t for r in runs["trl"] for t in r["prompt_tokens"]})
     title = "" if args.append else "# One GRPO step on CPU: agl.Trainer vs TRL GRPOTrainer\n\n"
@@ -699,7 +701,9 @@ training"); the benchmark clears `model.hf_quantizer` / `is_quantized` before ha
 **Ours** `agl.Trainer(model="{MODEL}", algorithm=agl.GRPO(group_size={cfg.group_size}, ...), \
 lora=agl.LoRA(...), batch_size={len(TASKS)}, store=agl.MemoryStore(), loggers=[])`, otherwise defaults \
 (HFEngine on CPU, a step's {n_step} rollouts run concurrently and announced to the engine with \
-`engine.expect({n_step})`, `old_logprobs="auto"`); the agent makes one \
+`engine.expect({n_step})`, `old_logprobs="auto"`, gradient checkpointing \
+{"on" if runs["ours"][0].get("checkpointing") else "off"} and glibc's mmap threshold at \
+{runs["ours"][0].get("mmap_threshold_mib")} MiB: `UpdateConfig`'s defaults); the agent makes one \
 chat call per rollout with the `openai` client over real HTTP to the PolicyServer on 127.0.0.1.
 
 **Method.** Each contender runs in its own fresh Python process ({args.repeats} per contender, \
