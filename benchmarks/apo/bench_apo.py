@@ -381,7 +381,24 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> l
     ap.add_argument("--reflection-max-tokens", type=int, default=384, help="per reflection answer")
     ap.add_argument("--output-dir", default="runs/bench_apo")
     ap.add_argument("--results", type=Path, default=Path(__file__).with_name("results.md"))
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="run nothing: add these results .json files (of runs written elsewhere) to --results",
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        merged = _load(args.results)
+        for path in args.merge:
+            other = json.loads(path.read_text())
+            merged["invocations"] += other["invocations"]
+            keys = {(r["task"], r["arm"], r["seed"]) for r in other["rows"]}
+            merged["rows"] = [r for r in merged["rows"] if (r["task"], r["arm"], r["seed"]) not in keys]
+            merged["rows"] += other["rows"]
+        write(merged, args.results)
+        return merged["rows"]
     if args.reflection_base_url and not args.reflection_model:
         ap.error("--reflection-base-url needs --reflection-model")
     for arm in args.arms:
