@@ -612,7 +612,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
     for i in range(args.repeats):
         for who in ("ours", "trl") if i % 2 == 0 else ("trl", "ours"):
-            res = spawn(who, cfg, timeout=900)
+            res = spawn(who, cfg, timeout=1800)
             runs[who].append(res)
             s = res["steps"][-1]
             print(
