@@ -13,7 +13,9 @@ side by side in one run:
 - ``checkpointing``: ``Trainer(gradient_checkpointing=True)``'s recomputation of each layer;
 - ``bf16``: ``HFEngine(autocast="bfloat16")`` (the benchmarks' ``--bf16``);
 - ``mmap 1 MiB``: ``MALLOC_MMAP_THRESHOLD_=1048576`` in the environment: glibc serves every block of
-  1 MiB or more with its own mapping and unmaps it when freed.
+  1 MiB or more with its own mapping and unmaps it when freed;
+- ``checkpointing + mmap 1 MiB``: both, what ``agl.Trainer`` does by default (``UpdateConfig``'s
+  ``gradient_checkpointing=None``, on where the model supports it, and ``host_mmap_threshold_mib=1.0``).
 
 Per variant: update time (mean of the 2nd and 3rd update), the process's peak RSS, its RSS right after
 the updates (what the allocator kept) and after ``release_host_memory()`` (``malloc_trim(0)``, which the
