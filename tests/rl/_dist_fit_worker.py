@@ -9,6 +9,7 @@ metrics).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,3 +99,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # After the process group is closed, a gloo rank sometimes aborts in the interpreter's teardown
+    # ("terminate called without an active exception", 2 of 8 runs under load): leave without it.
+    if "WORLD_SIZE" in os.environ:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
