@@ -9,14 +9,13 @@ metrics).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests._helpers
 
-from tests._helpers import tiny_llama
+from tests._helpers import leave_after_launch, tiny_llama
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.distributed import DataParallel, detect
@@ -99,9 +98,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # After the process group is closed, a gloo rank sometimes aborts in the interpreter's teardown
-    # ("terminate called without an active exception", 2 of 8 runs under load): leave without it.
-    if "WORLD_SIZE" in os.environ:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    leave_after_launch()

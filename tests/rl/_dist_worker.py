@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests._helpers
 
-from tests._helpers import tiny_llama
+from tests._helpers import leave_after_launch, tiny_llama
 
 from agentlightning_lite.rl._runtime import is_checkpointing
 from agentlightning_lite.rl.batching import Sample
@@ -133,9 +133,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # After the process group is closed, a gloo rank sometimes aborts in the interpreter's teardown
-    # ("terminate called without an active exception", 2 of 8 runs under load): leave without it.
-    if "WORLD_SIZE" in os.environ:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    leave_after_launch()

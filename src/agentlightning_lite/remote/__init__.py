@@ -11,8 +11,9 @@ server's web stack (starlette, uvicorn), so an agent machine needs only httpx; :
 and :class:`RayRunners`, which serve the queue, load it on first use.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_getattr
 from .client import RemoteError, RunnerClient
 from .queue import RolloutQueue
 from .remote_store import RemoteStore
@@ -25,14 +26,7 @@ if TYPE_CHECKING:
 _LAZY = {"RayRunners": ".ray_runners", "RemoteRunners": ".runners"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

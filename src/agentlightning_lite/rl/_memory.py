@@ -23,8 +23,8 @@ _checked = False
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim`` or ``None`` (macOS, Windows, musl)."""
+def _glibc(name: str) -> Any:
+    """A function of glibc (``malloc_trim``, ``mallopt``), or ``None`` off glibc (macOS, Windows, musl)."""
     global _libc, _checked
     if not _checked:
         _checked = True
@@ -34,7 +34,12 @@ def _malloc_trim() -> Any:
                 _libc = lib if hasattr(lib, "malloc_trim") else None
             except OSError:
                 _libc = None
-    return getattr(_libc, "malloc_trim", None)
+    return getattr(_libc, name, None)
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` or ``None``."""
+    return _glibc("malloc_trim")
 
 
 def limit_heap_retention(threshold_mib: float = 1.0) -> bool:
@@ -51,8 +56,7 @@ def limit_heap_retention(threshold_mib: float = 1.0) -> bool:
     """
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    _malloc_trim()  # loads libc
-    mallopt = getattr(_libc, "mallopt", None)
+    mallopt = _glibc("mallopt")
     if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold_mib * 2**20)))

@@ -12,8 +12,9 @@ are imported on first use.
 True
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_getattr
 from . import engines
 
 if TYPE_CHECKING:
@@ -23,14 +24,7 @@ if TYPE_CHECKING:
 _LAZY = {"LLM": ".llm", "PolicyServer": ".server"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = ["LLM", "PolicyServer", "engines"]
