@@ -252,13 +252,43 @@ def test_a_dead_backend_fails_the_agents_call_with_its_url_and_the_next_call_goe
             messages = [{"role": "user", "content": "hi"}]
             body = {"model": engine.model_name, "messages": messages, "max_tokens": 3}
             first = httpx.post(url, json=body, timeout=60)
-            assert first.status_code == 500
+            assert first.status_code == 502  # a bad gateway: the server behind failed, not the agent
+            assert first.json()["error"]["code"] == "backend_error"
             assert f"inference server {dead} is unreachable" in first.json()["error"]["message"]
             second = httpx.post(url, json=body, timeout=60)
             assert second.status_code == 200
         spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
         assert [s.status for s in spans] == ["error", "ok"]
         assert engine.session_servers == {ro.rollout_id: live.url}
+    finally:
+        engine.close()
+
+
+def test_a_request_the_backend_refuses_reaches_the_agent_as_that_4xx(backend: Any) -> None:
+    """The inference server behind answers 400 (the prompt is too long for its context, which the
+    front does not know): the agent gets that 400 with the server's reason, not a 500, so a client
+    does not retry a request that cannot succeed; an error span records it."""
+    live = backend()
+    live.engine.max_context = 64
+    engine = HTTPEngine(live.url, tokenizer=live.engine.tokenizer, api_key="k", max_context=8192)
+    store = agl.MemoryStore()
+    try:
+        with PolicyServer(engine, store) as front:
+            ro = store.start_rollout("t")
+            url = f"{front.url}/rollout/{ro.rollout_id}/v1/chat/completions"
+            body = {"model": engine.model_name, "messages": [{"role": "user", "content": "x" * 200}]}
+            r = httpx.post(url, json=body | {"max_tokens": 3}, timeout=60)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["code"] == "backend_rejected" and err["type"] == "invalid_request_error"
+            assert "maximum context length is 64 tokens" in err["message"]
+            assert f"inference server {live.url} answered 400" in err["message"]
+            short = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            ok = httpx.post(url, json=body | short, timeout=60)
+            assert ok.status_code == 200, ok.text
+        spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
+        assert [s.status for s in spans] == ["error", "ok"]
+        assert "maximum context length" in (spans[0].error or "")
     finally:
         engine.close()
 

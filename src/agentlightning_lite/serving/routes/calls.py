@@ -20,6 +20,7 @@ from ...tracer import new_span_id
 from ...types import Span
 from ..chat import ChatFormatError, content_text
 from ..engines.base import GenRequest, GenResult
+from ..engines.http import BackendError
 from ..errors import APIError, bad_request
 from ..params import Params
 
@@ -336,8 +337,15 @@ async def engine_failed(
     task: Any,
     exc: BaseException,
 ) -> APIError:
-    """Record an ``error`` span for a failed generation and return the 500 to raise."""
-    logger.exception("PolicyServer: the engine failed", exc_info=exc)
+    """Record an ``error`` span for a failed generation and return the error to raise: the status an
+    inference server behind the engine answered when it refused the request (a 4xx: the agent's
+    request is at fault, e.g. too long for that server's context), a 502 when that server failed or
+    could not be reached, else a 500 (the engine itself failed)."""
+    status = _backend_status(exc)
+    if status is not None and 400 <= status < 500:
+        logger.warning("PolicyServer: the inference server refused a request: %s", exc)
+    else:
+        logger.exception("PolicyServer: the engine failed", exc_info=exc)
     span = llm_span(
         call,
         name,
@@ -352,9 +360,18 @@ async def engine_failed(
         await run_in_threadpool(record, server, call, task, [span], True)
     except Exception:
         logger.exception("PolicyServer: could not record the error span")
+    if status is not None and 400 <= status < 500:
+        return APIError(status, f"The inference server refused the request: {exc}", code="backend_rejected")
+    if isinstance(exc, BackendError):
+        return APIError(502, f"The inference server failed: {exc}", type="server_error", code="backend_error")
     return APIError(
         500, f"The engine failed: {type(exc).__name__}: {exc}", type="server_error", code="engine_error"
     )
+
+
+def _backend_status(exc: BaseException) -> int | None:
+    """The HTTP status an inference server answered, when ``exc`` is its :class:`BackendError`."""
+    return exc.status if isinstance(exc, BackendError) else None
 
 
 def usage(prompt_tokens: int, results: Sequence[GenResult]) -> dict[str, int]:
