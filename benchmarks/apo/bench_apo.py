@@ -139,7 +139,7 @@ def run_arm(
         if before is None:
             before = trainer.evaluate(setup_["greedy_agent"], setup_["held_out"])
             row["before_measured_here"] = True
-        n_eval = len(store.rollouts())
+        n_eval = _task_rollouts(store)
         apo_spent = 0
         if budget:
             apo = agl.APO(
@@ -155,7 +155,7 @@ def run_arm(
                 val_dataset=setup_["train"][: args.apo_val],
                 algorithm=apo,
             )
-            apo_spent = len(store.rollouts()) - n_eval
+            apo_spent = _task_rollouts(store) - n_eval
             row.update(
                 apo_rollouts=apo_spent,
                 apo_seed_val=res["apo/seed_val_score"],
@@ -169,7 +169,7 @@ def run_arm(
             )
         steps = (args.rollouts - apo_spent) // (group * batch) if arm != "apo" else 0
         if steps:
-            n0 = len(store.rollouts())
+            n0 = _task_rollouts(store)
             t_grpo = time.time()
             trainer.fit(
                 setup_["train_agent"],
@@ -179,13 +179,19 @@ def run_arm(
             )
             row.update(
                 grpo_steps=steps,
-                grpo_rollouts=len(store.rollouts()) - n0,
+                grpo_rollouts=_task_rollouts(store) - n0,
                 grpo_time_s=round(time.time() - t_grpo, 1),
             )
-        row["train_rollouts"] = len(store.rollouts()) - n_eval
+        row["train_rollouts"] = _task_rollouts(store) - n_eval
         after = trainer.evaluate(setup_["greedy_agent"], setup_["held_out"])
     row.update(before=before, after=after, wall_s=round(time.time() - t0, 1), output_dir=str(out))
     return row
+
+
+def _task_rollouts(store: Any) -> int:
+    """Rollouts of tasks in ``store``: not the ``trace`` rollouts that the reflection model's calls to
+    the policy's server (``reflection="policy"``) are recorded as."""
+    return sum(1 for r in store.rollouts() if r.mode != "trace")
 
 
 def _proposals(out: Path) -> list[dict[str, Any]]:
@@ -256,6 +262,7 @@ def render(doc: dict[str, Any]) -> str:
             f"{inv['machine']}; reflection model: {inv.get('reflection', '?')}; "
             f"load average at start {inv['load_start']}, at end {inv.get('load_end', '-')}",
         ]
+    lines += [f"- {note}" for note in doc.get("notes", [])]
     for task in sorted({r["task"] for r in doc["rows"]}):
         rows = [r for r in doc["rows"] if r["task"] == task]
         lines += [
@@ -263,8 +270,8 @@ def render(doc: dict[str, Any]) -> str:
             f"## {task}",
             "",
             "| arm | seed | held-out before | after | training rollouts (APO + GRPO) | GRPO steps | "
-            "APO val: seed -> best | APO candidates | prompt changed | wall s |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "APO val: seed -> best | APO candidates | reflection calls | prompt changed | wall s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in sorted(rows, key=lambda r: (ARMS.index(r["arm"]), r["seed"])):
             b, a = r["before"], r["after"]
@@ -274,7 +281,7 @@ def render(doc: dict[str, Any]) -> str:
                 f"| {r['arm']} | {r['seed']} | {_rate(b)} | {_rate(a)} "
                 f"| {r['train_rollouts']} ({r.get('apo_rollouts', 0)} + {r.get('grpo_rollouts', 0)}) "
                 f"| {r.get('grpo_steps', 0)} | {apo_val} | {r.get('apo_candidates', '')} "
-                f"| {changed} | {r['wall_s']} |"
+                f"| {r.get('apo_reflection_calls', '')} | {changed} | {r['wall_s']} |"
             )
         lines += [
             "",
