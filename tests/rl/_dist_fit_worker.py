@@ -1,6 +1,7 @@
 """One rank of ``Trainer.fit`` under torchrun (run by tests/rl/test_distributed.py).
 
-``python -m torch.distributed.run --nproc_per_node 2 _dist_fit_worker.py OUT STEPS [resume] [sft]``: GRPO
+``python -m torch.distributed.run --nproc_per_node 2 _dist_fit_worker.py OUT STEPS [resume] [sft]
+[served=URL,MODEL_DIR | served=launch,MODEL_DIR] [fsdp]``: GRPO
 (or SFT on the policy's own replies) on the tiny Llama served in-process, a checkpoint every step
 into ``OUT``; writes ``OUT/fit-rank<r>.json`` (the step reached, the adapter's checksum, the last
 metrics).
@@ -48,6 +49,15 @@ def main() -> None:
             tiny_llama(), tokenizer=ByteTokenizer(), lora=lora, seed=0, model_name="tiny", num_threads=1
         )
         options: dict[str, Any] = {"engine": engine}
+    elif served[0] == "launch":  # engine="vllm" starts its server (a stand-in `vllm` on PATH)
+        dp = DataParallel.from_env()
+        engine = None
+        options = {
+            "model": served[1],
+            "engine": "vllm",
+            "lora": lora,
+            "engine_options": {"check_version": False, "max_model_len": 512, "log_dir": str(out / "logs")},
+        }
     else:  # a server with its own weights (the vLLM engine attached to a PolicyServer) serves
         url, model_dir = served
         dp = DataParallel.from_env()  # before the Trainer, as on GPUs
@@ -84,6 +94,8 @@ def main() -> None:
                     "checksum": digest,
                     "metrics": last,
                     "engine_version": int(trainer.engine.version),  # adapters this rank handed over
+                    "engine": type(trainer.engine).__name__,
+                    "servers_started": len(getattr(trainer.engine, "processes", [])),
                     "sharded": any(hasattr(p, "to_local") for p in trainer.policy.parameters()),
                 }
             )

@@ -280,10 +280,12 @@ def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> Non
     assert not (tmp_path / "rank0.json").exists()
 
 
-def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _torchrun(
+    script: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     cmd += ["--master_addr", "127.0.0.1", "--master_port", str(_port()), str(script), *args]
-    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    return subprocess.run(cmd, env=env or _env(), capture_output=True, text=True, timeout=240)
 
 
 def test_trainer_fit_under_torchrun_then_resumes(tmp_path: Path) -> None:
@@ -439,3 +441,56 @@ def test_fit_on_two_ranks_with_a_separate_server_and_a_sharded_base(tmp_path: Pa
     assert r0["checksum"] == r1["checksum"]
     assert (r0["engine_version"], r1["engine_version"]) == (2, 0)
     assert r0["metrics"]["train/sequences"] == r1["metrics"]["train/sequences"] > 0
+
+
+#: a stand-in `vllm` executable: records each start in $AGL_TEST_LAUNCHES, then serves the model with
+#: the HF engine behind a PolicyServer (which speaks the vLLM routes the engine uses)
+FAKE_VLLM = """
+with open(os.environ["AGL_TEST_LAUNCHES"], "a") as f:
+    f.write(json.dumps({{"pid": os.getpid(), "rank": os.environ.get("RANK")}}) + "\\n")
+sys.path.insert(0, {root!r})
+args = sys.argv[1:]
+flags = dict(zip(args[2::2], args[3::2]))
+import agentlightning_lite as agl
+from agentlightning_lite.serving import PolicyServer
+from agentlightning_lite.serving.engines import HFEngine
+engine = HFEngine(args[1], model_name=flags["--served-model-name"], num_threads=1, seed=0)
+PolicyServer(engine, agl.MemoryStore(), port=int(flags["--port"])).serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_under_a_launcher_only_rank_0_starts_the_vllm_server(tmp_path: Path) -> None:
+    """engine="vllm" on 2 ranks: rank 0 starts one server (a stand-in `vllm` on PATH) and hands it
+    each adapter; rank 1 starts none (it would take the same GPUs) and only trains its copy; both end
+    with the same adapter after 2 GRPO steps."""
+    from agentlightning_lite.models import load_tokenizer
+
+    from .._helpers import tiny_llama
+
+    model_dir = tmp_path / "tiny-smol"
+    tok = load_tokenizer("smollm2-135m")
+    tiny_llama(
+        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
+    ).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "vllm"
+    exe.write_text(f"#!{sys.executable}\nimport sys, os, json\n{FAKE_VLLM.format(root=str(ROOT / 'src'))}\n")
+    exe.chmod(0o755)
+    launches = tmp_path / "launches.jsonl"
+    env = _env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", AGL_TEST_LAUNCHES=str(launches))
+    out = tmp_path / "run"
+    proc = _torchrun(
+        WORKER.with_name("_dist_fit_worker.py"), str(out), "2", f"served=launch,{model_dir}", env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    started = [json.loads(line) for line in launches.read_text().splitlines()]
+    assert [s["rank"] for s in started] == ["0"]  # one server, started by rank 0 (it inherits RANK)
+    r0, r1 = (json.loads((out / f"fit-rank{r}.json").read_text()) for r in (0, 1))
+    assert (r0["engine"], r0["servers_started"]) == ("VLLMEngine", 1)
+    assert (r1["engine"], r1["servers_started"]) == ("NotServing", 0)
+    assert r0["step"] == r1["step"] == 2
+    assert r0["checksum"] == r1["checksum"]
+    assert (r0["engine_version"], r1["engine_version"]) == (2, 0)

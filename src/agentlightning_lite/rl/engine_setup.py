@@ -3,23 +3,26 @@
 ``engine="auto"`` is vLLM on a GPU when it is installed, else transformers (:func:`choose_engine`).
 A transformers engine (``HFEngine``) trains in place: its module is the training model. vLLM cannot:
 a transformers copy trains and hands its adapters over after each update (:mod:`.weights`); vLLM starts
-from that copy's fresh adapters, so both begin from the same weights.
+from that copy's fresh adapters, so both begin from the same weights. Under a launcher only rank 0
+starts (or attaches to) vLLM: the other ranks train their copy behind a :class:`NotServing` engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..serving.engines.base import Engine, GenRequest, GenResult
 from ..serving.engines.contract import InPlaceEngine, MultiAdapterEngine, ServingEngine
 from .checkpoint import save_adapter
+from .distributed import detect
 from .lora import check_4bit_available
 from .policies import PolicyPlan
 
-__all__ = ["build_engine", "choose_engine", "training_model", "update_autocast"]
+__all__ = ["NotServing", "build_engine", "choose_engine", "training_model", "update_autocast"]
 
 VLLM_GPU_SHARE = 0.45  # of the GPU for vLLM by default: the rest is the training copy's
 
@@ -39,6 +42,30 @@ def choose_engine(engine: str) -> str:
     if engine not in ("hf", "vllm"):
         raise ValueError(f"engine must be 'auto', 'hf', 'vllm' or an engine instance, got {engine!r}")
     return engine
+
+
+class NotServing(Engine):
+    """The engine of a rank other than 0 under a launcher when a separate server (vLLM) serves: rank 0
+    alone starts (or attaches to) that server, runs the rollouts and hands it each adapter; this rank
+    only trains its transformers copy (``copy``), whose tokenizer and context it reports.
+
+    >>> from agentlightning_lite.serving.engines import ScriptedEngine
+    >>> NotServing(ScriptedEngine(["hi"], tokenizer="bytes"), rank=1).version
+    0
+    """
+
+    def __init__(self, copy: Any, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+        self.tokenizer = copy.tokenizer
+        self.model_name = copy.model_name
+        self.max_context = copy.max_context
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        raise RuntimeError(
+            f"rank {self.rank} serves nothing: under a launcher, rank 0 runs the rollouts and its server "
+            "serves them (the other ranks only train)"
+        )
 
 
 def _adapters(plan: PolicyPlan) -> dict[str, Any]:
@@ -88,6 +115,9 @@ def build_engine(
         return eng.HFEngine(model, **_adapters(plan), **routes, **hf_options), None
     # vLLM serves; a transformers copy trains. vLLM starts from the copy's fresh adapters.
     copy = eng.HFEngine(model, **_adapters(plan), seed=seed)
+    launch = detect()
+    if launch is not None and not launch.is_main:  # rank 0 alone starts or attaches to the servers
+        return NotServing(copy, launch.rank), copy
     init = output_dir / "adapter-init"
     if plan.shared:
         copy.model.save_pretrained(str(init))
