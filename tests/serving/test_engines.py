@@ -214,3 +214,53 @@ def test_engine_threads_are_daemons_and_close():
                 engine.submit(GenRequest([1]))
             engine.close()  # a second close() is a no-op
         assert [t for t in threading.enumerate() if t not in before and t.name.startswith(mine)] == []
+
+
+# -- the HF engine's sampling settings ----------------------------------------------------------
+def _reply(engine: Any, max_tokens: int = 24, **kw: Any) -> Any:
+    from agentlightning_lite.serving.engines import GenRequest
+
+    ids = engine.encode(engine.apply_chat_template([{"role": "user", "content": "Tell me a story."}]))
+    return engine.generate([GenRequest(prompt_token_ids=ids, max_tokens=max_tokens, **kw)])[0]
+
+
+def test_hf_engine_top_k_and_min_p_cut_the_distribution_sampled_from() -> None:
+    """top_k=1 (or min_p=1) at temperature 1 samples the greedy reply, each token with processed
+    logprob 0; with top_k=2 the two alternatives reported at each step are the whole distribution."""
+    import math
+
+    from ..conftest import tiny_hf_engine
+
+    engine = tiny_hf_engine(no_eos=True, logprobs_mode="processed")
+    try:
+        greedy = _reply(engine, temperature=0.0)
+        for cut in ({"top_k": 1}, {"min_p": 1.0}):
+            one = _reply(engine, temperature=1.0, **cut)
+            assert one.token_ids == greedy.token_ids, cut
+            assert max(abs(lp) for lp in one.logprobs) < 1e-5, cut
+        two = _reply(engine, temperature=1.0, top_k=2, top_logprobs=2)
+        assert len(two.top_logprobs) == 24
+        for alternatives in two.top_logprobs:
+            assert math.isclose(sum(math.exp(lp) for _, lp in alternatives), 1.0, abs_tol=1e-4)
+        plain = _reply(engine, temperature=1.0, top_logprobs=2, seed=0)
+        assert all(sum(math.exp(lp) for _, lp in a) < 0.99 for a in plain.top_logprobs)
+    finally:
+        engine.close()
+
+
+def test_hf_engine_penalties_keep_a_greedy_reply_from_repeating_itself() -> None:
+    from ..conftest import tiny_hf_engine
+
+    engine = tiny_hf_engine(no_eos=True)
+    try:
+        plain = _reply(engine, temperature=0.0)
+        assert len(set(plain.token_ids)) < len(plain.token_ids)  # the tiny model repeats itself
+        for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}):
+            fresh = _reply(engine, temperature=0.0, **penalty)
+            assert len(set(fresh.token_ids)) == len(fresh.token_ids), penalty
+            assert fresh.token_ids[0] == plain.token_ids[0]  # nothing to penalise before the first token
+        # repetition_penalty (vLLM's: it also counts the prompt's tokens; see penalise's doctest)
+        rep = _reply(engine, temperature=0.0, repetition_penalty=50.0)
+        assert len(set(rep.token_ids)) > len(set(plain.token_ids))
+    finally:
+        engine.close()

@@ -203,8 +203,8 @@ def test_token_ids_and_logprobs_identical_to_the_in_process_engine(backend: Any)
 
 def test_requests_name_every_sampling_setting(backend: Any, monkeypatch: Any) -> None:
     """A vLLM server fills unset sampling settings from the model's generation_config.json (top_k 20,
-    repetition_penalty 1.05 for Qwen2.5): the engine sends neutral ones, so that only temperature and
-    top_p shape the distribution, as in the HF engine the trainer recomputes logprobs with."""
+    repetition_penalty 1.05 for Qwen2.5): the engine names every one, neutral unless the request sets
+    it, so that only what the agent asked for shapes the distribution, as on the HF engine."""
     server = backend()
     engine = HTTPEngine(server.url, tokenizer=server.engine.tokenizer, api_key="k")
     sent: list[dict[str, Any]] = []
@@ -227,6 +227,16 @@ def test_requests_name_every_sampling_setting(backend: Any, monkeypatch: Any) ->
             "repetition_penalty": 1.0,
         }
         assert body["presence_penalty"] == body["frequency_penalty"] == 0.0
+        # an agent's own settings are passed on (and the server behind applies them)
+        shaped = {
+            "top_k": 5,
+            "min_p": 0.05,
+            "repetition_penalty": 1.2,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.25,
+        }
+        assert engine.generate([GenRequest([1, 2, 3], max_tokens=2, **shaped)])[0].num_tokens == 2
+        assert {k: sent[1][k] for k in shaped} == shaped
     finally:
         engine.close()
 

@@ -55,7 +55,14 @@ def test_chat_completion_records_exact_tokens(
     ro = store.start_rollout("2+2?", mode="train")
     llm = server.llm(ro.rollout_id, agent="solver")
     reply = client(llm).chat.completions.create(
-        model=llm.model, messages=USER, temperature=0.7, top_p=0.9, max_tokens=50, seed=3
+        model=llm.model,
+        messages=USER,
+        temperature=0.7,
+        top_p=0.9,
+        max_tokens=50,
+        seed=3,
+        presence_penalty=0.5,
+        extra_body={"top_k": 20},
     )
     assert reply.choices[0].message.content == "The answer is 4."
     assert reply.choices[0].finish_reason == "stop"
@@ -83,6 +90,9 @@ def test_chat_completion_records_exact_tokens(
     assert reply.usage.prompt_tokens == len(span.prompt_token_ids)
     assert a["params"]["temperature"] == 0.7 and a["params"]["top_p"] == 0.9 and a["params"]["seed"] == 3
     assert a["params"]["max_tokens"] == 50
+    # the settings that shape the distribution are recorded when set (neutral ones are left out)
+    assert (a["params"]["presence_penalty"], a["params"]["top_k"]) == (0.5, 20)
+    assert "frequency_penalty" not in a["params"] and "min_p" not in a["params"]
     assert span.end_time >= span.start_time
 
     (t,) = agl.transitions(store, rollout_ids=[ro.rollout_id], require_tokens=True)
@@ -309,7 +319,18 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
     assert err["code"] == "context_length_exceeded" and "64" in err["message"]
     too_many = {"model": "smollm2-135m", "messages": USER, "max_tokens": 60}
     assert _error(post("/chat/completions", json=too_many), 400)["code"] == "context_length_exceeded"
-    for key, value in (("temperature", 5), ("n", 0), ("max_tokens", "ten"), ("top_p", 0), ("stream", "yes")):
+    for key, value in (
+        ("temperature", 5),
+        ("n", 0),
+        ("max_tokens", "ten"),
+        ("top_p", 0),
+        ("stream", "yes"),
+        ("presence_penalty", 3),
+        ("frequency_penalty", "high"),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0),
+    ):
         assert (
             _error(
                 post("/chat/completions", json={"model": "smollm2-135m", "messages": USER, key: value}), 400

@@ -19,6 +19,11 @@ class Params:
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -33,6 +38,7 @@ class Params:
             "n": self.n,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            **{k: v for k, v in self.shaping().items() if v != _NEUTRAL[k]},
             "max_tokens": self.max_tokens,
             "stop": self.stop,
             "seed": self.seed,
@@ -40,6 +46,21 @@ class Params:
             "top_logprobs": self.top_logprobs,
             "stream": self.stream,
         }
+
+    def shaping(self) -> dict[str, Any]:
+        """The settings besides temperature and top-p that shape what is sampled (engine order:
+        penalties, temperature, top-k, top-p, min-p); neutral values change nothing."""
+        return {k: getattr(self, k) for k in _NEUTRAL}
+
+
+#: the values of :meth:`Params.shaping`'s settings that leave the distribution as it is
+_NEUTRAL: dict[str, Any] = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
 
 
 def _number(body: dict[str, Any], key: str, default: Any, lo: float, hi: float, integer: bool = False) -> Any:
@@ -79,6 +100,14 @@ def parse_params(body: dict[str, Any], chat: bool, max_n: int) -> Params:
     p.top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
     if p.top_p <= 0.0:
         raise bad_request("'top_p' must be greater than 0", "top_p")
+    top_k = _number(body, "top_k", 0, -1, 2**31 - 1, integer=True)
+    p.top_k = max(top_k, 0)  # vLLM: -1 and 0 both mean "all tokens"
+    p.min_p = float(_number(body, "min_p", 0.0, 0.0, 1.0))
+    p.presence_penalty = float(_number(body, "presence_penalty", 0.0, -2.0, 2.0))
+    p.frequency_penalty = float(_number(body, "frequency_penalty", 0.0, -2.0, 2.0))
+    p.repetition_penalty = float(_number(body, "repetition_penalty", 1.0, 0.0, 10.0))
+    if p.repetition_penalty <= 0.0:
+        raise bad_request("'repetition_penalty' must be greater than 0", "repetition_penalty")
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     p.max_tokens = _number(body, key, None, 1, 10**9, integer=True)
     if not chat and p.max_tokens is None:

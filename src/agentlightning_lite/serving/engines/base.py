@@ -28,7 +28,10 @@ class GenRequest:
     """One generation: a prompt as token ids and how to sample the continuation.
 
     ``temperature == 0`` means greedy. ``top_logprobs`` asks for that many alternatives per
-    token. ``messages``/``tools`` carry the chat request (a scripted engine answers from them).
+    token. ``top_k`` (0: all tokens), ``min_p``, and the penalties (``presence_penalty`` and
+    ``frequency_penalty`` on the reply's tokens so far, OpenAI's; ``repetition_penalty`` on the
+    prompt's and the reply's, vLLM's) shape the distribution like vLLM's sampler; their defaults are
+    neutral. ``messages``/``tools`` carry the chat request (a scripted engine answers from them).
     ``agent`` is the calling agent (the engine serves it with its adapter, see
     :meth:`Engine.set_routes`); ``adapter`` names the adapter explicitly instead.
     ``session`` groups the requests of one rollout (engines with several backends keep them on one).
@@ -54,6 +57,21 @@ class GenRequest:
     adapter: str | None = None
     response_format: ResponseFormat | None = None
     session: str | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a penalty applies (they need the tokens so far)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether part of the distribution is cut off (top-p, top-k or min-p)."""
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
 
 
 @dataclass

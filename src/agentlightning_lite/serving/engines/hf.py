@@ -496,9 +496,11 @@ class HFEngine(BatchingEngine):
         stop_reason: list[str | int | None] = [None] * n
         texts: list[str | None] = [None] * n
         max_new = max(r.max_tokens for r in requests)
-        # rows that sample the same way (no seed, no top-p, no top logprobs) are sampled in one call
+        # rows that sample the same way (no seed, truncation, penalty or top logprobs): sampled in one call
         fast = [
-            r.seed is None and r.top_p >= 1.0 and not r.top_logprobs and self.logprobs_mode != "processed"
+            r.seed is None
+            and not (r.truncated or r.penalised or r.top_logprobs)
+            and self.logprobs_mode != "processed"
             for r in requests
         ]
         temps = torch.tensor([max(r.temperature, 1e-5) for r in requests], device=device)[:, None]
@@ -514,7 +516,9 @@ class HFEngine(BatchingEngine):
             for i, r in enumerate(requests):
                 if not (done[i] or fast[i]):
                     row_allowed = None if matchers[i] is None or allowed is None else allowed[i]
-                    tok, lp, top = sample_row(logits[i], r, gens[i], self.logprobs_mode, row_allowed)
+                    tok, lp, top = sample_row(
+                        logits[i], r, gens[i], self.logprobs_mode, row_allowed, tokens[i]
+                    )
                     step_tok[i], step_lp[i] = tok, lp
                     if top is not None:
                         row_tops[i].append(top)

@@ -34,16 +34,24 @@ logger = logging.getLogger(__name__)
 __all__ = ["BackendError", "HTTPEngine"]
 
 
-#: Sampling settings sent with every request, so that a server's defaults (vLLM takes them from the
-#: model's ``generation_config.json``: Qwen2.5 asks for top_k 20 and repetition_penalty 1.05) do not
-#: change the distribution sampled from: only temperature and top_p shape it, as in the HF engine.
-NEUTRAL_SAMPLING: dict[str, Any] = {
-    "top_k": 0,  # vLLM: 0 disables (-1 is also taken)
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-}
+def sampling_settings(req: GenRequest) -> dict[str, Any]:
+    """Every sampling setting of ``req``, named in each request, so that a server's defaults (vLLM takes
+    them from the model's ``generation_config.json``: Qwen2.5 asks for top_k 20 and repetition_penalty
+    1.05) do not change the distribution sampled from: the request's own values, neutral unless the
+    agent asked otherwise, shape it, as on the HF engine.
+
+    >>> sampling_settings(GenRequest([1], temperature=0.7))["top_k"]  # vLLM: 0 (or -1) disables top-k
+    0
+    """
+    return {
+        "temperature": float(req.temperature),
+        "top_p": float(req.top_p),
+        "top_k": int(req.top_k),
+        "min_p": float(req.min_p),
+        "repetition_penalty": float(req.repetition_penalty),
+        "presence_penalty": float(req.presence_penalty),
+        "frequency_penalty": float(req.frequency_penalty),
+    }
 
 
 class BackendError(RuntimeError):
@@ -460,12 +468,10 @@ class HTTPEngine(Engine):
             "model": vname or self.served_model,
             "prompt": list(req.prompt_token_ids),
             "max_tokens": int(req.max_tokens),
-            "temperature": float(req.temperature),
-            "top_p": float(req.top_p),
+            **sampling_settings(req),
             "logprobs": int(req.top_logprobs),  # 0: the sampled token's logprob only
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
-            **NEUTRAL_SAMPLING,
         }
         if req.stop:
             body["stop"] = list(req.stop)

@@ -217,6 +217,7 @@ def gen_requests(
             stop=list(p.stop),
             seed=None if p.seed is None else p.seed + i,
             top_logprobs=p.top_logprobs,
+            **p.shaping(),
             request_id=f"{request_id}-{i}",
             **extra,
         )
