@@ -160,6 +160,43 @@ def test_uninstrument_after_two_instruments_restores_autogen(store, serve):
     assert [s.attributes.get("server") for s in store.spans(ro.id)] == ["agl"] * 2
 
 
+def test_two_instrumentations_each_record_and_come_off_in_any_order(store, serve):
+    """Two instrument() calls into two stores: each records the run whole (agent, LLM calls from the
+    INFO log, tools from the DEBUG log); the first removed while the second stays, the second goes on
+    recording and the first records nothing; the last removed, AutoGen is as it was."""
+    server = serve(script, store)
+    before = hooks()
+    stores = [agl.MemoryStore(), agl.MemoryStore()]
+    first, second = agl_autogen.instrument(stores[0]), agl_autogen.instrument(stores[1])
+
+    seen: set[str] = set()
+
+    def run() -> list[list[tuple[str, str]]]:
+        """The autogen spans each store gained from one run of the agent."""
+        asyncio.run(writer(client(server.llm())).run(task="2+3?"))
+        got = []
+        for st in stores:
+            spans = [s for ro in st.rollouts() for s in st.spans(ro.rollout_id) if s.span_id not in seen]
+            seen.update(s.span_id for s in spans)
+            ours = [s for s in spans if s.attributes.get("agl.source") == "autogen"]
+            agents = [s.span_id for s in ours if s.kind == "agent"]
+            assert all(s.parent_id in agents for s in ours if s.kind != "agent")  # under its own agent span
+            got.append(sorted((s.kind, s.name) for s in ours))
+        return got
+
+    whole = [("agent", "writer"), ("llm", "llm"), ("llm", "llm"), ("tool", "add"), ("tool", "explode")]
+    a, b = run()
+    assert [k for k, _ in a] == [k for k, _ in b] == [k for k, _ in whole], (a, b)
+    assert {n for k, n in a if k != "llm"} == {n for k, n in b if k != "llm"} == {"writer", "add", "explode"}
+    first.uninstrument()  # the one the other was installed over
+    assert not first.active and second.active
+    a, b = run()
+    assert a == [] and [k for k, _ in b] == [k for k, _ in whole]
+    second.uninstrument()
+    assert hooks() == before
+    assert run() == [[], []]
+
+
 def test_team_with_model_client_wrapper_and_instrument(store, serve):
     tracer = agl.Tracer(store)
     server = serve(script, store)

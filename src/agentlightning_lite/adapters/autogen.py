@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import threading
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -250,11 +251,26 @@ class LightningModelClient(ChatCompletionClient):
         return self.inner.model_info
 
 
-_handlers_by_key: dict[int, Recorder] = {}  # id(span key) -> recorder of an instrument() span
+#: id(span key) -> (recorder, parent key) of an open instrument() span
+_handlers_by_key: dict[int, tuple[Recorder, Any]] = {}
 
 
 def _handler_recorder(key: Any) -> Recorder | None:
-    return None if key is None else _handlers_by_key.get(id(key))
+    entry = None if key is None else _handlers_by_key.get(id(key))
+    return None if entry is None else entry[0]
+
+
+def _own_key(recorder: Recorder, key: Any) -> Any:
+    """The innermost open span of ``recorder`` among ``key`` and its ancestors (``None``: none):
+    with several instrumentations active, each nests its spans under its own."""
+    while key is not None:
+        entry = _handlers_by_key.get(id(key))
+        if entry is None:
+            return None
+        if entry[0] is recorder:
+            return key
+        key = entry[1]
+    return None
 
 
 class LightningEventHandler(logging.Handler):
@@ -275,8 +291,15 @@ class LightningEventHandler(logging.Handler):
         super().__init__(level=logging.DEBUG)
         self.recorder = Recorder("autogen", tracer, join=join)
 
-    def _recorder(self) -> Recorder:
-        return _handler_recorder(_current.get()) or self.recorder
+    def _scope(self) -> tuple[Recorder, Any]:
+        """The recorder and parent span key of an event now: this handler's own recorder under its own
+        innermost span when an instrument() of its own has one open, else the recorder of the span open
+        here (an explicit handler's events join the instrumented agent's spans), else its own."""
+        current = _current.get()
+        own = _own_key(self.recorder, current)
+        if own is not None:
+            return self.recorder, own
+        return _handler_recorder(current) or self.recorder, current
 
     def emit(self, record: logging.LogRecord) -> None:
         """Record the event carried by ``record`` (other records are ignored)."""
@@ -288,8 +311,7 @@ class LightningEventHandler(logging.Handler):
     def handle_event(self, event: Any) -> None:
         """Record one AutoGen event object."""
         if isinstance(event, ToolCallRequestEvent):
-            rec = self._recorder()
-            parent = _current.get()
+            rec, parent = self._scope()
             for call in event.content:
                 rec.start(
                     ("tool", call.id),
@@ -301,7 +323,7 @@ class LightningEventHandler(logging.Handler):
                     attributes={"tool_call_id": call.id},
                 )
         elif isinstance(event, ToolCallExecutionEvent):
-            rec = self._recorder()
+            rec, _ = self._scope()
             for res in event.content:
                 rec.end(
                     ("tool", res.call_id), output=res.content, error=res.content if res.is_error else None
@@ -320,8 +342,7 @@ class LightningEventHandler(logging.Handler):
         choices = response.get("choices") if isinstance(response, dict) else None
         msg = (choices[0] or {}).get("message") if choices else None
         output = message_dict("assistant", msg.get("content"), msg.get("tool_calls")) if msg else None
-        parent = _current.get()
-        rec = self._recorder()
+        rec, parent = self._scope()
         key = object()
         rec.start(
             key,
@@ -338,19 +359,67 @@ class LightningEventHandler(logging.Handler):
 
 
 class _LevelTap(logging.Filter):
-    """On a logger whose level was lowered for us: let records through to handlers only at the old level.
+    """On a logger whose level was lowered for us: every record goes to the active instrumentations'
+    handlers, and on to the logger's own handlers only at the old level (records below it reach this
+    adapter and nobody else). One per logger, shared by every :func:`instrument` that is active, so
+    that each of them sees every event and the level comes back when the last one is removed,
+    whatever the order they are removed in."""
 
-    Records below the old level reach this adapter's handler (called here) and nobody else.
-    """
-
-    def __init__(self, handler: LightningEventHandler, old_level: int) -> None:
+    def __init__(self, old_effective: int, old_level: int) -> None:
         super().__init__()
-        self.handler = handler
+        self.handlers: list[LightningEventHandler] = []
+        self.old_effective = old_effective
         self.old_level = old_level
 
     def filter(self, record: logging.LogRecord) -> bool:
-        self.handler.emit(record)
-        return record.levelno >= self.old_level
+        for handler in list(self.handlers):
+            handler.emit(record)
+        return record.levelno >= self.old_effective
+
+
+_hooks_lock = threading.Lock()
+
+
+def _tap(logger_name: str, handler: LightningEventHandler) -> Callable[[], None]:
+    """Give ``handler`` the records of ``logger_name`` (see :class:`_LevelTap`); returns its removal."""
+    lg = logging.getLogger(logger_name)
+    with _hooks_lock:
+        tap = next((f for f in lg.filters if isinstance(f, _LevelTap)), None)
+        if tap is None:
+            tap = _LevelTap(lg.getEffectiveLevel(), lg.level)
+            lg.addFilter(tap)
+            if lg.getEffectiveLevel() > logging.DEBUG:
+                lg.setLevel(logging.DEBUG)
+        tap.handlers.append(handler)
+
+    def release() -> None:
+        with _hooks_lock:
+            if handler in tap.handlers:
+                tap.handlers.remove(handler)
+            if not tap.handlers and tap in lg.filters:
+                lg.removeFilter(tap)
+                lg.setLevel(tap.old_level)
+
+    return release
+
+
+def _patch(cls: type, attr: str, wrapper: Any) -> Callable[[], None]:
+    """Install ``wrapper`` (made from ``cls.attr``) on ``cls``; returns its removal, which works in any
+    order: a wrapper that another was installed over becomes a pass-through (its ``_agl_live`` is
+    false) and comes off the class once the ones above it have."""
+    wrapper._agl_original = cls.__dict__[attr]
+    wrapper._agl_live = True
+    setattr(cls, attr, wrapper)
+
+    def unpatch() -> None:
+        with _hooks_lock:
+            wrapper._agl_live = False
+            top: Any = cls.__dict__.get(attr)
+            while getattr(top, "_agl_live", None) is False:  # dead wrappers on top come off
+                top = top._agl_original
+                setattr(cls, attr, top)
+
+    return unpatch
 
 
 def _wrap_coroutine(
@@ -358,13 +427,16 @@ def _wrap_coroutine(
 ) -> Any:
     @functools.wraps(fn)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(wrapper, "_agl_live", True):  # removed while another wraps it: a pass-through
+            return await fn(self, *args, **kwargs)
         name = name_of(self)
         key = object()
-        parent = _current.get()
+        current = _current.get()
+        parent = _own_key(recorder, current) if _handler_recorder(current) is not None else current
         h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
         if h is None:
             return await fn(self, *args, **kwargs)
-        _handlers_by_key[id(key)] = recorder
+        _handlers_by_key[id(key)] = (recorder, current)
         token = _current.set(key)
         try:
             result = await fn(self, *args, **kwargs)
@@ -384,15 +456,18 @@ def _wrap_coroutine(
 def _wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of: Callable[[Any], str]) -> Any:
     @functools.wraps(fn)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        name = name_of(self)
-        key = object()
-        parent = _current.get()
-        h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
+        h = None
+        if getattr(wrapper, "_agl_live", True):  # else removed while another wraps it: a pass-through
+            name = name_of(self)
+            key = object()
+            current = _current.get()
+            parent = _own_key(recorder, current) if _handler_recorder(current) is not None else current
+            h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
         if h is None:
             async for item in fn(self, *args, **kwargs):
                 yield item
             return
-        _handlers_by_key[id(key)] = recorder
+        _handlers_by_key[id(key)] = (recorder, current)
         token = _current.set(key)
         try:
             async for item in fn(self, *args, **kwargs):
@@ -424,7 +499,8 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     and each team run (``BaseGroupChat.run_stream``) as a ``chain`` span. LLM calls come from
     the ``LLMCallEvent`` log (joined by response id); wrap the client in
     :class:`LightningModelClient` for exact call timing and non-logging clients.
-    ``handle.uninstrument()`` (or :func:`uninstrument`) restores everything.
+    ``handle.uninstrument()`` (or :func:`uninstrument`) restores everything. Several may be active at
+    once (each records every event) and be removed in any order.
 
     >>> from agentlightning_lite.adapters import autogen as agl_autogen
     >>> with agl_autogen.instrument() as handle:
@@ -433,20 +509,7 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     """
     handler = LightningEventHandler(tracer, join=join)
     rec = handler.recorder
-    undo_steps: list[Callable[[], None]] = []
-    for name in (CORE_LOGGER, AGENTCHAT_LOGGER):
-        lg = logging.getLogger(name)
-        old_level = lg.level
-        tap = _LevelTap(handler, lg.getEffectiveLevel())
-        lg.addFilter(tap)
-        if lg.getEffectiveLevel() > logging.DEBUG:
-            lg.setLevel(logging.DEBUG)
-
-        def restore(lg: logging.Logger = lg, tap: _LevelTap = tap, old_level: int = old_level) -> None:
-            lg.removeFilter(tap)
-            lg.setLevel(old_level)
-
-        undo_steps.append(restore)
+    undo_steps = [_tap(name, handler) for name in (CORE_LOGGER, AGENTCHAT_LOGGER)]
 
     patches = [
         (BaseChatAgent, "run", _wrap_coroutine, "agent", lambda a: a.name),
@@ -461,13 +524,7 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
         ),
     ]
     for cls, attr, wrap, kind, name_of in patches:
-        original = cls.__dict__[attr]
-        setattr(cls, attr, wrap(original, rec, kind, name_of))
-
-        def unpatch(cls: type = cls, attr: str = attr, original: Any = original) -> None:
-            setattr(cls, attr, original)
-
-        undo_steps.append(unpatch)
+        undo_steps.append(_patch(cls, attr, wrap(cls.__dict__[attr], rec, kind, name_of)))
 
     def undo() -> None:
         for step in reversed(undo_steps):
