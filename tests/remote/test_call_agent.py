@@ -180,3 +180,39 @@ def test_the_agent_module_and_the_runner_import_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": SRC}, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def hangs_on_the_first_task(task: str, llm: agl.LLM) -> float:
+    if task == "hang":
+        RELEASE.wait(30)
+        EVENTS.append("sync agent ended")
+    return 1.0
+
+
+def test_a_runner_keeps_its_workers_when_a_sync_agent_overruns(
+    served: Callable[..., agl.RemoteRunners],
+) -> None:
+    """One worker; its sync agent hangs past the timeout on the first rollout: that rollout times out,
+    a new worker thread takes the hung one's place and runs the next two while the hung agent is
+    still blocked; once it returns, its thread ends, and join() never waited for it."""
+    runners = served(agl.MemoryStore(), rollout_timeout=TIMEOUT)
+    EVENTS.clear()
+    RELEASE.clear()
+    runner = agl.remote.Runner(hangs_on_the_first_task, runners.url, workers=1, claim_wait=0.5).start()
+    try:
+        t0 = time.monotonic()
+        [hung] = runners.run([("hang", "train", {})])
+        rest = runners.run([("a", "train", {}), ("b", "train", {})])
+        took = time.monotonic() - t0
+        assert hung.status == "timeout"
+        assert [j.status for j in rest] == ["succeeded", "succeeded"]
+        assert took < TIMEOUT + 8 and EVENTS == []  # done while the first agent is still blocked
+        assert runner.stuck == 1
+        stuck = [t for t in threading.enumerate() if t.name == "agl-runner-0"]
+        assert len(stuck) == 1 and stuck[0].is_alive()
+    finally:
+        RELEASE.set()
+    stuck[0].join(10)
+    assert not stuck[0].is_alive() and EVENTS == ["sync agent ended"]  # it left once its agent returned
+    runner.stop()
+    assert runner.join(5)

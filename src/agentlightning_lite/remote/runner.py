@@ -112,12 +112,15 @@ class Runner:
         self.tracer = Tracer(self.store)
         self.completed = 0  # rollouts run to the end by this runner
         self.counted = 0  # of which the trainer took the result as the rollout's outcome
+        self.stuck = 0  # worker threads left running a sync agent past its timeout (each replaced)
         self._lease_timeout = 30.0
         self._active: dict[str, str] = {}  # rollout id -> its lease token
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._hb_stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._workers: list[threading.Thread] = []  # every worker thread started (replacements too)
+        self._retired: set[threading.Thread] = set()  # workers replaced while their sync agent overran
         self._claims = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -130,6 +133,7 @@ class Runner:
             t.daemon = True
             t.start()
             self._threads.append(t)
+            self._workers.append(t)
         hb = threading.Thread(target=self._heartbeats, name="agl-runner-heartbeat", daemon=True)
         hb.start()
         self._threads.append(hb)
@@ -150,15 +154,22 @@ class Runner:
         self.client.close()
         # workers still waiting in a claim are daemon threads: not waited for (a claim granted
         # meanwhile is not run; its lease runs out and the trainer hands the rollout to another runner)
-        for t in self._threads:
+        for t in [*self._threads, *self._workers]:
             t.join(0.05)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the workers to end (``max_rollouts`` reached, or stopped); True when they did."""
+        """Wait for the workers to end (``max_rollouts`` reached, or stopped); True when they did. A
+        thread still running a sync agent past its timeout is not waited for (it was replaced)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for t in self._threads[: self.workers]:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads[: self.workers])
+        while True:
+            with self._lock:
+                live = [t for t in self._workers if t.is_alive() and t not in self._retired]
+            if not live:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            live[0].join(0.2 if left is None else min(0.2, left))
 
     def run(self) -> None:
         """Run in the foreground until SIGTERM, Ctrl-C or ``max_rollouts``."""
@@ -199,6 +210,7 @@ class Runner:
             self._claims -= 1
 
     def _work(self, worker: str) -> None:
+        me = threading.current_thread()
         while not self._stop.is_set():
             if not self._take_slot():
                 return
@@ -217,11 +229,30 @@ class Runner:
                 self._give_back_slot()
                 continue
             try:
-                self._run_one(claimed)
+                self._run_one(claimed, lambda: self._replace(worker, me))
             except Exception:  # never let one rollout end the worker
                 logger.exception("runner %s: rollout %s", worker, claimed.get("rollout_id"))
+            with self._lock:
+                if me in self._retired:  # a new thread took this one's place while its agent overran
+                    self._retired.discard(me)
+                    return
 
-    def _run_one(self, claimed: dict[str, Any]) -> None:
+    def _replace(self, worker: str, thread: threading.Thread) -> None:
+        """A sync agent overran its timeout in ``thread``, which no one can stop: a new worker thread
+        takes its place (the runner keeps ``workers`` rollouts going), and ``thread`` ends once its agent
+        returns."""
+        with self._lock:
+            self._retired.add(thread)
+            self.stuck += 1
+            n = self.stuck
+            if self._stop.is_set():
+                return
+            t = threading.Thread(target=self._work, args=(f"{worker}.{n}",), name=f"agl-runner-{worker}.{n}")
+            t.daemon = True
+            self._workers.append(t)
+        t.start()
+
+    def _run_one(self, claimed: dict[str, Any], replace: Callable[[], None] | None = None) -> None:
         rid = claimed["rollout_id"]
         mode = claimed.get("mode", "train")
         self.store.register(
@@ -249,7 +280,8 @@ class Runner:
         try:
             with self.tracer.rollout(rollout_id=rid) as ro:
                 if timeout is not None:
-                    timer = threading.Timer(float(timeout), self._time_out, (rid, ro, cancel, timeout))
+                    args = (rid, ro, cancel, timeout, replace)
+                    timer = threading.Timer(float(timeout), self._time_out, args)
                     timer.daemon = True
                     timer.start()
                 value = call_agent(self.agent, claimed.get("task"), llm, mode, cancel.append)
@@ -269,11 +301,17 @@ class Runner:
             self.store.forget(rid)
 
     def _time_out(
-        self, rid: str, ro: RolloutHandle, cancel: list[Callable[[], None]], timeout: float
+        self,
+        rid: str,
+        ro: RolloutHandle,
+        cancel: list[Callable[[], None]],
+        timeout: float,
+        replace: Callable[[], None] | None = None,
     ) -> None:
         """The claim's ``timeout`` passed: as in the trainer's process, the rollout is reported
         ``timeout``, what the agent records from now on is dropped, an async agent is cancelled,
-        and a sync one (which no thread can stop) is left to end on its own."""
+        and a sync one (which no thread can stop) is left to end on its own while a new worker
+        thread takes over its thread's place (``replace``)."""
         if not ro._give_up():
             return  # the agent finished first
         with self._lock:
@@ -290,10 +328,14 @@ class Runner:
         for c in cancel:
             c()
         if not cancel:
+            if replace is not None:
+                replace()
             logger.warning(
-                "rollout %s timed out; its (sync) agent is still running in a worker thread, which "
-                "stays busy until it returns: give its blocking calls a timeout",
+                "rollout %s timed out; its (sync) agent is still running in its thread (%d such "
+                "thread(s) in this runner), and a new worker thread took its place: give the agent's "
+                "blocking calls a timeout",
                 rid,
+                self.stuck,
             )
 
     def _heartbeats(self) -> None:
