@@ -494,3 +494,44 @@ def test_under_a_launcher_only_rank_0_starts_the_vllm_server(tmp_path: Path) -> 
     assert r0["step"] == r1["step"] == 2
     assert r0["checksum"] == r1["checksum"]
     assert (r0["engine_version"], r1["engine_version"]) == (2, 0)
+
+
+def test_each_rank_computes_the_old_logprobs_of_its_own_micro_batches_only(monkeypatch: Any) -> None:
+    """Under a data-parallel GRPO update a rank runs the no-grad passes (old and reference logprobs)
+    for the micro-batches whose loss it computes, plus the first (where old_logprobs="auto" decides),
+    not for every one; PPO (its advantages need every old value) and sharded layers run them all."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import agentlightning_lite as agl
+    from agentlightning_lite.rl import update
+
+    calls: list[int] = []
+
+    def forward(model: Any, batch: Any, value_head: Any, autocast: Any) -> Any:
+        calls.append(batch.index)
+        return torch.zeros(1), None
+
+    monkeypatch.setattr(update, "forward_logprobs", forward)
+    model = SimpleNamespace(eval=lambda: None, disable_adapter=contextlib.nullcontext)
+    sample = SimpleNamespace(token_engine_logprobs=lambda: None)
+    sizes = [40, 10, 30, 20, 25, 5, 15, 35]  # padded tokens of 8 micro-batches, 4 per mini-batch
+    chunks = [[sample] for _ in sizes]
+    batches = [SimpleNamespace(index=i, input_ids=torch.zeros(1, n)) for i, n in enumerate(sizes)]
+
+    def run(algo: Any, rank: int, lockstep: Any = None) -> list[int]:
+        calls.clear()
+        dp = SimpleNamespace(rank=rank, world_size=2, lockstep=lockstep)
+        cfg = update.UpdateSettings(device=torch.device("cpu"), data_parallel=dp)
+        ref = update._reference(model, chunks, batches, algo, None, cfg)  # type: ignore[arg-type]
+        assert [lp is not None for lp in ref.old_lp] == [i in calls for i in range(8)]
+        return sorted(set(calls))
+
+    grpo = agl.GRPO(group_size=2, micro_batch_size=1, mini_batch_size=4, kl_coef=0.1)
+    # each mini-batch splits by tokens, longest first: [40, 10, 30, 20] -> {40, 10} and {30, 20},
+    # [25, 5, 15, 35] -> {35, 5} and {25, 15}
+    assert run(grpo, 0) == [0, 1, 5, 7]
+    assert run(grpo, 1) == [0, 2, 3, 4, 6]  # micro-batch 0 too: every rank checks the engine's there
+    assert calls.count(2) == 2  # its old and its reference logprobs
+    assert run(agl.PPO(micro_batch_size=1, mini_batch_size=4), 1) == list(range(8))
+    assert run(grpo, 1, lockstep=lambda: None) == list(range(8))

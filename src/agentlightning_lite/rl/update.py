@@ -115,8 +115,15 @@ def _reference(
     out = _Reference([], [], [], float("nan"), 0.0, False)
     mismatch_sum, mismatch_n = 0.0, 0
     agree: bool | None = None  # unknown until a micro-batch has been checked
+    needed = _needed(chunks, batches, algo, cfg)
     with torch.no_grad():
-        for c, b in zip(chunks, batches, strict=True):
+        for i, (c, b) in enumerate(zip(chunks, batches, strict=True)):
+            if needed is not None and i not in needed:  # another rank's: never read on this one
+                out.old_lp.append(None)  # type: ignore[arg-type]
+                out.old_v.append(None)
+                if algo.kl_coef > 0:
+                    out.ref.append(None)  # type: ignore[arg-type]
+                continue
             with cfg.timer.phase("old_logprobs"):
                 eng = _engine_logprobs(c, b, cfg.device)
                 trust = eng is not None and (cfg.old_logprobs == "engine" or agree is True)
@@ -141,6 +148,33 @@ def _reference(
     return out
 
 
+def _groups(chunks: list[list[Sample]], algo: PolicyGradient) -> list[list[int]]:
+    """The micro-batches of each mini-batch, by index (every epoch goes through the same ones)."""
+    mini = algo.mini_batch_size or sum(len(c) for c in chunks)
+    per_mini = max(1, math.ceil(mini / algo.micro_batch_size))
+    order = list(range(len(chunks)))
+    return [order[start : start + per_mini] for start in range(0, len(order), per_mini)]
+
+
+def _needed(
+    chunks: list[list[Sample]], batches: list[TokenBatch], algo: PolicyGradient, cfg: UpdateSettings
+) -> set[int] | None:
+    """The micro-batches whose old (and reference) logprobs this rank needs: under a data-parallel
+    update, those it computes the loss of, and the first (``old_logprobs="auto"`` checks the engine's
+    logprobs on it, so every rank decides alike); ``None``: all of them (one process; PPO, whose
+    advantages need every old value; sharded layers, whose forward passes every rank must run)."""
+    dp = cfg.data_parallel
+    if dp is None or algo.needs_values or dp.lockstep is not None:
+        return None
+    from .distributed import partition_by_tokens
+
+    needed = {0}
+    for group in _groups(chunks, algo):
+        split = partition_by_tokens([batches[j].input_ids.numel() for j in group], dp.world_size)
+        needed.update(group[k] for k in split[dp.rank])
+    return needed
+
+
 def _epochs(
     model: Any,
     chunks: list[list[Sample]],
@@ -158,16 +192,11 @@ def _epochs(
     model.train()
     if value_head is not None:
         value_head.train()
-    micro = algo.micro_batch_size
-    mini = algo.mini_batch_size or sum(len(c) for c in chunks)
     clip_high = algo.clip_high if algo.clip_high is not None else algo.clip
     params = [p for g in optimizer.param_groups for p in g["params"]]
     logs: dict[str, list[float]] = {}
-    per_mini = max(1, math.ceil(mini / micro))
-    order = list(range(len(chunks)))
     for _epoch in range(algo.epochs):
-        for start in range(0, len(order), per_mini):
-            group = order[start : start + per_mini]
+        for group in _groups(chunks, algo):
             # each micro batch weighs its share of the mini batch, as one big batch would
             masks = [batches[j].response_mask for j in group]
             weights = algo.loss_weights([chunks[j] for j in group], masks)
