@@ -6,7 +6,11 @@ Test modules import them relatively (``from .._helpers import tiny_llama``); the
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 #: the byte tokenizer's ids: 256 bytes, then <|im_start|> (256) and <|im_end|> (257, EOS and padding)
 BYTE_VOCAB = 258
@@ -75,3 +79,46 @@ def leave_after_launch() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def tiny_smol_dir(path: Path) -> Path:
+    """A model directory at ``path``: the tiny Llama on SmolLM2's tokenizer (loads by path like a
+    hub model: ``HFEngine(str(path))``, ``Trainer(model=str(path))``, ``vllm serve path``)."""
+    from agentlightning_lite.models import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m")
+    model = tiny_llama(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+#: the body of a stand-in ``vllm`` executable that serves ``vllm serve MODEL --port P
+#: --served-model-name N ...`` with the HF engine behind a PolicyServer (which speaks the vLLM routes
+#: the engines use); with ``$AGL_TEST_LAUNCHES`` set, each start appends a JSON line to that file
+FAKE_VLLM_HF = """
+if "AGL_TEST_LAUNCHES" in os.environ:
+    with open(os.environ["AGL_TEST_LAUNCHES"], "a") as f:
+        f.write(json.dumps({{"pid": os.getpid(), "rank": os.environ.get("RANK")}}) + "\\n")
+sys.path.insert(0, {root!r})
+args = sys.argv[1:]
+flags = dict(zip(args[2::2], args[3::2]))
+import agentlightning_lite as agl
+from agentlightning_lite.serving import PolicyServer
+from agentlightning_lite.serving.engines import HFEngine
+engine = HFEngine(args[1], model_name=flags["--served-model-name"], num_threads=1, seed=0)
+PolicyServer(engine, agl.MemoryStore(), port=int(flags["--port"])).serve_forever()
+"""
+
+
+def fake_vllm(tmp_path: Path, body: str | None = None) -> Path:
+    """A directory holding a ``vllm`` executable that runs ``body`` (Python; default: serve the model
+    with the HF engine, :data:`FAKE_VLLM_HF`) instead of vLLM: put it first on ``PATH``."""
+    if body is None:
+        body = FAKE_VLLM_HF.format(root=SRC)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    exe = bin_dir / "vllm"
+    exe.write_text(f"#!{sys.executable}\nimport sys, os, json\n{body}\n")
+    exe.chmod(0o755)
+    return bin_dir

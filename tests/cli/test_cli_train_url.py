@@ -14,7 +14,7 @@ import agentlightning_lite as agl
 from agentlightning_lite.cli import main
 from agentlightning_lite.cli.train import _engine_choice
 
-from .._helpers import tiny_llama
+from .._helpers import tiny_smol_dir
 
 AGENT = textwrap.dedent(
     """
@@ -52,16 +52,10 @@ def test_train_url_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 @pytest.mark.slow
 def test_train_through_a_server_by_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("peft")
-    from agentlightning_lite.models import load_tokenizer
     from agentlightning_lite.serving import PolicyServer
     from agentlightning_lite.serving.engines import HFEngine
 
-    model_dir = tmp_path / "tiny-smol"  # a tiny Llama on SmolLM2's tokenizer, as a model directory
-    tok = load_tokenizer("smollm2-135m")
-    tiny_llama(
-        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
-    ).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = tiny_smol_dir(tmp_path / "tiny-smol")
     (tmp_path / "my_agent.py").write_text(AGENT)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"q": f"task {i}"}) + "\n" for i in range(2)))
     monkeypatch.chdir(tmp_path)

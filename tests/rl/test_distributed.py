@@ -397,16 +397,9 @@ def test_fit_on_two_ranks_with_a_separate_server_and_a_sharded_base(tmp_path: Pa
     (a PolicyServer over the HF engine, speaking vLLM's routes), the training copy's decoder layers
     sharded with FSDP2 on both ranks: 2 GRPO steps, the same adapter on both ranks, and only rank 0
     handed adapters to the server (its engine reached version 2, rank 1's stayed at 0)."""
-    from agentlightning_lite.models import load_tokenizer
+    from .._helpers import tiny_smol_dir
 
-    from .._helpers import tiny_llama
-
-    model_dir = tmp_path / "tiny-smol"  # a tiny Llama on SmolLM2's tokenizer, as a model directory
-    tok = load_tokenizer("smollm2-135m")
-    tiny_llama(
-        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
-    ).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = tiny_smol_dir(tmp_path / "tiny-smol")
     script = tmp_path / "server.py"
     script.write_text(SERVER.format(root=str(ROOT / "src")))
     port = _port()
@@ -443,42 +436,15 @@ def test_fit_on_two_ranks_with_a_separate_server_and_a_sharded_base(tmp_path: Pa
     assert r0["metrics"]["train/sequences"] == r1["metrics"]["train/sequences"] > 0
 
 
-#: a stand-in `vllm` executable: records each start in $AGL_TEST_LAUNCHES, then serves the model with
-#: the HF engine behind a PolicyServer (which speaks the vLLM routes the engine uses)
-FAKE_VLLM = """
-with open(os.environ["AGL_TEST_LAUNCHES"], "a") as f:
-    f.write(json.dumps({{"pid": os.getpid(), "rank": os.environ.get("RANK")}}) + "\\n")
-sys.path.insert(0, {root!r})
-args = sys.argv[1:]
-flags = dict(zip(args[2::2], args[3::2]))
-import agentlightning_lite as agl
-from agentlightning_lite.serving import PolicyServer
-from agentlightning_lite.serving.engines import HFEngine
-engine = HFEngine(args[1], model_name=flags["--served-model-name"], num_threads=1, seed=0)
-PolicyServer(engine, agl.MemoryStore(), port=int(flags["--port"])).serve_forever()
-"""
-
-
 @pytest.mark.slow
 def test_under_a_launcher_only_rank_0_starts_the_vllm_server(tmp_path: Path) -> None:
     """engine="vllm" on 2 ranks: rank 0 starts one server (a stand-in `vllm` on PATH) and hands it
     each adapter; rank 1 starts none (it would take the same GPUs) and only trains its copy; both end
     with the same adapter after 2 GRPO steps."""
-    from agentlightning_lite.models import load_tokenizer
+    from .._helpers import fake_vllm, tiny_smol_dir
 
-    from .._helpers import tiny_llama
-
-    model_dir = tmp_path / "tiny-smol"
-    tok = load_tokenizer("smollm2-135m")
-    tiny_llama(
-        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
-    ).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "vllm"
-    exe.write_text(f"#!{sys.executable}\nimport sys, os, json\n{FAKE_VLLM.format(root=str(ROOT / 'src'))}\n")
-    exe.chmod(0o755)
+    model_dir = tiny_smol_dir(tmp_path / "tiny-smol")
+    bin_dir = fake_vllm(tmp_path)  # records each start in $AGL_TEST_LAUNCHES
     launches = tmp_path / "launches.jsonl"
     env = _env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", AGL_TEST_LAUNCHES=str(launches))
     out = tmp_path / "run"

@@ -22,6 +22,7 @@ import agentlightning_lite as agl
 from agentlightning_lite.serving import PolicyServer
 from agentlightning_lite.serving.engines import BackendError, GenRequest, HTTPEngine
 
+from .._helpers import fake_vllm, tiny_smol_dir
 from ..conftest import tiny_hf_engine
 
 pytest.importorskip("peft")
@@ -606,16 +607,6 @@ def test_vllm_engine_attaching_to_a_policy_server_says_it_is_not_vllm(backend: A
     assert server.running  # an attached server keeps running
 
 
-def fake_vllm(tmp_path: Path, body: str) -> Path:
-    """A `vllm` executable on PATH that runs ``body`` (Python) instead of vLLM."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    exe = bin_dir / "vllm"
-    exe.write_text(f"#!{sys.executable}\nimport sys, os, json\n{body}\n")
-    exe.chmod(0o755)
-    return bin_dir
-
-
 def test_vllm_engine_reports_a_server_that_dies_while_starting(tmp_path: Path, monkeypatch: Any) -> None:
     from agentlightning_lite.serving.engines import VLLMEngine
 
@@ -781,18 +772,6 @@ def test_vllm_engine_starts_one_server_per_gpu_and_hands_adapters_to_each(
             os.kill(pid, 0)
 
 
-FAKE_VLLM_HF = """
-sys.path.insert(0, {root!r})
-args = sys.argv[1:]
-flags = dict(zip(args[2::2], args[3::2]))
-import agentlightning_lite as agl
-from agentlightning_lite.serving import PolicyServer
-from agentlightning_lite.serving.engines import HFEngine
-engine = HFEngine(args[1], model_name=flags["--served-model-name"], num_threads=1, seed=0)
-PolicyServer(engine, agl.MemoryStore(), port=int(flags["--port"])).serve_forever()
-"""
-
-
 @pytest.mark.slow
 def test_trainer_on_vllm_hands_each_update_to_the_server(tmp_path: Path, monkeypatch: Any) -> None:
     """engine="vllm": the server (a stand-in `vllm` serving the model with the HF engine) starts from the
@@ -801,17 +780,8 @@ def test_trainer_on_vllm_hands_each_update_to_the_server(tmp_path: Path, monkeyp
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from agentlightning_lite.models import load_tokenizer
-
-    from .._helpers import tiny_llama
-
-    model_dir = tmp_path / "tiny-smol"  # a tiny Llama on SmolLM2's tokenizer, as a model directory
-    tok = load_tokenizer("smollm2-135m")
-    tiny_llama(
-        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
-    ).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    bin_dir = fake_vllm(tmp_path, FAKE_VLLM_HF.format(root=str(ROOT)))
+    model_dir = tiny_smol_dir(tmp_path / "tiny-smol")
+    bin_dir = fake_vllm(tmp_path)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "src"))
     trainer = agl.Trainer(
