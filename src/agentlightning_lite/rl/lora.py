@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._compat import quiet_upstream_warnings
+
+quiet_upstream_warnings()
+
 __all__ = ["LoRA", "attach_lora", "check_4bit_available", "prepare_4bit"]
 
 

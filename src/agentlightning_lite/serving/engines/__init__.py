@@ -6,12 +6,15 @@ attached), and a scripted one for tests.
 'scripted'
 """
 
+from ..._compat import quiet_upstream_warnings
 from .base import BatchingEngine, Engine, GenRequest, GenResult
 from .contract import AdapterRemovingEngine, InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
 from .hf import HFEngine
 from .http import BackendError, HTTPEngine
 from .scripted import ScriptedEngine
 from .vllm import VLLMEngine
+
+quiet_upstream_warnings()  # for the HF engine's peft models
 
 __all__ = [
     "AdapterRemovingEngine",
