@@ -1,7 +1,7 @@
 """Warnings of the libraries underneath that say nothing to a user of this package.
 
-peft (0.18) reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model, so
-transformers (5.x) warns on every ``get_peft_model``/``PeftModel.from_pretrained``, whoever asked for
+peft (0.21) reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model, so
+transformers (5.23) warns on every ``get_peft_model``/``PeftModel.from_pretrained``, whoever asked for
 it; this package reads ``is_activation_checkpointing`` itself.
 """
 
