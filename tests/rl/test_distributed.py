@@ -464,8 +464,10 @@ def test_under_a_launcher_only_rank_0_starts_the_vllm_server(tmp_path: Path) -> 
 
 def test_each_rank_computes_the_old_logprobs_of_its_own_micro_batches_only(monkeypatch: Any) -> None:
     """Under a data-parallel GRPO update a rank runs the no-grad passes (old and reference logprobs)
-    for the micro-batches whose loss it computes, plus the first (where old_logprobs="auto" decides),
-    not for every one; PPO (its advantages need every old value) and sharded layers run them all."""
+    for the micro-batches whose loss it computes, not for every one; with old_logprobs="auto" every
+    rank also checks the engine's logprobs on the first micro-batch that has them (so all ranks
+    decide alike), and only its owner counts it in the mismatch metrics. PPO (its advantages need
+    every old value) and sharded layers run them all."""
     import contextlib
     from types import SimpleNamespace
 
@@ -476,28 +478,42 @@ def test_each_rank_computes_the_old_logprobs_of_its_own_micro_batches_only(monke
 
     def forward(model: Any, batch: Any, value_head: Any, autocast: Any) -> Any:
         calls.append(batch.index)
-        return torch.zeros(1), None
+        return torch.zeros(1, 3), None
 
     monkeypatch.setattr(update, "forward_logprobs", forward)
     model = SimpleNamespace(eval=lambda: None, disable_adapter=contextlib.nullcontext)
-    sample = SimpleNamespace(token_engine_logprobs=lambda: None)
     sizes = [40, 10, 30, 20, 25, 5, 15, 35]  # padded tokens of 8 micro-batches, 4 per mini-batch
-    chunks = [[sample] for _ in sizes]
-    batches = [SimpleNamespace(index=i, input_ids=torch.zeros(1, n)) for i, n in enumerate(sizes)]
+    batches = [
+        SimpleNamespace(index=i, input_ids=torch.zeros(1, n), response_mask=torch.ones(1, 3))
+        for i, n in enumerate(sizes)
+    ]
 
-    def run(algo: Any, rank: int, lockstep: Any = None) -> list[int]:
+    def run(algo: Any, rank: int, lockstep: Any = None, engine_from: int = 99) -> Any:
         calls.clear()
+        chunks = [[SimpleNamespace(token_engine_logprobs=lambda i=i: [0.0] * 3 if i >= engine_from else None)]
+                  for i in range(8)]  # fmt: skip
         dp = SimpleNamespace(rank=rank, world_size=2, lockstep=lockstep)
         cfg = update.UpdateSettings(device=torch.device("cpu"), data_parallel=dp)
-        ref = update._reference(model, chunks, batches, algo, None, cfg)  # type: ignore[arg-type]
-        assert [lp is not None for lp in ref.old_lp] == [i in calls for i in range(8)]
-        return sorted(set(calls))
+        return update._reference(model, chunks, batches, algo, None, cfg)  # type: ignore[arg-type]
 
     grpo = agl.GRPO(group_size=2, micro_batch_size=1, mini_batch_size=4, kl_coef=0.1)
     # each mini-batch splits by tokens, longest first: [40, 10, 30, 20] -> {40, 10} and {30, 20},
     # [25, 5, 15, 35] -> {35, 5} and {25, 15}
-    assert run(grpo, 0) == [0, 1, 5, 7]
-    assert run(grpo, 1) == [0, 2, 3, 4, 6]  # micro-batch 0 too: every rank checks the engine's there
-    assert calls.count(2) == 2  # its old and its reference logprobs
-    assert run(agl.PPO(micro_batch_size=1, mini_batch_size=4), 1) == list(range(8))
-    assert run(grpo, 1, lockstep=lambda: None) == list(range(8))
+    ref = run(grpo, 0)
+    assert calls == [0, 0, 1, 1, 5, 5, 7, 7]  # old and reference logprobs of its own four
+    assert [lp is not None for lp in ref.old_lp] == [i in (0, 1, 5, 7) for i in range(8)]
+    run(grpo, 1)
+    assert sorted(set(calls)) == [2, 3, 4, 6]
+    # engine logprobs from micro-batch 3 on: both ranks check them there (rank 0 without the
+    # reference pass, and without counting it), then trust them (no old-logprob pass)
+    r0 = run(grpo, 0, engine_from=3)
+    assert calls == [0, 0, 1, 1, 3, 5, 7]
+    assert r0.used_engine and r0.ref[3] is None and r0.mismatch_n == 0
+    r1 = run(grpo, 1, engine_from=3)
+    assert calls == [2, 2, 3, 3, 4, 6]
+    assert r1.used_engine and r1.mismatch_n == 3
+    assert sorted(set(calls)) == [2, 3, 4, 6]
+    run(agl.PPO(micro_batch_size=1, mini_batch_size=4), 1)
+    assert sorted(set(calls)) == list(range(8))
+    run(grpo, 1, lockstep=lambda: None)
+    assert sorted(set(calls)) == list(range(8))

@@ -87,6 +87,8 @@ class _Reference:
     mismatch_mean: float
     mismatch_max: float
     used_engine: bool
+    mismatch_sum: float = 0.0  # over this rank's micro-batches (all of them in one process)
+    mismatch_n: int = 0
 
 
 def _engine_logprobs(chunk: list[Sample], batch: TokenBatch, device: torch.device) -> torch.Tensor | None:
@@ -113,12 +115,12 @@ def _reference(
     recomputed (same weights, same numerics), which saves a forward pass per sample."""
     model.eval()
     out = _Reference([], [], [], float("nan"), 0.0, False)
-    mismatch_sum, mismatch_n = 0.0, 0
     agree: bool | None = None  # unknown until a micro-batch has been checked
-    needed = _needed(chunks, batches, algo, cfg)
+    owned, decides = _shares(chunks, batches, algo, cfg)
     with torch.no_grad():
         for i, (c, b) in enumerate(zip(chunks, batches, strict=True)):
-            if needed is not None and i not in needed:  # another rank's: never read on this one
+            mine = owned is None or i in owned
+            if not mine and i != decides:  # another rank's: never read on this one
                 out.old_lp.append(None)  # type: ignore[arg-type]
                 out.old_v.append(None)
                 if algo.kl_coef > 0:
@@ -132,18 +134,23 @@ def _reference(
                     lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
                 if eng is not None and lp is not None:
                     diff = (eng - lp).abs() * b.response_mask
-                    mismatch_sum += float(diff.sum())
-                    mismatch_n += int(b.response_mask.sum())
-                    out.mismatch_max = max(out.mismatch_max, float(diff.max()))
+                    chunk_sum, chunk_n = float(diff.sum()), int(b.response_mask.sum())
                     if cfg.old_logprobs == "auto" and agree is None:
-                        agree = mismatch_sum / max(mismatch_n, 1) <= cfg.logprob_tolerance
+                        agree = chunk_sum / max(chunk_n, 1) <= cfg.logprob_tolerance
+                    if mine:  # each micro-batch counted once across ranks
+                        out.mismatch_sum += chunk_sum
+                        out.mismatch_n += chunk_n
+                        out.mismatch_max = max(out.mismatch_max, float(diff.max()))
                 use_eng = eng is not None and (cfg.old_logprobs == "engine" or agree is True)
                 out.old_lp.append(eng if use_eng else lp)  # type: ignore[arg-type]
                 out.old_v.append(v)
             if algo.kl_coef > 0:
-                with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
-                    out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
-    out.mismatch_mean = mismatch_sum / mismatch_n if mismatch_n else float("nan")
+                if mine:
+                    with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
+                        out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
+                else:
+                    out.ref.append(None)  # type: ignore[arg-type]
+    out.mismatch_mean = out.mismatch_sum / out.mismatch_n if out.mismatch_n else float("nan")
     out.used_engine = cfg.old_logprobs == "engine" or agree is True
     return out
 
@@ -156,23 +163,28 @@ def _groups(chunks: list[list[Sample]], algo: PolicyGradient) -> list[list[int]]
     return [order[start : start + per_mini] for start in range(0, len(order), per_mini)]
 
 
-def _needed(
+def _shares(
     chunks: list[list[Sample]], batches: list[TokenBatch], algo: PolicyGradient, cfg: UpdateSettings
-) -> set[int] | None:
-    """The micro-batches whose old (and reference) logprobs this rank needs: under a data-parallel
-    update, those it computes the loss of, and the first (``old_logprobs="auto"`` checks the engine's
-    logprobs on it, so every rank decides alike); ``None``: all of them (one process; PPO, whose
-    advantages need every old value; sharded layers, whose forward passes every rank must run)."""
+) -> tuple[set[int] | None, int | None]:
+    """Under a data-parallel update: the micro-batches this rank computes the loss of (so it needs
+    their old and reference logprobs), and the one where ``old_logprobs="auto"`` compares the engine's
+    logprobs with its own (the first that has them all: every rank checks that one, so they all decide
+    alike). ``(None, None)``: this rank needs them all (one process; PPO, whose advantages need every
+    old value; sharded layers, whose forward passes every rank must run)."""
     dp = cfg.data_parallel
     if dp is None or algo.needs_values or dp.lockstep is not None:
-        return None
+        return None, None
     from .distributed import partition_by_tokens
 
-    needed = {0}
+    owned: set[int] = set()
     for group in _groups(chunks, algo):
         split = partition_by_tokens([batches[j].input_ids.numel() for j in group], dp.world_size)
-        needed.update(group[k] for k in split[dp.rank])
-    return needed
+        owned.update(group[k] for k in split[dp.rank])
+    decides = None
+    if cfg.old_logprobs == "auto":
+        has_engine = (all(s.token_engine_logprobs() is not None for s in c) for c in chunks)
+        decides = next((i for i, ok in enumerate(has_engine) if ok), None)
+    return owned, decides
 
 
 def _epochs(
@@ -258,11 +270,17 @@ def optimise(
         advantages = algo.token_advantages(chunks, batches, reference.old_v, cfg.merged)
     with cfg.timer.phase("update"):
         logs = _epochs(model, chunks, batches, reference, advantages, algo, optimizer, value_head, cfg)
-    if cfg.data_parallel:  # every rank's micro-batches in the metrics, as in one process
-        logs = cfg.data_parallel.gather_logs(logs)
+    mismatch_mean, mismatch_max = reference.mismatch_mean, reference.mismatch_max
+    if (dp := cfg.data_parallel) is not None:  # every rank's micro-batches in the metrics, as in one process
+        logs = dp.gather_logs(logs)
+        if _shares(chunks, batches, algo, cfg)[0] is not None:  # each rank checked its own
+            maxes = [0.0] * dp.world_size
+            maxes[dp.rank] = reference.mismatch_max
+            total, n, *each = dp.sum_across([reference.mismatch_sum, reference.mismatch_n, *maxes])
+            mismatch_mean, mismatch_max = (total / n if n else float("nan")), max(each)
     out = {k: statistics.fmean(v) for k, v in logs.items()}
-    out["train/logprob_mismatch_mean"] = reference.mismatch_mean
-    out["train/logprob_mismatch_max"] = reference.mismatch_max
+    out["train/logprob_mismatch_mean"] = mismatch_mean
+    out["train/logprob_mismatch_max"] = mismatch_max
     out["train/ratio_from_engine_logprobs"] = 1.0 if reference.used_engine else 0.0
     out["train/response_tokens"] = float(sum(sum(s.token_mask()) for s in samples))
     out["train/sequences"] = float(len(samples))
