@@ -264,3 +264,41 @@ def test_hf_engine_penalties_keep_a_greedy_reply_from_repeating_itself() -> None
         assert len(set(rep.token_ids)) > len(set(plain.token_ids))
     finally:
         engine.close()
+
+
+def test_truncation_applies_min_p_before_top_p_as_vllm_does() -> None:
+    """probs [.5, .3, 20 x .01], min_p .1 then top_p .6: min-p keeps .5 and .3 (.625, .375
+    renormalised), then top-p keeps .625 alone; top-p first would have kept two."""
+    import math
+
+    import torch
+
+    from agentlightning_lite.serving.engines import GenRequest
+    from agentlightning_lite.serving.engines.hf_sampling import truncate
+
+    lp = torch.log(torch.tensor([0.5, 0.3] + [0.01] * 20))
+    out = truncate(lp, GenRequest([0], top_p=0.6, min_p=0.1))
+    assert torch.isfinite(out).tolist() == [True] + [False] * 21
+    out = truncate(lp, GenRequest([0], top_k=3, min_p=0.7))  # min-p leaves 1 of the top 3
+    assert torch.isfinite(out).sum() == 1 and math.isclose(float(out[0]), 0.0, abs_tol=1e-6)
+
+
+def test_hf_engine_scaled_logprobs_stay_the_models_own_under_penalties() -> None:
+    """The default logprobs ("scaled", at temperature 1 the model's own) are what a trainer
+    recomputes with a forward pass, whatever penalties and truncation shaped the sampling."""
+    import torch
+
+    from ..conftest import tiny_hf_engine
+
+    engine = tiny_hf_engine(no_eos=True)
+    try:
+        r = _reply(engine, temperature=1.0, seed=0, presence_penalty=2.0, top_k=5, min_p=0.01)
+        ids = torch.tensor([r.prompt_token_ids + r.token_ids])
+        with torch.no_grad():
+            lp = torch.log_softmax(engine.model(ids).logits[0].float(), dim=-1)
+        start = len(r.prompt_token_ids) - 1
+        want = [float(lp[start + i, t]) for i, t in enumerate(r.token_ids)]
+        assert max(abs(a - b) for a, b in zip(want, r.logprobs, strict=True)) < 1e-4
+        assert len(set(r.token_ids)) == len(r.token_ids)  # the penalty did shape what was sampled
+    finally:
+        engine.close()

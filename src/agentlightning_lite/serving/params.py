@@ -49,7 +49,7 @@ class Params:
 
     def shaping(self) -> dict[str, Any]:
         """The settings besides temperature and top-p that shape what is sampled (engine order:
-        penalties, temperature, top-k, top-p, min-p); neutral values change nothing."""
+        penalties, temperature, min-p, top-k, top-p); neutral values change nothing."""
         return {k: getattr(self, k) for k in _NEUTRAL}
 
 

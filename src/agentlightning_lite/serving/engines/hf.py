@@ -44,10 +44,10 @@ class HFEngine(BatchingEngine):
             agents coming back for their next turn); see :class:`BatchingEngine`.
         logprobs_mode: which log-probabilities are reported for the sampled tokens.
             ``"scaled"`` (default): ``log_softmax(logits / temperature)``, the policy at the
-            sampling temperature before top-p truncation (what a trainer recomputes with a
-            forward pass; at temperature 1 the model's own distribution). ``"raw"``:
-            ``log_softmax(logits)``. ``"processed"``: after temperature and top-p (the exact
-            distribution sampled from). Greedy requests (temperature 0) report ``"raw"``.
+            sampling temperature before penalties and truncation (what a trainer recomputes with
+            a forward pass; at temperature 1 the model's own distribution). ``"raw"``:
+            ``log_softmax(logits)``. ``"processed"``: after the penalties, temperature, min-p,
+            top-k and top-p (the distribution sampled from). Greedy requests report ``"raw"``.
         model_name: the name served and recorded in spans (default: the name given).
         seed: seeds the sampler of requests that bring no ``seed`` of their own.
         num_threads: calls ``torch.set_num_threads`` (process-wide) when given; on a CPU shared

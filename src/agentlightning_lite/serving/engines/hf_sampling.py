@@ -82,9 +82,13 @@ def penalise(logits: Any, req: GenRequest, prompt: Sequence[int], reply: Sequenc
 
 
 def truncate(processed: Any, req: GenRequest) -> Any:
-    """Log-probabilities ``processed`` cut to ``req``'s top-k, then top-p, then min-p, renormalised."""
+    """Log-probabilities ``processed`` cut to ``req``'s min-p, then top-k and top-p, renormalised (the
+    order of vLLM's sampler: min-p is a logits processor applied before its top-k/top-p sampler)."""
     import torch
 
+    if req.min_p > 0.0:
+        floor = processed.max() + torch.log(torch.tensor(req.min_p, dtype=processed.dtype))
+        processed = torch.log_softmax(processed.masked_fill(processed < floor, float("-inf")), dim=-1)
     if req.top_k > 0 and req.top_k < processed.shape[-1]:
         kth = torch.topk(processed, req.top_k).values[-1]
         processed = torch.log_softmax(processed.masked_fill(processed < kth, float("-inf")), dim=-1)
@@ -94,9 +98,6 @@ def truncate(processed: Any, req: GenRequest) -> Any:
         drop_sorted = (cum - sorted_lp.exp()) >= req.top_p  # keep the smallest set reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         processed = torch.log_softmax(processed.masked_fill(drop, float("-inf")), dim=-1)
-    if req.min_p > 0.0:
-        floor = processed.max() + torch.log(torch.tensor(req.min_p, dtype=processed.dtype))
-        processed = torch.log_softmax(processed.masked_fill(processed < floor, float("-inf")), dim=-1)
     return processed
 
 
@@ -111,18 +112,20 @@ def sample_row(
     """Pick the next token for one row: its id and logprob as 0-d tensors on the model's device,
     and the top alternatives as ``(ids, logprobs)`` tensors (no host copy: the caller batches them).
     ``allowed`` (bool, one per token) masks what may be sampled (structured outputs); ``reply``: the
-    tokens sampled so far (for the penalties). Raw logprobs are the model's, before the penalties."""
+    tokens sampled so far (for the penalties). Raw and scaled logprobs are the model's own (what a
+    trainer recomputes), before the penalties, the mask and the truncation; processed ones are of the
+    distribution sampled from."""
     import torch
 
     raw = torch.log_softmax(logits, dim=-1)
-    logits = penalise(logits, req, req.prompt_token_ids, reply)
-    pick = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+    shaped = penalise(logits, req, req.prompt_token_ids, reply)
+    pick = shaped if allowed is None else shaped.masked_fill(~allowed, float("-inf"))
     if req.temperature <= 1e-5:
         token = torch.argmax(pick)
         report = raw
     else:
         scaled = torch.log_softmax(logits / req.temperature, dim=-1)
-        processed = scaled if allowed is None else torch.log_softmax(pick / req.temperature, dim=-1)
+        processed = scaled if pick is logits else torch.log_softmax(pick / req.temperature, dim=-1)
         processed = truncate(processed, req)
         token = torch.multinomial(processed.exp(), 1, generator=gen)[0]
         report = {"scaled": scaled, "raw": raw, "processed": processed}[logprobs_mode]
