@@ -197,6 +197,20 @@ def test_two_instrumentations_each_record_and_come_off_in_any_order(store, serve
     assert run() == [[], []]
 
 
+def test_an_instrumentation_that_records_nothing_does_not_record_into_another(store, serve):
+    """instrument() with no tracer and no rollout open records nothing; it must not hand its events to
+    the other instrumentation, which records each LLM call and tool call once."""
+    server = serve(script, store)
+    other = agl.MemoryStore()
+    agl_autogen.instrument()
+    agl_autogen.instrument(other)
+    asyncio.run(writer(client(server.llm())).run(task="2+3?"))
+    spans = [s for ro in other.rollouts() for s in other.spans(ro.rollout_id)]
+    kinds = sorted(s.kind for s in spans if s.attributes.get("agl.source") == "autogen")
+    assert kinds == ["agent", "llm", "llm", "tool", "tool"]
+    assert all(s.end_time is not None for s in spans)
+
+
 def test_team_with_model_client_wrapper_and_instrument(store, serve):
     tracer = agl.Tracer(store)
     server = serve(script, store)

@@ -290,14 +290,18 @@ class LightningEventHandler(logging.Handler):
     def __init__(self, tracer: Tracer | Store | None = None, join: bool = True) -> None:
         super().__init__(level=logging.DEBUG)
         self.recorder = Recorder("autogen", tracer, join=join)
+        #: set by :func:`instrument`: events go to this handler's own recorder only (never to another
+        #: instrumentation's, which records them itself)
+        self.scoped = False
 
     def _scope(self) -> tuple[Recorder, Any]:
         """The recorder and parent span key of an event now: this handler's own recorder under its own
-        innermost span when an instrument() of its own has one open, else the recorder of the span open
-        here (an explicit handler's events join the instrumented agent's spans), else its own."""
+        innermost span when it has one open (always its own for an instrument() handler), else the
+        recorder of the span open here (an explicit handler's events join the instrumented agent's
+        spans), else its own."""
         current = _current.get()
         own = _own_key(self.recorder, current)
-        if own is not None:
+        if own is not None or self.scoped:
             return self.recorder, own
         return _handler_recorder(current) or self.recorder, current
 
@@ -508,6 +512,7 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     True
     """
     handler = LightningEventHandler(tracer, join=join)
+    handler.scoped = True
     rec = handler.recorder
     undo_steps = [_tap(name, handler) for name in (CORE_LOGGER, AGENTCHAT_LOGGER)]
 
