@@ -13,6 +13,7 @@ trainer is away (restarting, say) every call is retried with backoff: runners re
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import logging
@@ -228,8 +229,9 @@ class Runner:
             if claimed is None or self._stop.is_set():
                 self._give_back_slot()
                 continue
+            ended = threading.Event()  # the agent returned (or raised): its thread is not stuck
             try:
-                self._run_one(claimed, lambda: self._replace(worker, me))
+                self._run_one(claimed, functools.partial(self._replace, worker, me, ended), ended)
             except Exception:  # never let one rollout end the worker
                 logger.exception("runner %s: rollout %s", worker, claimed.get("rollout_id"))
             with self._lock:
@@ -237,22 +239,30 @@ class Runner:
                     self._retired.discard(me)
                     return
 
-    def _replace(self, worker: str, thread: threading.Thread) -> None:
+    def _replace(self, worker: str, thread: threading.Thread, ended: threading.Event) -> bool:
         """A sync agent overran its timeout in ``thread``, which no one can stop: a new worker thread
         takes its place (the runner keeps ``workers`` rollouts going), and ``thread`` ends once its agent
-        returns."""
+        returns. Nothing happens when the agent has returned meanwhile (``ended``)."""
         with self._lock:
+            if ended.is_set():
+                return False
             self._retired.add(thread)
             self.stuck += 1
             n = self.stuck
             if self._stop.is_set():
-                return
+                return True
             t = threading.Thread(target=self._work, args=(f"{worker}.{n}",), name=f"agl-runner-{worker}.{n}")
             t.daemon = True
             self._workers.append(t)
-        t.start()
+            t.start()  # under the lock: join() never sees the old thread retired and this one not started
+        return True
 
-    def _run_one(self, claimed: dict[str, Any], replace: Callable[[], None] | None = None) -> None:
+    def _run_one(
+        self,
+        claimed: dict[str, Any],
+        replace: Callable[[], bool] | None = None,
+        ended: threading.Event | None = None,
+    ) -> None:
         rid = claimed["rollout_id"]
         mode = claimed.get("mode", "train")
         self.store.register(
@@ -284,7 +294,12 @@ class Runner:
                     timer = threading.Timer(float(timeout), self._time_out, args)
                     timer.daemon = True
                     timer.start()
-                value = call_agent(self.agent, claimed.get("task"), llm, mode, cancel.append)
+                try:
+                    value = call_agent(self.agent, claimed.get("task"), llm, mode, cancel.append)
+                finally:
+                    if ended is not None:
+                        with self._lock:
+                            ended.set()
                 if value is not None:
                     ro.reward(check_reward(value, "the agent's returned reward"))  # type: ignore[arg-type]
         except (Exception, asyncio.CancelledError) as exc:  # recorded by the tracer (or _time_out)
@@ -306,7 +321,7 @@ class Runner:
         ro: RolloutHandle,
         cancel: list[Callable[[], None]],
         timeout: float,
-        replace: Callable[[], None] | None = None,
+        replace: Callable[[], bool] | None = None,
     ) -> None:
         """The claim's ``timeout`` passed: as in the trainer's process, the rollout is reported
         ``timeout``, what the agent records from now on is dropped, an async agent is cancelled,
@@ -327,9 +342,7 @@ class Runner:
             logger.warning("rollout %s: reporting its timeout failed: %s", rid, exc)
         for c in cancel:
             c()
-        if not cancel:
-            if replace is not None:
-                replace()
+        if not cancel and (replace is None or replace()):
             logger.warning(
                 "rollout %s timed out; its (sync) agent is still running in its thread (%d such "
                 "thread(s) in this runner), and a new worker thread took its place: give the agent's "
