@@ -302,6 +302,15 @@ def test_a_request_the_backend_refuses_reaches_the_agent_as_that_4xx(backend: An
         assert "maximum context length" in (spans[0].error or "")
     finally:
         engine.close()
+    # a 401 is the trainer's set-up (a wrong key), not the agent's request: a 502 for the agent
+    wrong = HTTPEngine(live.url, tokenizer=live.engine.tokenizer, api_key="wrong", model=engine.model_name)
+    try:
+        with PolicyServer(wrong, agl.MemoryStore()) as front:
+            r = httpx.post(f"{front.url}/v1/chat/completions", json=body | short, timeout=60)
+            assert r.status_code == 502 and r.json()["error"]["code"] == "backend_error"
+            assert "answered 401" in r.json()["error"]["message"]
+    finally:
+        wrong.close()
 
 
 def test_the_front_servers_spans_record_each_calls_weights_version(backend: Any, tmp_path: Path) -> None:

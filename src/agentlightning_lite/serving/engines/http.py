@@ -56,11 +56,12 @@ def sampling_settings(req: GenRequest) -> dict[str, Any]:
 
 class BackendError(RuntimeError):
     """An inference server failed a request: unreachable, dead, or it answered with an error
-    (``status``: its HTTP status, ``None`` when it did not answer)."""
+    (``status``: its HTTP status, ``None`` when it did not answer; ``path``: the route asked)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, path: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.path = path
 
 
 @dataclass
@@ -244,7 +245,7 @@ class HTTPEngine(Engine):
             except (ValueError, AttributeError):
                 detail = r.text[:500]
             raise BackendError(
-                f"inference server {b.url} answered {r.status_code} to {path}: {detail}", r.status_code
+                f"inference server {b.url} answered {r.status_code} to {path}: {detail}", r.status_code, path
             )
 
     def _pick(self, session: str | None) -> _Backend:

@@ -371,8 +371,12 @@ async def engine_failed(
 
 
 def _backend_status(exc: BaseException) -> int | None:
-    """The HTTP status an inference server answered, when ``exc`` is its :class:`BackendError`."""
-    return exc.status if isinstance(exc, BackendError) else None
+    """The status an inference server answered when it refused the generation request itself as
+    malformed (400, 413, 422), when ``exc`` is its :class:`BackendError`. A refused adapter load, a
+    wrong key (401/403) or an unknown model (404) is the trainer's set-up, not the agent's request."""
+    if isinstance(exc, BackendError) and exc.path == "/v1/completions" and exc.status in (400, 413, 422):
+        return exc.status
+    return None
 
 
 def usage(prompt_tokens: int, results: Sequence[GenResult]) -> dict[str, int]:
