@@ -13,10 +13,12 @@ then the timed one (from a barrier to a barrier). Variants:
   ``--no-fsdp`` leaves this row out).
 
 Reported per variant: the update's wall time (the timed update, the slowest rank), its reference phase
-(old logprobs, computed by every rank on all samples) and its update phase (forward/backward of the
-rank's share, the gradient all-reduce, the optimiser step), each rank's peak RSS and its RSS after the
-update, the step's
-``dist/token_imbalance``, and the largest difference of the final adapter from the 1-rank one.
+(old logprobs: each rank computes those of its own micro-batches, plus, with ``old_logprobs="auto"``,
+the first that carries engine logprobs, where they are checked; under FSDP2 every rank computes all
+of them, since sharded layers need every rank in each forward pass) and its update phase
+(forward/backward of the rank's share, the gradient all-reduce, the optimiser step), each rank's
+peak RSS and its RSS after the update, the step's ``dist/token_imbalance``, and the largest difference
+of the final adapter from the 1-rank one.
 
     python -m benchmarks.perf.bench_distributed                     # smollm2-135m, writes the results
     python -m benchmarks.perf.bench_distributed --model tiny --samples 8 --no-write   # a smoke test
@@ -290,7 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     lines += [
         "",
         "update: the timed update from a barrier to a barrier (the slowest rank); the reference phase (old "
-        "logprobs) is computed by every rank on all samples, the update phase is each rank's share of the "
+        "logprobs) covers each rank's own micro-batches (plus, with old_logprobs='auto', the first that "
+        "carries engine logprobs; all of them under FSDP2, whose sharded layers need every rank in each "
+        "forward pass), the update phase is each rank's share of the "
         "forward/backward, the gradient all-reduce and the optimiser step (the slowest rank's). Peak RSS: "
         "`ru_maxrss` of each rank's process (model loading included: FSDP2 shards the model after loading it "
         "whole); RSS after: `VmRSS` once the timed update is done. Speed-up: against 1 x 1.",
