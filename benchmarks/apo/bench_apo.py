@@ -338,6 +338,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
                 ax.bar(x, statistics.fmean(ys), color=("#bbbbbb", "#4c72b0")[j], width=0.9)
                 ax.scatter([x] * len(ys), ys, color="black", s=10, zorder=3)
         ax.set_xticks([i * 3 + 0.5 for i in range(len(arms))], arms)
+        ax.set_ylim(0.0, 1.0)  # one scale for every task: a small change looks small
         ax.set_ylabel("held-out success (grey: before, blue: after)")
         ax.set_title(task)
     fig.tight_layout()
