@@ -21,6 +21,16 @@ from ._helpers import tiny_llama
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def _no_autogen_instrumentation_left_behind() -> Iterator[None]:
+    """AutoGen instrumentation is process-wide: one a test left installed (the Calc-X agent installs it
+    once per process and keeps it) would record into every later test's rollouts as well."""
+    yield
+    autogen = sys.modules.get("agentlightning_lite.adapters.autogen")
+    if autogen is not None and len(autogen._installed):
+        autogen.uninstrument()
+
+
 @pytest.fixture(params=["memory", "sqlite"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[agl.Store]:
     """A fresh MemoryStore or SQLiteStore (a real file in tmp_path)."""

@@ -56,6 +56,7 @@ def test_results_render_per_seed_and_per_arm_and_merge(tmp_path: Path) -> None:
         "apo_seed_val": 0.5,
         "apo_best_val": 0.5,
         "apo_candidates": 1,
+        "apo_reflection_calls": 3,
         "prompt_changed": False,
         "prompts": {"system": "Be exact."},
         "apo_proposals": [{"accepted": False, "minibatch": [1.0, 0.0], "prompts": {"system": "Cookies."}}],
@@ -63,7 +64,7 @@ def test_results_render_per_seed_and_per_arm_and_merge(tmp_path: Path) -> None:
     doc = {"invocations": [inv], "rows": [row("grpo", 0, 32, 48, grpo_steps=2), row("apo", 0, 32, 32, **apo)]}
     md = bench_apo.render(doc)
     assert "| grpo | 0 | 0.500 (32/64) | 0.750 (48/64) | 64 (0 + 0) | 2 |" in md
-    assert "| apo | 0 | 0.500 (32/64) | 0.500 (32/64) | 64 (60 + 0) | 0 | 0.500 -> 0.500 | 1 | no |" in md
+    assert "| apo | 0 | 0.500 (32/64) | 0.500 (32/64) | 64 (60 + 0) | 0 | 0.500 -> 0.500 | 1 | 3 | no |" in md
     assert "| grpo | 0 | 0.500 | 0.750 | 0.250 |" in md
     assert "`system` (unchanged (the seed prompt)): `'Be exact.'`" in md
     assert "1 proposals, 0 accepted" in md and "minibatch 1.0 -> 0.0: `'Cookies.'`" in md
@@ -83,3 +84,14 @@ def test_results_render_per_seed_and_per_arm_and_merge(tmp_path: Path) -> None:
     ]
     assert "## calc_x" in results.read_text() and "| grpo | 0 | 0.016 (1/64) |" in results.read_text()
     assert json.loads(results.with_suffix(".json").read_text())["invocations"][1]["command"] == "calc_x"
+
+
+def test_training_rollouts_leave_out_the_reflection_models_trace_rollouts() -> None:
+    """The reflection model's calls to the policy's server are recorded as ``trace`` rollouts: they are
+    not training rollouts, so an arm's count leaves them out."""
+    import agentlightning_lite as agl
+
+    store = agl.MemoryStore()
+    for mode in ("train", "train", "val", "trace", "trace"):
+        store.start_rollout("t", mode=mode)
+    assert bench_apo._task_rollouts(store) == 3
