@@ -211,6 +211,28 @@ def test_an_instrumentation_that_records_nothing_does_not_record_into_another(st
     assert all(s.end_time is not None for s in spans)
 
 
+def test_instrumenting_the_same_destination_twice_records_once(store, serve):
+    """instrument() again for the same destination (a library and the user both call it) shares the
+    installation: each call is recorded once; it stays until the last handle is removed."""
+    tracer = agl.Tracer(store)
+    server = serve(script, store)
+    before = hooks()
+    first, second = agl_autogen.instrument(), agl_autogen.instrument()
+
+    def kinds() -> list[str]:
+        with tracer.rollout("2+3?") as ro:
+            asyncio.run(writer(client(server.llm(ro.id))).run(task="2+3?"))
+        ours = [s for s in store.spans(ro.id) if s.attributes.get("agl.source") == "autogen"]
+        return sorted(s.kind for s in ours)
+
+    assert kinds() == ["agent", "llm", "llm", "tool", "tool"]
+    first.uninstrument()
+    assert not first.active and second.active
+    assert kinds() == ["agent", "llm", "llm", "tool", "tool"]
+    second.uninstrument()
+    assert hooks() == before and kinds() == []
+
+
 def test_team_with_model_client_wrapper_and_instrument(store, serve):
     tracer = agl.Tracer(store)
     server = serve(script, store)

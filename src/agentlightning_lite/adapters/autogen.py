@@ -503,14 +503,22 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     and each team run (``BaseGroupChat.run_stream``) as a ``chain`` span. LLM calls come from
     the ``LLMCallEvent`` log (joined by response id); wrap the client in
     :class:`LightningModelClient` for exact call timing and non-logging clients.
-    ``handle.uninstrument()`` (or :func:`uninstrument`) restores everything. Several may be active at
-    once (each records every event) and be removed in any order.
+    ``handle.uninstrument()`` (or :func:`uninstrument`) restores everything. Calling it again for
+    the same destination (the same ``tracer`` or store, or again none) shares the installation, so
+    nothing is recorded twice; instrumentations for different destinations each record every run
+    under their own spans. Either kind may be removed in any order.
 
     >>> from agentlightning_lite.adapters import autogen as agl_autogen
     >>> with agl_autogen.instrument() as handle:
     ...     handle.active
     True
     """
+    key = (None if tracer is None else id(tracer), join)
+    with _hooks_lock:
+        shared = _shared.get(key)
+        if shared is not None:  # the same destination: one installation, counted
+            shared[2] += 1
+            return _installed.add(shared[0], functools.partial(_release, key))
     handler = LightningEventHandler(tracer, join=join)
     handler.scoped = True
     rec = handler.recorder
@@ -535,7 +543,27 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
         for step in reversed(undo_steps):
             step()
 
-    return _installed.add(handler, undo)
+    with _hooks_lock:
+        _shared[key] = [handler, undo, 1]
+    return _installed.add(handler, functools.partial(_release, key))
+
+
+#: (id of the destination or None, join) -> [handler, undo, the instrumentations sharing it]; an entry
+#: holds its destination (through the handler's recorder), so the id is not reused while it is here
+_shared: dict[tuple[int | None, bool], list[Any]] = {}
+
+
+def _release(key: tuple[int | None, bool]) -> None:
+    """One instrumentation of ``key``'s destination removed: the installation goes with the last."""
+    with _hooks_lock:
+        shared = _shared.get(key)
+        if shared is None:
+            return
+        shared[2] -= 1
+        if shared[2] > 0:
+            return
+        del _shared[key]
+    shared[1]()
 
 
 #: Remove every instrumentation :func:`instrument` installed and has not removed, the latest first.
