@@ -73,7 +73,6 @@ def leave_after_launch() -> None:
     its process group is closed, a gloo rank sometimes aborts there ("terminate called without an
     active exception", 2 of 8 runs under load; pytorch/pytorch#179291)."""
     import os
-    import sys
 
     if "WORLD_SIZE" in os.environ:
         sys.stdout.flush()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,12 +33,6 @@ INFO = {
     "family": "unknown",
     "structured_output": False,
 }
-
-
-@pytest.fixture(autouse=True)
-def isolated() -> Iterator[None]:
-    yield
-    agl_autogen.uninstrument()
 
 
 def add(a: int, b: int) -> int:

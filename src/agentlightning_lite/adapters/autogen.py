@@ -436,7 +436,7 @@ def _wrap_coroutine(
         name = name_of(self)
         key = object()
         current = _current.get()
-        parent = _own_key(recorder, current) if _handler_recorder(current) is not None else current
+        parent = _own_key(recorder, current)  # its own innermost span (keys in _current are registered)
         h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
         if h is None:
             return await fn(self, *args, **kwargs)
@@ -465,7 +465,7 @@ def _wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of:
             name = name_of(self)
             key = object()
             current = _current.get()
-            parent = _own_key(recorder, current) if _handler_recorder(current) is not None else current
+            parent = _own_key(recorder, current)  # its own innermost span (keys in _current are registered)
             h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
         if h is None:
             async for item in fn(self, *args, **kwargs):

@@ -119,7 +119,7 @@ class Runner:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._hb_stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # the heartbeat thread
         self._workers: list[threading.Thread] = []  # every worker thread started (replacements too)
         self._retired: set[threading.Thread] = set()  # workers replaced while their sync agent overran
         self._claims = 0
@@ -127,13 +127,12 @@ class Runner:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> Runner:
         """Start the worker and heartbeat threads; returns at once."""
-        if self._threads:
+        if self._workers:
             return self
         for i in range(self.workers):
             t = threading.Thread(target=self._work, args=(f"{self.worker_id}/{i}",), name=f"agl-runner-{i}")
             t.daemon = True
             t.start()
-            self._threads.append(t)
             self._workers.append(t)
         hb = threading.Thread(target=self._heartbeats, name="agl-runner-heartbeat", daemon=True)
         hb.start()

@@ -89,6 +89,7 @@ class _Reference:
     used_engine: bool
     mismatch_sum: float = 0.0  # over this rank's micro-batches (all of them in one process)
     mismatch_n: int = 0
+    per_rank: bool = False  # each rank computed its own micro-batches' only (see _shares)
 
 
 def _engine_logprobs(chunk: list[Sample], batch: TokenBatch, device: torch.device) -> torch.Tensor | None:
@@ -117,6 +118,7 @@ def _reference(
     out = _Reference([], [], [], float("nan"), 0.0, False)
     agree: bool | None = None  # unknown until a micro-batch has been checked
     owned, decides = _shares(chunks, batches, algo, cfg)
+    out.per_rank = owned is not None
     with torch.no_grad():
         for i, (c, b) in enumerate(zip(chunks, batches, strict=True)):
             mine = owned is None or i in owned
@@ -273,7 +275,7 @@ def optimise(
     mismatch_mean, mismatch_max = reference.mismatch_mean, reference.mismatch_max
     if (dp := cfg.data_parallel) is not None:  # every rank's micro-batches in the metrics, as in one process
         logs = dp.gather_logs(logs)
-        if _shares(chunks, batches, algo, cfg)[0] is not None:  # each rank checked its own
+        if reference.per_rank:  # each rank checked its own
             maxes = [0.0] * dp.world_size
             maxes[dp.rank] = reference.mismatch_max
             total, n, *each = dp.sum_across([reference.mismatch_sum, reference.mismatch_n, *maxes])

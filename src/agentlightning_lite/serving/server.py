@@ -92,12 +92,13 @@ class PolicyServer(ThreadedUvicorn):
 
     Errors: a body over ``max_body_bytes`` (413), malformed JSON, unknown model (404), unknown
     rollout (404), bad parameters and context overflow get a 4xx with an OpenAI error body and
-    record nothing; an engine failure gets a 500 and an ``error`` span (behind the HTTP engine, an
-    inference server's 4xx reaches the agent as that 4xx, and a server that failed as a 502).
-    Sampling: ``temperature``, ``top_p``, ``presence_penalty`` and ``frequency_penalty`` (OpenAI's),
-    and vLLM's ``top_k``, ``min_p`` and ``repetition_penalty``, applied by the engine; the logprobs
-    recorded are those of the distribution sampled from. Streaming (``stream=true``) sends OpenAI
-    chunks once the engine has produced the whole reply, then ``data: [DONE]``.
+    record nothing; an engine failure gets a 500 and an ``error`` span (behind the HTTP engine, a
+    400/413/422 of the inference server to the generation reaches the agent as that status, and a
+    server that failed as a 502). Sampling: ``temperature``, ``top_p``, ``presence_penalty`` and
+    ``frequency_penalty`` (OpenAI's), and vLLM's ``top_k``, ``min_p`` and ``repetition_penalty``,
+    applied by the engine; which logprobs are recorded is the engine's ``logprobs_mode``. Streaming
+    (``stream=true``) sends OpenAI chunks once the engine has produced the whole reply, then
+    ``data: [DONE]``.
 
     >>> import agentlightning_lite as agl
     >>> from agentlightning_lite.serving import PolicyServer, engines

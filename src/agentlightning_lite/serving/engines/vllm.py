@@ -128,9 +128,9 @@ def vllm_serve_command(
     ``options`` become flags: ``max_model_len=4096`` gives ``--max-model-len 4096``, ``True`` a bare
     flag, ``False``/``None`` nothing. ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` (``"0"``, ``"2,3"``).
     ``logprobs_mode``: which logprobs vLLM reports (``--logprobs-mode``); ``processed_logprobs``, after
-    the penalties, temperature, top-k and top-p, is what the trainer recomputes
-    (``log_softmax(logits / T)`` when nothing else is set) and what the HF engine reports; vLLM's own
-    default, ``raw_logprobs``, ignores the temperature.
+    the penalties, temperature, top-k and top-p, is, when a request sets none of those but the
+    temperature, what the trainer recomputes (``log_softmax(logits / T)``) and what the HF engine
+    reports by default; vLLM's own default, ``raw_logprobs``, ignores the temperature.
 
     >>> argv, env = vllm_serve_command("Qwen/Qwen2.5-0.5B-Instruct", port=8000, env={})
     >>> argv[:3]

@@ -339,11 +339,11 @@ async def engine_failed(
     exc: BaseException,
 ) -> APIError:
     """Record an ``error`` span for a failed generation and return the error to raise: the status an
-    inference server behind the engine answered when it refused the request (a 4xx: the agent's
-    request is at fault, e.g. too long for that server's context), a 502 when that server failed or
-    could not be reached, else a 500 (the engine itself failed)."""
+    inference server behind the engine answered when it refused the request as malformed (the agent's
+    request is at fault, e.g. too long for that server's context), a 502 when that server failed, could
+    not be reached or refused the trainer's set-up, else a 500 (the engine itself failed)."""
     status = _backend_status(exc)
-    if status is not None and 400 <= status < 500:
+    if status is not None:
         logger.warning("PolicyServer: the inference server refused a request: %s", exc)
     else:
         logger.exception("PolicyServer: the engine failed", exc_info=exc)
@@ -361,7 +361,7 @@ async def engine_failed(
         await run_in_threadpool(record, server, call, task, [span], True)
     except Exception:
         logger.exception("PolicyServer: could not record the error span")
-    if status is not None and 400 <= status < 500:
+    if status is not None:
         return APIError(status, f"The inference server refused the request: {exc}", code="backend_rejected")
     if isinstance(exc, BackendError):
         return APIError(502, f"The inference server failed: {exc}", type="server_error", code="backend_error")
