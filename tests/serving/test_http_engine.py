@@ -435,6 +435,94 @@ def test_a_version_name_left_loaded_by_an_earlier_run_is_replaced(backend: Any, 
         engine.close()
 
 
+def _spy_loads(engine: HTTPEngine, monkeypatch: Any) -> list[dict[str, Any]]:
+    """The bodies of every ``/v1/load_lora_adapter`` request the engine sends from now on."""
+    seen: list[dict[str, Any]] = []
+    post_ = engine._post
+
+    async def spy(b: Any, path: str, body: dict[str, Any]) -> Any:
+        if path == "/v1/load_lora_adapter":
+            seen.append(dict(body))
+        return await post_(b, path, body)
+
+    monkeypatch.setattr(engine, "_post", spy)
+    return seen
+
+
+def test_every_adapter_path_handed_to_a_server_is_absolute(
+    backend: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A server reads ``lora_path`` against its own working directory (vLLM then tries a relative one as a
+    Hugging Face repository id and answers 404): the initial adapter, named ones and every new version
+    (a state dict written under a relative ``adapter_dir``) are handed over as absolute paths."""
+    from peft import get_peft_model_state_dict
+
+    server = backend()
+    monkeypatch.chdir(tmp_path)
+    _, e0 = save_adapter(tmp_path / "a0", seed=1)
+    _, e1 = save_adapter(tmp_path / "named", seed=2)
+    state = {k: v + 0.01 for k, v in get_peft_model_state_dict(e0.model).items()}
+    e0.close()
+    e1.close()
+    engine = HTTPEngine(
+        server.url,
+        tokenizer=server.engine.tokenizer,
+        api_key="k",
+        lora="a0",
+        adapters={"other": "named"},
+        adapter_dir="served",
+    )
+    try:
+        seen = _spy_loads(engine, monkeypatch)
+        req = GenRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0)
+        engine.generate([req, GenRequest(prompt_token_ids=[1, 2], max_tokens=2, adapter="other")])
+        assert engine.update_weights(state) == 1
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        monkeypatch.chdir(elsewhere)  # this process moves: the paths already resolved stay right
+        assert engine.update_weights(state) == 2
+        engine.generate([req])
+        got = {b["lora_name"]: b["lora_path"] for b in seen}
+        assert got == {
+            "policy-v0": str(tmp_path / "a0"),
+            "other-v0": str(tmp_path / "named"),
+            "policy-v1": str(tmp_path / "served" / "policy" / "v1"),
+            "policy-v2": str(tmp_path / "served" / "policy" / "v2"),
+        }
+        assert all(os.path.isabs(p) for p in got.values())
+        assert server.lora_adapters["policy-v2"] == str(tmp_path / "served" / "policy" / "v2")
+    finally:
+        engine.close()
+
+
+def test_a_refused_adapter_load_names_the_path_and_the_servers_reason(
+    backend: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = backend()
+    p0, e0 = save_adapter(tmp_path / "a0", seed=1)
+    e0.close()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    config = json.loads((Path(p0) / "adapter_config.json").read_text())
+    config["target_modules"] = ["no_such_proj"]  # the server's model has no such module: it refuses
+    (bad / "adapter_config.json").write_text(json.dumps(config))
+    (bad / "adapter_model.safetensors").write_bytes((Path(p0) / "adapter_model.safetensors").read_bytes())
+    engine = HTTPEngine(server.url, tokenizer=server.engine.tokenizer, api_key="k", lora=p0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentlightning_lite.serving.engines.http"):
+            assert engine.update_weights(str(bad)) == 1  # refused now: said, and tried again on use
+        said = "\n".join(r.getMessage() for r in caplog.records)
+        assert f"refused to load adapter policy-v1 from {bad} (HTTP 400" in said, said
+        with pytest.raises(BackendError) as info:
+            engine.generate([GenRequest(prompt_token_ids=[1, 2, 3], max_tokens=2)])
+        msg = str(info.value)
+        assert msg.startswith(f"inference server {server.url} refused to load adapter policy-v1 from {bad}")
+        assert "no_such_proj" in msg and info.value.status == 400  # the server's own reason
+        assert info.value.path == "/v1/load_lora_adapter" and "no_such_proj" in (info.value.reason or "")
+    finally:
+        engine.close()
+
+
 def test_only_lora_weights_are_handed_over(backend: Any, tmp_path: Path) -> None:
     import torch
 

@@ -56,12 +56,16 @@ def sampling_settings(req: GenRequest) -> dict[str, Any]:
 
 class BackendError(RuntimeError):
     """An inference server failed a request: unreachable, dead, or it answered with an error
-    (``status``: its HTTP status, ``None`` when it did not answer; ``path``: the route asked)."""
+    (``status``: its HTTP status, ``None`` when it did not answer; ``path``: the route asked; ``reason``:
+    the server's own words, when it answered with an error)."""
 
-    def __init__(self, message: str, status: int | None = None, path: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int | None = None, path: str | None = None, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.path = path
+        self.reason = reason
 
 
 @dataclass
@@ -141,7 +145,9 @@ class HTTPEngine(Engine):
         self.api_key = api_key
         self.timeout_s = float(timeout_s)
         self.revive_after_s = float(revive_after_s)
-        self._adapter_dir = adapter_dir
+        # absolute now: a server resolves a relative path against its own working directory (vLLM then
+        # tries it as a Hugging Face repository id), and this process may change directory later
+        self._adapter_dir = None if adapter_dir is None else os.path.abspath(adapter_dir)
         self._paths: dict[str, str] = {}  # adapter version name -> directory
         self._current: dict[str, str] = {}  # adapter name -> its current version name
         self._uses: dict[str, int] = {}  # version name -> requests in flight with it
@@ -245,7 +251,10 @@ class HTTPEngine(Engine):
             except (ValueError, AttributeError):
                 detail = r.text[:500]
             raise BackendError(
-                f"inference server {b.url} answered {r.status_code} to {path}: {detail}", r.status_code, path
+                f"inference server {b.url} answered {r.status_code} to {path}: {detail}",
+                r.status_code,
+                path,
+                str(detail),
             )
 
     def _pick(self, session: str | None) -> _Backend:
@@ -343,7 +352,7 @@ class HTTPEngine(Engine):
     def _write_adapter(self, state: Mapping[str, Any], name: str) -> str:
         from safetensors.torch import save_file
 
-        root = self._adapter_dir or tempfile.mkdtemp(prefix="agl-http-lora-")
+        root = os.path.abspath(self._adapter_dir or tempfile.mkdtemp(prefix="agl-http-lora-"))
         self._adapter_dir = root
         path = os.path.join(root, name, f"v{self.version + 1}")
         os.makedirs(path, exist_ok=True)
@@ -400,13 +409,24 @@ class HTTPEngine(Engine):
                 return
             body = {"lora_name": vname, "lora_path": path}
             try:
-                await self._post(b, "/v1/load_lora_adapter", body)
+                try:
+                    await self._post(b, "/v1/load_lora_adapter", body)
+                except BackendError as exc:
+                    if exc.status != 400 or "already" not in str(exc):
+                        raise
+                    # a name left loaded by an earlier run on a server that outlived it: replace its weights
+                    await self._post(b, "/v1/unload_lora_adapter", {"lora_name": vname})
+                    await self._post(b, "/v1/load_lora_adapter", body)
             except BackendError as exc:
-                if exc.status != 400 or "already" not in str(exc):
+                if exc.status is None:  # unreachable or slow: the message already says so
                     raise
-                # a name left loaded by an earlier run on a server that outlived it: replace its weights
-                await self._post(b, "/v1/unload_lora_adapter", {"lora_name": vname})
-                await self._post(b, "/v1/load_lora_adapter", body)
+                raise BackendError(
+                    f"inference server {b.url} refused to load adapter {vname} from {path} "
+                    f"(HTTP {exc.status} to {exc.path}): {exc.reason}",
+                    exc.status,
+                    exc.path,
+                    exc.reason,
+                ) from exc
             b.loaded.add(vname)
 
     # -- generation -----------------------------------------------------------------------
