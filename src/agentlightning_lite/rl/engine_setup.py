@@ -118,6 +118,9 @@ def build_engine(
     launch = detect()
     if launch is not None and not launch.is_main:  # rank 0 alone starts or attaches to the servers
         return NotServing(copy, launch.rank), copy
+    # absolute: vLLM reads every adapter path against its own working directory (a relative one it then
+    # takes for a Hugging Face repository id)
+    output_dir = Path(output_dir).absolute()
     init = output_dir / "adapter-init"
     if plan.shared:
         copy.model.save_pretrained(str(init))
@@ -129,6 +132,7 @@ def build_engine(
         "max_lora_rank": max(16, *(lo.r for lo in plan.trained.values())),
         "gpu_memory_utilization": VLLM_GPU_SHARE,
         "adapter_dir": str(output_dir / ("adapters" if plan.shared else "adapters-served")),
+        "dtype": str(copy.dtype).removeprefix("torch."),  # vLLM computes in the trainer's dtype
         **options,
     }
     return eng.VLLMEngine(model, **served, **routes, **vllm_options), copy
