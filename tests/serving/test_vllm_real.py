@@ -260,14 +260,25 @@ def test_a_server_killed_mid_request_fails_its_requests_clearly(stack: Stack) ->
 
 
 # -- the trainer, with vLLM started by the engine ------------------------------------------------
-def _spread_agent(task: dict[str, Any], llm: agl.LLM) -> float:
-    reply = llm.openai_client().chat.completions.create(
-        model=llm.model,
-        max_tokens=4,
-        temperature=1.0,
-        messages=[{"role": "user", "content": task["q"]}],
-    )
-    return float(len(reply.choices[0].message.content or "") % 3)  # a reward spread within each group
+class SpreadAgent:
+    """Calls the policy once; the first rollout of each task gets reward 1, the next 0 (a spread within
+    every GRPO group of two, whatever the tiny replies say, so that every step updates)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, task: dict[str, Any], llm: agl.LLM) -> float:
+        reply = llm.openai_client().chat.completions.create(
+            model=llm.model,
+            max_tokens=4,
+            temperature=1.0,
+            messages=[{"role": "user", "content": task["q"]}],
+        )
+        assert reply.choices[0].message.content is not None
+        with self.lock:
+            n = self.seen[task["q"]] = self.seen.get(task["q"], 0) + 1
+        return float(n % 2)
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +302,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[agl.Trai
             loggers=[],
         )
         trainer.fit(
-            _spread_agent, [{"q": f"Say a word about {w}."} for w in ("cats", "rain", "maps", "tea")], steps=2
+            SpreadAgent(), [{"q": f"Say a word about {w}."} for w in ("cats", "rain", "maps", "tea")], steps=2
         )
         yield trainer, root
     finally:
@@ -312,7 +323,10 @@ def test_trainer_fit_on_vllm_started_by_the_engine_with_a_relative_output_dir(
     rows = [r for r in rows if "train/rollouts" in r]
     assert [r["step"] for r in rows] == [1, 2], rows
     assert all(r["train/failed_rollouts"] == 0 and r["train/rollouts"] == 4 for r in rows), rows
-    assert all(math.isfinite(r["train/loss"]) for r in rows), rows
+    # both steps updated the adapter (none skipped for want of a reward spread)
+    assert all(math.isfinite(r["train/loss"]) and not r.get("train/skipped_update") for r in rows), rows
+    # the trainer's recomputed logprobs against vLLM's (recorded by the update)
+    assert all(r["train/logprob_mismatch_max"] < MAX_ABS_DIFF for r in rows), rows
     assert engine.version == 2  # each step's update handed over
     assert all(os.path.isabs(p) and Path(p, "adapter_config.json").is_file() for p in engine._paths.values())
     versions = sorted(
@@ -337,7 +351,7 @@ def test_vllm_killed_mid_step_stops_the_trainer_with_a_clear_error(trained: tupl
             killed.set()
             os.killpg(engine.processes[0].pid, signal.SIGKILL)
             engine.processes[0].wait(30)
-        return _spread_agent(task, llm)
+        return SpreadAgent()(task, llm)
 
     t0 = time.monotonic()
     with pytest.raises(Exception) as info:
