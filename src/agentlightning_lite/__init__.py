@@ -31,6 +31,8 @@ _LAZY = {
     "LoRA": ".rl",
     "SFT": ".rl",
     "LitAgent": ".agent",
+    "CommandAgent": ".harness",
+    "harness": ".harness",
     "Trainer": ".rl",
     "PolicyServer": ".serving",
     "LLM": ".serving",
@@ -43,7 +45,9 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from . import models, remote
+    from . import harness
     from .agent import LitAgent
+    from .harness import CommandAgent
     from .apo import APO
     from .remote import RayRunners, RemoteRunners
     from .rl import GRPO, PPO, SFT, LoRA, Trainer
@@ -56,13 +60,14 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = importlib.import_module(_LAZY[name], __name__)
-    value = module if name in ("models", "remote") else getattr(module, name)
+    value = module if name in ("models", "remote", "harness") else getattr(module, name)
     globals()[name] = value
     return value
 
 
 __all__ = [
     "APO",
+    "CommandAgent",
     "GRPO",
     "LLM",
     "PPO",
@@ -87,6 +92,7 @@ __all__ = [
     "emit_signal",
     "engines",
     "export_sft",
+    "harness",
     "load_prompts",
     "models",
     "otel",

@@ -1,0 +1,243 @@
+"""Recipes: :class:`~.command.CommandAgent` set up for Claude Code, Codex and opencode.
+
+Each writes the config its harness reads into the rollout's own HOME, points it at the rollout's
+endpoint, turns telemetry and update checks off, and names the harness's side ("small") model
+``<model>@side`` so that its calls are recorded but not trained on. What each harness sends was
+observed against a recording server (Claude Code 2.1.197, Codex 0.171.0, opencode 1.18.33).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .command import CommandAgent, HarnessRun
+
+__all__ = ["claude_code", "codex", "opencode"]
+
+#: Switches that keep a harness from calling anything but its model endpoint.
+OFFLINE_ENV = {
+    # Claude Code
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    # opencode
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+    "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+}
+
+
+def _chain(*steps: Callable[[HarnessRun], None] | None) -> Callable[[HarnessRun], None]:
+    def setup(run: HarnessRun) -> None:
+        for step in steps:
+            if step is not None:
+                step(run)
+
+    return setup
+
+
+def opencode(
+    *,
+    executable: str = "opencode",
+    context: int = 8192,
+    max_output: int = 1024,
+    title: str | None = "task",
+    system_prompt: str | None = None,
+    extra_args: Sequence[str] = (),
+    setup: Callable[[HarnessRun], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> CommandAgent:
+    """opencode (``opencode-ai`` on npm): ``opencode run -m agl/<model> --auto``, the task on stdin.
+
+    Writes ``$XDG_CONFIG_HOME/opencode/opencode.json`` with a provider ``agl``
+    (``@ai-sdk/openai-compatible``, bundled with opencode) at the rollout's ``/v1``, the model with
+    ``limit.context``/``limit.output`` (opencode asks ``max_tokens`` = ``limit.output``; its default,
+    32000, leaves no room in a small context), ``small_model`` = the side model. ``title``: passed as
+    ``--title`` (no title call is made); ``None`` lets opencode make its title call with the side
+    model (recorded, not trained). ``system_prompt``: replaces the build agent's prompt (opencode's
+    own is about 2 k tokens, its tools about 5 k more). ``options``: more :class:`CommandAgent` arguments.
+
+    >>> agent = opencode(network="host")
+    >>> agent.command[:3], agent.task_via
+    (['opencode', 'run', '--auto'], 'stdin')
+    """
+
+    def write_config(run: HarnessRun) -> None:
+        name = run.model
+        config: dict[str, Any] = {
+            "$schema": "https://opencode.ai/config.json",
+            "autoupdate": False,
+            "share": "disabled",
+            "model": f"agl/{name}",
+            "small_model": f"agl/{run.side_model}",
+            "provider": {
+                "agl": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "agl",
+                    "options": {"baseURL": run.base_url, "apiKey": run.api_key},
+                    "models": {
+                        m: {"name": m, "limit": {"context": context, "output": max_output}}
+                        for m in (name, run.side_model)
+                    },
+                }
+            },
+        }
+        if system_prompt is not None:
+            config["agent"] = {"build": {"prompt": system_prompt}}
+        path = run.home / ".config" / "opencode" / "opencode.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(config, indent=2))
+        run.args += ["-m", f"agl/{name}"]
+        if title is not None:
+            run.args += ["--title", title]
+        run.args += list(extra_args)
+
+    return CommandAgent(
+        [executable, "run", "--auto"],
+        task_via="stdin",
+        setup=_chain(write_config, setup),
+        env={**OFFLINE_ENV, **(env or {})},
+        **options,
+    )
+
+
+def codex(
+    *,
+    executable: str = "codex",
+    context: int | None = None,
+    extra_args: Sequence[str] = (),
+    config: str = "",
+    setup: Callable[[HarnessRun], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> CommandAgent:
+    """Codex CLI (``@openai/codex`` on npm): ``codex exec`` with the task as its argument.
+
+    Writes ``$CODEX_HOME/config.toml`` (``CODEX_HOME`` under the rollout's HOME) with a provider
+    ``agl`` at the rollout's ``/v1`` (``wire_api = "responses"``: Codex speaks only the Responses
+    API, so the server must serve ``/v1/responses``), its key in ``AGL_API_KEY``, analytics,
+    feedback, OpenTelemetry and the update check off, and retries at 0 (a refused call fails the
+    run at once). ``context``: written as ``model_context_window``. ``config``: more TOML appended.
+    Codex makes no side calls. Its prompt is about 10 k tokens (instructions and tools).
+
+    >>> codex(network="host").command[:2]
+    ['codex', 'exec']
+    """
+
+    def write_config(run: HarnessRun) -> None:
+        codex_home = run.home / ".codex"
+        codex_home.mkdir(parents=True, exist_ok=True)
+        lines = [
+            f"model = {json.dumps(run.model)}",
+            'model_provider = "agl"',
+            'approval_policy = "never"',
+            "check_for_update_on_startup = false",
+        ]
+        if context is not None:
+            lines.append(f"model_context_window = {int(context)}")
+        lines += [
+            "[analytics]",
+            "enabled = false",
+            "[feedback]",
+            "enabled = false",
+            "[otel]",
+            'exporter = "none"',
+            "[model_providers.agl]",
+            'name = "agl"',
+            f"base_url = {json.dumps(run.base_url)}",
+            'wire_api = "responses"',
+            'env_key = "AGL_API_KEY"',
+            "request_max_retries = 0",
+            "stream_max_retries = 0",
+        ]
+        (codex_home / "config.toml").write_text("\n".join(lines) + "\n" + config)
+        run.env["CODEX_HOME"] = str(codex_home)
+        run.args += list(extra_args)
+
+    return CommandAgent(
+        [
+            executable,
+            "exec",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "--color",
+            "never",
+            "-C",
+            "{workdir}",
+            "--dangerously-bypass-approvals-and-sandbox",
+        ],
+        task_via="arg",
+        setup=_chain(write_config, setup),
+        env={**OFFLINE_ENV, **(env or {})},
+        **options,
+    )
+
+
+def claude_code(
+    *,
+    executable: str = "claude",
+    bare: bool = True,
+    max_output: int = 1024,
+    max_retries: int = 0,
+    extra_args: Sequence[str] = (),
+    setup: Callable[[HarnessRun], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> CommandAgent:
+    """Claude Code (``@anthropic-ai/claude-code`` on npm): ``claude -p TASK`` against the rollout.
+
+    Sets ``ANTHROPIC_BASE_URL`` (the rollout's URL without ``/v1``; it calls ``/v1/messages``, so the
+    server must serve the Messages API), the key as ``ANTHROPIC_AUTH_TOKEN`` (sent as a bearer
+    token), the model for every tier, the side model for ``ANTHROPIC_SMALL_FAST_MODEL``, thinking,
+    prompt caching, the attribution header and experimental betas off, ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``
+    = ``max_output`` and ``CLAUDE_CODE_MAX_RETRIES`` = ``max_retries``; as root it adds
+    ``IS_SANDBOX=1`` (needed with ``--dangerously-skip-permissions``: the run is sandboxed).
+    ``bare=True`` passes ``--bare`` (3 tools and a short system prompt: about 1 k tokens instead of
+    about 19 k), which a small context needs.
+
+    >>> claude_code(network="host").command[:2]
+    ['claude', '-p']
+    """
+
+    def configure(run: HarnessRun) -> None:
+        model, side = run.model, run.side_model
+        run.env.update(
+            {
+                "ANTHROPIC_MODEL": model,
+                "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+                "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL": side,
+                "ANTHROPIC_SMALL_FAST_MODEL": side,
+                "CLAUDE_CODE_SUBAGENT_MODEL": model,
+                "CLAUDE_CODE_DISABLE_THINKING": "1",
+                "DISABLE_PROMPT_CACHING": "1",
+                "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
+                "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+                "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output),
+                "CLAUDE_CODE_MAX_RETRIES": str(max_retries),
+            }
+        )
+        run.env.pop("ANTHROPIC_API_KEY", None)
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            run.env.setdefault("IS_SANDBOX", "1")
+        run.args += ["--model", model, "--dangerously-skip-permissions"]
+        if bare:
+            run.args.append("--bare")
+        run.args += list(extra_args)
+
+    return CommandAgent(
+        [executable, "-p", "{task}"],
+        task_via="arg",
+        setup=_chain(configure, setup),
+        env={**OFFLINE_ENV, **(env or {})},
+        **options,
+    )
