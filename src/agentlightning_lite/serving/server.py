@@ -1,8 +1,10 @@
 """The PolicyServer: an OpenAI-compatible HTTP server that records every call as an ``llm`` span.
 
-Routes (each also under ``/rollout/<rollout_id>`` and ``/rollout/<rollout_id>/agent/<agent>``):
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``; plus ``GET /health``,
-``GET /version`` and vLLM's runtime LoRA routes ``POST /v1/load_lora_adapter`` and
+Routes (each also under ``/rollout/<rollout_id>``, ``/rollout/<rollout_id>/agent/<agent>`` and the
+lease forms ``/rollout/<rollout_id>/lease/<token>[/agent/<agent>]``):
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (OpenAI Responses),
+``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic Messages), ``GET /v1/models``;
+plus ``GET /health``, ``GET /version`` and vLLM's runtime LoRA routes ``POST /v1/load_lora_adapter`` and
 ``/v1/unload_lora_adapter``.
 The handlers live in :mod:`.routes` (one module per route family); this module holds the server's
 life cycle and the app.
@@ -32,7 +34,7 @@ from ._threaded import ThreadedUvicorn
 from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
-from .routes import chat, completions, lora, meta
+from .routes import chat, completions, lora, messages, meta, responses
 from .routes.calls import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
 
 __all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer"]
@@ -60,6 +62,26 @@ class _RecentSet:
         with self._lock:
             self._items[item] = None
             self._items.move_to_end(item)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+class _RecentDict:
+    """The last ``size`` entries set (a mapping whose memory stays bounded over a long run)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            return self._items.get(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
@@ -134,6 +156,7 @@ class PolicyServer(ThreadedUvicorn):
         log_level: str = "warning",
         max_body_bytes: int = 32 * 2**20,
         loop: str = "auto",
+        clamp_max_tokens: bool | None = None,
     ) -> None:
         super().__init__(host, port, log_level)
         self.engine = engine
@@ -149,6 +172,9 @@ class PolicyServer(ThreadedUvicorn):
         if loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
         self.loop = loop
+        self.clamp_max_tokens = clamp_max_tokens
+        #: Responses API: the conversations of responses kept for ``previous_response_id`` (the last 1,000)
+        self.responses: _RecentDict = _RecentDict(1000)
         self._known_rollouts = _RecentSet(10_000)  # rollouts seen in the store (looked up again later)
         self._inflight_lock = threading.Lock()
         self._inflight: dict[str, set[concurrent.futures.Future[Any]]] = {}  # rollout id -> engine futures
@@ -210,6 +236,15 @@ class PolicyServer(ThreadedUvicorn):
             rollout_id=rollout_id,
             agent=agent,
         )
+
+    def clamps(self, api: str) -> bool:
+        """Whether a ``max_tokens`` larger than the context leaves is cut to fit (else a 400) on the
+        route of ``api``: ``clamp_max_tokens=None`` (the default) clamps on the Responses and Messages
+        routes (what harnesses speak) and keeps OpenAI's 400 on chat and text completions;
+        ``True``/``False`` clamps on every route / on none."""
+        if self.clamp_max_tokens is None:
+            return api in ("responses", "messages")
+        return self.clamp_max_tokens
 
     def lora_adapter_of(self, body: dict[str, Any]) -> str | None:
         """The adapter a request's ``model`` names (one loaded over HTTP), else ``None``."""
@@ -276,6 +311,13 @@ class PolicyServer(ThreadedUvicorn):
                     prefix + "/v1/chat/completions", self._handler(chat.chat_completions), methods=["POST"]
                 ),
                 Route(prefix + "/v1/completions", self._handler(completions.completions), methods=["POST"]),
+                Route(prefix + "/v1/responses", self._handler(responses.responses), methods=["POST"]),
+                Route(prefix + "/v1/messages", self._handler(messages.messages), methods=["POST"]),
+                Route(
+                    prefix + "/v1/messages/count_tokens",
+                    self._handler(messages.count_tokens),
+                    methods=["POST"],
+                ),
                 Route(prefix + "/v1/models", self._handler(meta.models), methods=["GET"]),
             ]
         routes.append(Route("/health", self._handler(meta.health), methods=["GET"]))

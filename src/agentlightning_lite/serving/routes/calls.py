@@ -47,15 +47,20 @@ class Call:
 
 
 def check_auth(server: PolicyServer, request: Request) -> None:
-    """Raise a 401 unless the request carries the server's API key (when it has one)."""
+    """Raise a 401 unless the request carries the server's API key (when it has one), as
+    ``Authorization: Bearer <key>`` (OpenAI) or ``x-api-key: <key>`` (Anthropic)."""
     if server.api_key is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), server.api_key.encode()):
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        token = ""
+    key = request.headers.get("x-api-key", "")
+    expected = server.api_key.encode()
+    if not any(hmac.compare_digest(t.strip().encode(), expected) for t in (token, key) if t.strip()):
         raise APIError(
             401,
-            "Incorrect API key provided. Pass the server's key as 'Authorization: Bearer <key>'.",
+            "Incorrect API key provided. Pass the server's key as 'Authorization: Bearer <key>' "
+            "(or 'x-api-key: <key>').",
             type="invalid_request_error",
             code="invalid_api_key",
         )
@@ -182,8 +187,12 @@ def _printable(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def budget(server: PolicyServer, prompt_len: int, p: Params, param: str) -> int:
-    """The number of new tokens a request may generate; 400 when the prompt leaves no room."""
+def budget(server: PolicyServer, prompt_len: int, p: Params, param: str, clamp: bool = False) -> int:
+    """The number of new tokens a request may generate; 400 when the prompt leaves no room.
+
+    A ``max_tokens`` past the room the context leaves is a 400 too, unless ``clamp``: then it is cut
+    to that room (a harness that always asks for 32000 tokens still gets an answer).
+    """
     limit = server.engine.max_context
     room = limit - prompt_len
     if room <= 0:
@@ -194,6 +203,8 @@ def budget(server: PolicyServer, prompt_len: int, p: Params, param: str) -> int:
             code="context_length_exceeded",
         )
     if p.max_tokens is not None and p.max_tokens > room:
+        if clamp:
+            return room
         raise bad_request(
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_len + p.max_tokens} tokens ({prompt_len} in the {param}, {p.max_tokens} in the "
