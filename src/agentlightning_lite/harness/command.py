@@ -201,7 +201,7 @@ class CommandAgent(LitAgent):
             run = self._prepare(task, llm, run_dir)
             if self.network == "isolated":
                 host, port = _host_port(llm.base_url)
-                bridge = sandbox.Bridge(run_dir / "bridge.sock", host, port)
+                bridge = sandbox.Bridge(sandbox.socket_path(), host, port)
             result = self._launch(run, bridge)
             if bridge is not None:
                 bridge.close()

@@ -35,6 +35,10 @@ OFFLINE_ENV = {
 }
 
 
+#: opencode 1.18's own tools (``tools=`` keeps some: the others are switched off in its config)
+OPENCODE_TOOLS = ("bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch", "write")
+
+
 def _chain(*steps: Callable[[HarnessRun], None] | None) -> Callable[[HarnessRun], None]:
     def setup(run: HarnessRun) -> None:
         for step in steps:
@@ -51,6 +55,7 @@ def opencode(
     max_output: int = 1024,
     title: str | None = "task",
     system_prompt: str | None = None,
+    tools: Sequence[str] | None = None,
     extra_args: Sequence[str] = (),
     setup: Callable[[HarnessRun], None] | None = None,
     env: Mapping[str, str] | None = None,
@@ -93,6 +98,8 @@ def opencode(
         }
         if system_prompt is not None:
             config["agent"] = {"build": {"prompt": system_prompt}}
+        if tools is not None:
+            config["tools"] = {t: t in tools for t in OPENCODE_TOOLS}
         path = run.home / ".config" / "opencode" / "opencode.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(config, indent=2))

@@ -19,11 +19,12 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["Bridge", "isolated_command", "isolation_available", "loopback_only", "main"]
+__all__ = ["Bridge", "isolated_command", "isolation_available", "loopback_only", "main", "socket_path"]
 
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
@@ -48,6 +49,15 @@ def isolation_available() -> str | None:
         err = probe.stderr.decode(errors="replace").strip()
         return f"unshare --net --pid cannot create namespaces here (root or user namespaces needed): {err}"
     return None
+
+
+def socket_path() -> str:
+    """A fresh path for a :class:`Bridge` socket, short enough for ``AF_UNIX`` (108 bytes); the
+    bridge removes its folder when closed."""
+    base = tempfile.gettempdir()
+    if len(base) > 60:
+        base = "/tmp"
+    return os.path.join(tempfile.mkdtemp(prefix="agl-", dir=base), "s")
 
 
 def isolated_command(command: Sequence[str], socket_path: str | Path, port: int) -> list[str]:
@@ -164,6 +174,10 @@ class Bridge:
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+        folder = os.path.dirname(self.path)
+        if os.path.basename(folder).startswith("agl-"):  # made by socket_path()
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
     def __enter__(self) -> Bridge:
         return self
