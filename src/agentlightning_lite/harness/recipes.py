@@ -117,12 +117,28 @@ def opencode(
     )
 
 
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+#: Codex switches that shorten its request for a small context: no sub-agent, goal, app or memory
+#: tools (its prompt is then about 6 k tokens with the default instructions)
+CODEX_SMALL = {"multi_agent": False, "goals": False, "apps": False, "memories": False}
+
+
 def codex(
     *,
     executable: str = "codex",
     context: int | None = None,
-    extra_args: Sequence[str] = (),
+    instructions: str | None = None,
+    features: Mapping[str, bool] | None = CODEX_SMALL,
+    settings: Mapping[str, Any] | None = None,
     config: str = "",
+    extra_args: Sequence[str] = (),
     setup: Callable[[HarnessRun], None] | None = None,
     env: Mapping[str, str] | None = None,
     **options: Any,
@@ -131,10 +147,15 @@ def codex(
 
     Writes ``$CODEX_HOME/config.toml`` (``CODEX_HOME`` under the rollout's HOME) with a provider
     ``agl`` at the rollout's ``/v1`` (``wire_api = "responses"``: Codex speaks only the Responses
-    API, so the server must serve ``/v1/responses``), its key in ``AGL_API_KEY``, analytics,
-    feedback, OpenTelemetry and the update check off, and retries at 0 (a refused call fails the
-    run at once). ``context``: written as ``model_context_window``. ``config``: more TOML appended.
-    Codex makes no side calls. Its prompt is about 10 k tokens (instructions and tools).
+    API, which the PolicyServer serves), its key in ``AGL_API_KEY``, analytics, feedback,
+    OpenTelemetry, web search and the update check off, and retries at 0 (a refused call fails the
+    run at once). Codex makes no side calls.
+
+    Size: Codex's own request is about 10 k tokens; ``features`` (default :data:`CODEX_SMALL`) drops
+    the sub-agent, goal, app and memory tools, and ``instructions`` replaces its base instructions
+    (written to a file named by ``model_instructions_file``). ``context``: ``model_context_window``
+    (Codex refuses to send a request it counts as larger). ``settings``: more top-level keys;
+    ``config``: more TOML appended (tables).
 
     >>> codex(network="host").command[:2]
     ['codex', 'exec']
@@ -143,21 +164,25 @@ def codex(
     def write_config(run: HarnessRun) -> None:
         codex_home = run.home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
-        lines = [
-            f"model = {json.dumps(run.model)}",
-            'model_provider = "agl"',
-            'approval_policy = "never"',
-            "check_for_update_on_startup = false",
-        ]
+        top: dict[str, Any] = {
+            "model": run.model,
+            "model_provider": "agl",
+            "approval_policy": "never",
+            "check_for_update_on_startup": False,
+            "web_search": "disabled",
+        }
         if context is not None:
-            lines.append(f"model_context_window = {int(context)}")
+            top["model_context_window"] = int(context)
+        if instructions is not None:
+            path = codex_home / "instructions.md"
+            path.write_text(instructions)
+            top["model_instructions_file"] = str(path)
+        top.update(settings or {})
+        lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
+        lines += ["[analytics]", "enabled = false", "[feedback]", "enabled = false", "[otel]", 'exporter = "none"']
+        if features:
+            lines += ["[features]"] + [f"{k} = {_toml(v)}" for k, v in features.items()]
         lines += [
-            "[analytics]",
-            "enabled = false",
-            "[feedback]",
-            "enabled = false",
-            "[otel]",
-            'exporter = "none"',
             "[model_providers.agl]",
             'name = "agl"',
             f"base_url = {json.dumps(run.base_url)}",
