@@ -125,7 +125,26 @@ def triage_script(messages: list[dict[str, Any]]) -> Any:
     return math_script(messages)
 
 
-def test_default_responses_model_multi_agent_zero_code(store, serve, monkeypatch):
+@pytest.fixture
+def sdk_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Point the SDK's default client at a server through its own environment variables only.
+
+    The SDK keeps one httpx client for its default provider for the whole process; its pooled
+    connections belong to the event loop of the run that opened them, and each test runs its own
+    ``asyncio.run``, so the shared client is dropped before and after (one program, one loop, never
+    needs this)."""
+    from agents.models import openai_provider
+
+    def point(llm: agl.LLM) -> None:
+        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", llm.api_key)
+
+    monkeypatch.setattr(openai_provider, "_http_client", None)
+    yield point
+    openai_provider._http_client = None
+
+
+def test_default_responses_model_multi_agent_zero_code(store, serve, sdk_environment):
     """The SDK as it comes: its default model is the Responses API (``OpenAIResponsesModel``); the
     agent code is unchanged, only the SDK's own environment variables point it at the server."""
     tracer = agl.Tracer(store)
@@ -134,8 +153,7 @@ def test_default_responses_model_multi_agent_zero_code(store, serve, monkeypatch
     try:
         with tracer.rollout("2+3?") as ro:
             llm = server.llm(ro.id)
-            monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
-            monkeypatch.setenv("OPENAI_API_KEY", llm.api_key)
+            sdk_environment(llm)
             math = Agent(name="math", instructions="You do math.", tools=[add, explode], model=llm.model)
             triage = Agent(name="triage", instructions="You are triage.", handoffs=[math], model=llm.model)
             result = asyncio.run(Runner.run(triage, "2+3?"))
@@ -165,7 +183,7 @@ def test_default_responses_model_multi_agent_zero_code(store, serve, monkeypatch
     assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:explode", -0.5)]
 
 
-def test_default_responses_model_streamed_run(store, serve, monkeypatch):
+def test_default_responses_model_streamed_run(store, serve, sdk_environment):
     """Runner.run_streamed on the default Responses model: the SDK reads the server's Responses
     events (it fails without ``response.completed``) and its spans join the server's."""
 
@@ -179,8 +197,7 @@ def test_default_responses_model_streamed_run(store, serve, monkeypatch):
     set_trace_processors([LightningProcessor()])
     with tracer.rollout("2+3?") as ro:
         llm = server.llm(ro.id)
-        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", llm.api_key)
+        sdk_environment(llm)
         math = Agent(name="math", instructions="You do math.", tools=[add, explode], model=llm.model)
         triage = Agent(name="triage", instructions="You are triage.", handoffs=[math], model=llm.model)
         final, kinds = asyncio.run(run_streamed(triage, "2+3?"))

@@ -347,3 +347,39 @@ def test_real_smollm2_over_messages_and_responses(hf_engine: Any):
     assert [t.response_token_ids for t in ts] == [a.response_token_ids, b.response_token_ids]
     assert all(len(t.response_logprobs) == len(t.response_token_ids) for t in ts)
     json.dumps([t.model_dump() for t in ts])
+
+
+def test_every_event_and_message_validates_against_the_sdk_types(serve: Any, store: Any, smol_tokenizer: Any):
+    from anthropic.types import Message, RawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    server = serve(engine_of(["one two three", READ_CALL], smol_tokenizer), store)
+    events = TypeAdapter(RawMessageStreamEvent)
+    seen = set()
+    for stream in (True, False, True, False):
+        body = {
+            "model": "smollm2-135m",
+            "max_tokens": 64,
+            "stream": stream,
+            "tools": [READ],
+            "messages": [{"role": "user", "content": "go"}],
+        }
+        r = httpx.post(f"{server.url}/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        if not stream:
+            Message.model_validate(r.json())
+            continue
+        for block in r.text.strip().split("\n\n"):
+            name, data = block.split("\n", 1)
+            event = json.loads(data.removeprefix("data: "))
+            assert name == f"event: {event['type']}"
+            events.validate_python(event)
+            seen.add(event["type"])
+    assert seen == {
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    }

@@ -312,3 +312,39 @@ def test_malformed_input_gets_a_400_in_openai_shape(serve: Any, store: Any, smol
         assert r.status_code == 400, (body, r.text)
         assert needle in r.json()["error"]["message"] and r.json()["error"]["type"] == "invalid_request_error"
     assert http.post("/v1/responses", json={"model": "smollm2-135m", "input": "x"}).status_code == 200
+
+
+def test_every_event_and_response_validates_against_the_sdk_types(
+    serve: Any, store: Any, smol_tokenizer: Any
+):
+    """The raw SSE events and bodies, validated strictly by the openai SDK's pydantic types (a client
+    that validates, as the Agents SDK's, would otherwise get plain dicts back)."""
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    patch = {"tool_calls": [{"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}]}
+    server = serve(engine_of(["one two three four", CALL, patch], smol_tokenizer), store)
+    events = TypeAdapter(ResponseStreamEvent)
+    tools = [LS, {"type": "custom", "name": "apply_patch"}]
+    seen = set()
+    for extra in ({"max_output_tokens": 2}, {}, {}):
+        for stream in (True, False):
+            body = {"model": "smollm2-135m", "input": "x", "stream": stream, "tools": tools, **extra}
+            r = httpx.post(f"{server.url}/v1/responses", json=body)
+            assert r.status_code == 200, r.text
+            if not stream:
+                Response.model_validate(r.json())
+                continue
+            for block in r.text.strip().split("\n\n"):
+                name, data = block.split("\n", 1)
+                event = json.loads(data.removeprefix("data: "))
+                assert name == f"event: {event['type']}"
+                events.validate_python(event)
+                seen.add(event["type"])
+    assert {
+        "response.incomplete",
+        "response.completed",
+        "response.function_call_arguments.done",
+        "response.custom_tool_call_input.done",
+        "response.output_text.delta",
+    } <= seen

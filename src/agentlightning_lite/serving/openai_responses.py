@@ -345,7 +345,7 @@ def usage_of(total: dict[str, int]) -> dict[str, Any]:
     """Chat ``usage`` in the Responses shape."""
     return {
         "input_tokens": total["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": total["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": total["total_tokens"],
