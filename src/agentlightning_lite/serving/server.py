@@ -122,6 +122,17 @@ class PolicyServer(ThreadedUvicorn):
     (``stream=true``) sends OpenAI chunks once the engine has produced the whole reply, then
     ``data: [DONE]``.
 
+    Other API dialects, one capture point: ``/v1/responses`` (OpenAI Responses, e.g. Codex or the
+    Agents SDK's default model) and ``/v1/messages`` (Anthropic Messages, e.g. Claude Code or
+    ``llm.anthropic_client()``; errors in Anthropic's shape) convert the request to chat messages and
+    tools and serve it through the same engine path, one ``llm`` span per call (``attributes["api"]``
+    names the dialect), then answer in the dialect's shape and SSE events (see
+    :mod:`.openai_responses`, :mod:`.anthropic_messages`). The API key is taken as
+    ``Authorization: Bearer`` or ``x-api-key``. ``clamp_max_tokens``: ``None`` (default) cuts a
+    ``max_tokens`` larger than the context leaves to the room left on those two routes (harnesses ask
+    for 32000 and exit on a 400; ``params.max_tokens_requested`` records the ask) and keeps OpenAI's
+    400 on chat and text completions; ``True`` cuts on every route, ``False`` on none.
+
     >>> import agentlightning_lite as agl
     >>> from agentlightning_lite.serving import PolicyServer, engines
     >>> store = agl.MemoryStore()
