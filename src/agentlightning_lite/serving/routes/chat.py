@@ -249,7 +249,7 @@ def merge_system_messages(messages: list[Any]) -> list[Any]:
 
     >>> merge_system_messages([{"role": "system", "content": "A"}, {"role": "user", "content": "q"},
     ...                        {"role": "system", "content": "B"}])
-    [{'role': 'system', 'content': 'A\n\nB'}, {'role': 'user', 'content': 'q'}]
+    [{'role': 'system', 'content': 'A\\n\\nB'}, {'role': 'user', 'content': 'q'}]
     """
     system = [m for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
     rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
