@@ -383,3 +383,63 @@ def test_every_event_and_message_validates_against_the_sdk_types(serve: Any, sto
         "message_delta",
         "message_stop",
     }
+
+
+def test_claude_code_request_shape_is_served(serve: Any, store: Any, smol_tokenizer: Any):
+    """The body and headers Claude Code 2.1 sends (docs: harnesses notes), raw over HTTP: every key it
+    sends is accepted, the SSE stream has what it reads, and a failing engine is a 500 in Anthropic's
+    shape (Claude Code retries a 500 and exits on a 400)."""
+    server = serve(engine_of([READ_CALL, RuntimeError("engine down")], smol_tokenizer), store, api_key="K")
+    body = {
+        "model": "smollm2-135m",
+        "system": [
+            {
+                "type": "text",
+                "text": "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;",
+            },
+            {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>date</system-reminder>"},
+                    {"type": "text", "text": "Read hello.txt", "cache_control": {"type": "ephemeral"}},
+                ],
+            },
+            {"role": "system", "content": "Agent types: general-purpose."},
+        ],
+        "tools": [READ],
+        "metadata": {"user_id": json.dumps({"session_id": "s1"})},
+        "max_tokens": 32000,
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "stream": True,
+    }
+    headers = {
+        **CLAUDE_HEADERS,
+        "x-api-key": "K",
+        "X-Claude-Code-Session-Id": "s1",
+        "anthropic-dangerous-direct-browser-access": "true",
+        "accept": "application/json",
+    }
+    r = httpx.post(f"{server.url}/v1/messages?beta=true", json=body, headers=headers)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = [json.loads(b.split("data: ", 1)[1]) for b in r.text.strip().split("\n\n")]
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[1]["content_block"]["type"] == "tool_use" and events[1]["content_block"]["name"] == "Read"
+    assert json.loads(events[2]["delta"]["partial_json"]) == {"file_path": "hello.txt"}
+    assert events[4]["delta"]["stop_reason"] == "tool_use"
+    failed = httpx.post(f"{server.url}/v1/messages?beta=true", json=body, headers=headers)
+    assert failed.status_code == 500
+    assert failed.json()["type"] == "error" and failed.json()["error"]["type"] == "api_error"
+    ok, bad = llm_spans(store)
+    assert ok.status == "ok" and bad.status == "error" and "engine down" in bad.error

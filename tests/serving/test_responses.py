@@ -348,3 +348,62 @@ def test_every_event_and_response_validates_against_the_sdk_types(
         "response.custom_tool_call_input.done",
         "response.output_text.delta",
     } <= seen
+
+
+def test_codex_request_shape_is_served(serve: Any, store: Any, smol_tokenizer: Any):
+    """The body and headers Codex 0.171 sends (docs: harnesses notes), raw over HTTP: every key is
+    accepted and the stream ends with ``response.completed`` (Codex reconnects without it)."""
+    server = serve(engine_of(["Done."], smol_tokenizer), store, api_key="K")
+    body = {
+        "model": "smollm2-135m",
+        "stream": True,
+        "input": [
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "You are Codex."}],
+            },
+            {
+                "type": "message",
+                "id": "msg_2",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "Skills."}],
+            },
+            {
+                "type": "message",
+                "id": "msg_3",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "<environment_context>cwd</environment_context>"}],
+            },
+            {
+                "type": "message",
+                "id": "msg_4",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hi"}],
+            },
+        ],
+        "tools": [LS, {"type": "web_search", "external_web_access": True}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"},
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "s1",
+        "client_metadata": {"session_id": "s1", "thread_id": "t1", "turn_id": "u1"},
+        "text": {"verbosity": "low"},
+    }
+    headers = {
+        "authorization": "Bearer K",
+        "accept": "text/event-stream",
+        "originator": "codex_exec",
+        "session-id": "s1",
+        "x-codex-beta-features": "remote_compaction_v2",
+    }
+    r = httpx.post(f"{server.url}/v1/responses", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    kinds = [line.removeprefix("event: ") for line in r.text.splitlines() if line.startswith("event: ")]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    (span,) = llm_spans(store, store.rollouts()[0].rollout_id)
+    assert span.output == {"role": "assistant", "content": "Done."}
+    assert span.attributes["dropped_tools"] == ["web_search"]
