@@ -132,6 +132,8 @@ def test_each_extra_brings_what_its_documented_example_imports() -> None:
     assert {"ray", "httpx", "openai", "starlette"} <= extras["ray"]
     # docs/adapters.md joins the frameworks' calls with a PolicyServer
     assert {"openai", "starlette", "uvicorn"} <= extras["adapters"]
+    # tests/serving/test_messages.py and tests/rl/test_dialects_train.py: llm.anthropic_client()
+    assert {"anthropic", "openai"} <= extras["dev"]
     assert "uvloop" not in set().union(*extras.values())  # plain asyncio unless a framework brings it
     assert project["license"] == "MIT"  # an SPDX expression, not the deprecated table
 
