@@ -15,11 +15,11 @@ span or resource attribute ``agentlightning.lease`` instead): without it they ge
 (``invalid_lease``) and change nothing. A reward for a rollout whose outcome is counted gets a
 409 (``outcome_counted``); spans for a claimed rollout that ended are dropped (``dropped``).
 
-LLM calls to a claimed rollout (``/v1/chat/completions``, ``/v1/completions``) need the token as
-well, or they get the same 403 and record nothing: the claim's ``llm_path`` carries it
-(``/rollout/<id>/lease/<token>/v1``), since an agent's own OpenAI client sends only its base URL
-and API key; ``X-AGL-Lease`` works too. Rollouts the queue did not hand out (in-process, trace)
-keep the plain ``/rollout/<id>/v1``.
+LLM calls to a claimed rollout (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``,
+``/v1/messages``) need the token as well, or they get the same 403 and record nothing: the claim's
+``llm_path`` carries it (``/rollout/<id>/lease/<token>/v1``), since an agent's own OpenAI client
+sends only its base URL and API key; ``X-AGL-Lease`` works too. Rollouts the queue did not hand out
+(in-process, trace) keep the plain ``/rollout/<id>/v1``.
 
 Errors the caller caused (the package's :class:`~agentlightning_lite.errors.AGLError` family)
 get their 4xx here; any other exception is a bug in the server: a 500 with a generic message.
