@@ -296,6 +296,15 @@ def test_chat_completions_clamp_is_an_option(serve: Any, store: Any, smol_tokeni
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     span = llm_spans(store)[-1]
     assert span.attributes["params"]["max_tokens_requested"] == 32000
+    r = httpx.post(
+        f"{clamping.base_url}/completions",
+        json={"model": "smollm2-135m", "prompt": "hi", "max_tokens": 32000},
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
+    r = httpx.post(
+        f"{strict.base_url}/completions", json={"model": "smollm2-135m", "prompt": "hi", "max_tokens": 32000}
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     never = serve(engine_of(["ok"], smol_tokenizer), store, clamp_max_tokens=False)
     r = httpx.post(f"{never.url}/v1/messages", json=body)
     assert r.status_code == 400 and r.json()["type"] == "error"
