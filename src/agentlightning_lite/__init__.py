@@ -44,11 +44,10 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import models, remote
-    from . import harness
+    from . import harness, models, remote
     from .agent import LitAgent
-    from .harness import CommandAgent
     from .apo import APO
+    from .harness import CommandAgent
     from .remote import RayRunners, RemoteRunners
     from .rl import GRPO, PPO, SFT, LoRA, Trainer
     from .serving import LLM, PolicyServer, engines

@@ -55,6 +55,8 @@ ADDED = {
     "APO": "prompt optimisation (GEPA) from the same traced rollouts, an algorithm beside GRPO and PPO",
     "prompt": "the prompt text an agent reads: the candidate under APO, fixed under RL",
     "load_prompts": "the prompts an APO run wrote, for a later run or an agent",
+    "CommandAgent": "any program launched per rollout as the agent (a harness CLI or a script)",
+    "harness": "CommandAgent and its recipes for Claude Code, Codex and opencode",
 }
 
 

@@ -22,7 +22,8 @@ def needs_isolation() -> None:
 
 
 def cli(name: str) -> str:
-    """The path of harness CLI ``name`` (``$AGL_HARNESS_BIN``, the install folder, then PATH); skips without."""
+    """The path of harness CLI ``name``: in ``$AGL_HARNESS_BIN``, the install folder, else on PATH
+    (the test skips without it)."""
     for folder in (os.environ.get("AGL_HARNESS_BIN"), str(CLI_DIR / "node_modules" / ".bin")):
         if folder and (Path(folder) / name).exists():
             return str(Path(folder) / name)

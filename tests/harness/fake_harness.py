@@ -21,7 +21,10 @@ def chat(model: str, text: str) -> str:
     req = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
         data=json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+        headers={
+            "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+            "Content-Type": "application/json",
+        },
     )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.load(resp)["choices"][0]["message"]["content"]

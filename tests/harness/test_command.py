@@ -69,7 +69,7 @@ def test_the_task_reaches_the_program_by_argument_stdin_or_file(
 ) -> None:
     command = [sys.executable, FAKE, "env"] + (["{task}"] if via == "arg" else [])
     agent = agl.CommandAgent(command, task_via=via, network="host", timeout=60)  # type: ignore[arg-type]
-    _, rid, spans = run(served, agent, task={"prompt": "fix the bug", "answer": 4})
+    _, _, spans = run(served, agent, task={"prompt": "fix the bug", "answer": 4})
     out = json.loads(harness_output(spans)["stdout"])
     assert out["task"] == "fix the bug"
     assert ("TASK.md" in out["files"]) == (via == "file")
@@ -93,7 +93,9 @@ def test_the_environment_holds_the_rollout_endpoint_and_none_of_the_callers_secr
     assert env["HOME"] != str(Path.home()) and env["HOME"].endswith("/home")
 
 
-def test_inside_the_sandbox_only_the_servers_port_is_reachable(served: tuple[PolicyServer, agl.Tracer]) -> None:
+def test_inside_the_sandbox_only_the_servers_port_is_reachable(
+    served: tuple[PolicyServer, agl.Tracer],
+) -> None:
     needs_isolation()
     other = socket.socket()
     other.bind(("127.0.0.1", 0))
@@ -102,7 +104,15 @@ def test_inside_the_sandbox_only_the_servers_port_is_reachable(served: tuple[Pol
         port = served[0].port
         other_port = other.getsockname()[1]
         agent = agl.CommandAgent(
-            [sys.executable, FAKE, "net", "{task}", f"127.0.0.1:{port}", f"127.0.0.1:{other_port}", "192.0.2.1:80"],
+            [
+                sys.executable,
+                FAKE,
+                "net",
+                "{task}",
+                f"127.0.0.1:{port}",
+                f"127.0.0.1:{other_port}",
+                "192.0.2.1:80",
+            ],
             timeout=60,
         )
         _, _, spans = run(served, agent)
@@ -112,7 +122,8 @@ def test_inside_the_sandbox_only_the_servers_port_is_reachable(served: tuple[Pol
     assert out["interfaces"] == ["lo"]
     reach = out["reach"]
     assert reach[f"127.0.0.1:{port}"] == "connected"  # the bridged server port
-    assert reach[f"127.0.0.1:{other_port}"] == "ConnectionRefusedError"  # the host's other ports are not there
+    # the host's other ports are not there
+    assert reach[f"127.0.0.1:{other_port}"] == "ConnectionRefusedError"
     assert reach["192.0.2.1:80"] in ("OSError", "TimeoutError")  # no route out (ENETUNREACH)
 
 
@@ -121,9 +132,17 @@ def test_a_fresh_workdir_copied_from_the_template_and_the_verifier_gives_the_rew
 ) -> None:
     (tmp_path / "tpl").mkdir()
     (tmp_path / "tpl" / "README").write_text("template")
-    verifier = [sys.executable, "-c", "import os; print('log line'); print(0.25 if os.path.exists('beat') else 0.5)"]
+    verifier = [
+        sys.executable,
+        "-c",
+        "import os; print('log line'); print(0.25 if os.path.exists('beat') else 0.5)",
+    ]
     agent = agl.CommandAgent(
-        [sys.executable, FAKE, "env"], template=tmp_path / "tpl", verifier=verifier, network="host", timeout=60
+        [sys.executable, FAKE, "env"],
+        template=tmp_path / "tpl",
+        verifier=verifier,
+        network="host",
+        timeout=60,
     )
     reward, rid, spans = run(served, agent)
     assert reward == 0.5
@@ -155,7 +174,9 @@ def test_a_reward_function_gets_the_result_and_a_failed_exit_is_an_error_span(
 
 
 @pytest.mark.parametrize("network", ["host", "isolated"])
-def test_the_time_limit_ends_the_whole_process_group(served: tuple[PolicyServer, agl.Tracer], network: str) -> None:
+def test_the_time_limit_ends_the_whole_process_group(
+    served: tuple[PolicyServer, agl.Tracer], network: str
+) -> None:
     if network == "isolated":
         needs_isolation()
     agent = agl.CommandAgent([sys.executable, FAKE, "hang"], network=network, timeout=2)  # type: ignore[arg-type]

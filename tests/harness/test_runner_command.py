@@ -31,8 +31,24 @@ def test_runner_command_runs_the_program_once_per_rollout_with_its_calls_in_it(
     command = f"{sys.executable} {FAKE} calls {{task}}"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentlightning_lite.cli", "runner", "--command", command, "--server", runners.url]
-        + ["--api-key", "k", "--network", network, "--max-rollouts", "2", "--timeout", "60"],
+        [
+            sys.executable,
+            "-m",
+            "agentlightning_lite.cli",
+            "runner",
+            "--command",
+            command,
+            "--server",
+            runners.url,
+            "--api-key",
+            "k",
+            "--network",
+            network,
+            "--max-rollouts",
+            "2",
+            "--timeout",
+            "60",
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -69,7 +85,9 @@ def test_runner_arguments_name_exactly_one_agent() -> None:
 
     agent = _agent_of(args, load_agent)
     assert isinstance(agent, agl.CommandAgent) and agent.command == ["echo", "{task}"]
-    recipe = _agent_of(parser.parse_args(["runner", "--harness", "codex", "--executable", "/x/codex"]), load_agent)
+    recipe = _agent_of(
+        parser.parse_args(["runner", "--harness", "codex", "--executable", "/x/codex"]), load_agent
+    )
     assert recipe.command[:2] == ["/x/codex", "exec"] and recipe.network == "isolated"
     with pytest.raises(CLIError, match="exactly one"):
         _agent_of(parser.parse_args(["runner", "m:agent", "--command", "x"]), load_agent)

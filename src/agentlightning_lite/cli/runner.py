@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ._common import EXIT_USAGE, CLIError
@@ -145,11 +146,18 @@ def _agent_of(args: argparse.Namespace, load_agent: Any) -> Any:
     try:
         if args.run_command:
             return CommandAgent(args.run_command, task_via=args.task_via or "arg", **common)
-        recipe = {"opencode": opencode, "codex": codex, "claude-code": claude_code}[args.harness]
+        recipes: dict[str, Callable[..., CommandAgent]] = {
+            "opencode": opencode,
+            "codex": codex,
+            "claude-code": claude_code,
+        }
+        recipe = recipes[args.harness]
         if args.executable:
             common["executable"] = args.executable
         if args.task_via:
-            raise CLIError("--task-via goes with --command (each --harness takes its task its own way)", EXIT_USAGE)
+            raise CLIError(
+                "--task-via goes with --command (each --harness takes its task its own way)", EXIT_USAGE
+            )
         return recipe(**common)
     except ValueError as exc:
         raise CLIError(str(exc), EXIT_USAGE) from None

@@ -174,7 +174,11 @@ class CommandAgent(LitAgent):
         self.env = dict(env or {})
         self.reward = reward
         self.verifier = (
-            None if verifier is None else shlex.split(verifier) if isinstance(verifier, str) else list(verifier)
+            None
+            if verifier is None
+            else shlex.split(verifier)
+            if isinstance(verifier, str)
+            else list(verifier)
         )
         self.verifier_timeout = float(verifier_timeout)
         self.network = network
@@ -357,7 +361,11 @@ class CommandAgent(LitAgent):
 
     def _verify(self, run: HarnessRun, result: HarnessResult) -> None:
         assert self.verifier is not None
-        values = {"task": run.prompt, "workdir": str(run.workdir), "task_file": str(run.workdir / self.task_file)}
+        values = {
+            "task": run.prompt,
+            "workdir": str(run.workdir),
+            "task_file": str(run.workdir / self.task_file),
+        }
         argv = [_fill(a, values) for a in self.verifier]
         env = dict(run.env) | {"AGL_TASK": run.prompt, "AGL_EXIT_CODE": str(result.exit_code)}
         ro = Tracer.current_rollout()
@@ -377,9 +385,9 @@ class CommandAgent(LitAgent):
                 start_new_session=True,
             )
             result.verifier_exit_code = done.returncode
-            result.verifier_output = (done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace"))[
-                -_TAIL:
-            ]
+            result.verifier_output = (
+                done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+            )[-_TAIL:]
             result.verifier_stdout = done.stdout.decode(errors="replace")[-_TAIL:]
         except subprocess.TimeoutExpired:
             result.verifier_exit_code = None

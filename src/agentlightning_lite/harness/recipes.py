@@ -179,7 +179,14 @@ def codex(
             top["model_instructions_file"] = str(path)
         top.update(settings or {})
         lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
-        lines += ["[analytics]", "enabled = false", "[feedback]", "enabled = false", "[otel]", 'exporter = "none"']
+        lines += [
+            "[analytics]",
+            "enabled = false",
+            "[feedback]",
+            "enabled = false",
+            "[otel]",
+            'exporter = "none"',
+        ]
         if features:
             lines += ["[features]"] + [f"{k} = {_toml(v)}" for k, v in features.items()]
         lines += [

@@ -194,7 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 4 or args[2] != "--":
-        print("usage: python -m agentlightning_lite.harness.sandbox SOCKET PORT -- COMMAND...", file=sys.stderr)
+        print(
+            "usage: python -m agentlightning_lite.harness.sandbox SOCKET PORT -- COMMAND...", file=sys.stderr
+        )
         return 2
     socket_path, port, command = args[0], int(args[1]), args[3:]
     _loopback_up()
