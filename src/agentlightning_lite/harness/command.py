@@ -104,9 +104,11 @@ class CommandAgent(LitAgent):
     * a HOME of its own (``XDG_*`` under it), where ``setup`` (or a recipe) writes the config it reads;
     * the rollout's endpoint: ``OPENAI_BASE_URL``/``OPENAI_API_BASE`` (``.../rollout/<id>/v1``),
       ``ANTHROPIC_BASE_URL`` (the same without ``/v1``), the key in ``OPENAI_API_KEY``,
-      ``ANTHROPIC_AUTH_TOKEN`` and ``AGL_API_KEY``, and ``AGL_MODEL``, ``AGL_SIDE_MODEL``,
-      ``AGL_ROLLOUT_ID``, ``AGL_BASE_URL``, ``AGL_TASK_FILE``; nothing else of this process's
-      environment but ``PATH``, the locale and ``TERM`` (so the user's own keys never reach it);
+      ``ANTHROPIC_AUTH_TOKEN`` and ``AGL_API_KEY`` (the rollout's own key, ``llm.rollout_key``, when
+      the server has a key: it reaches this rollout's model calls only; else ``llm.api_key``), and
+      ``AGL_MODEL``, ``AGL_SIDE_MODEL``, ``AGL_ROLLOUT_ID``, ``AGL_BASE_URL``, ``AGL_TASK_FILE``;
+      nothing else of this process's environment but ``PATH``, the locale and ``TERM`` (so the
+      user's own keys never reach it);
     * the task: ``task_via="arg"`` (the text replaces ``{task}`` in the command, or is appended),
       ``"stdin"``, or ``"file"`` (written to ``task_file`` in the working directory; ``{task_file}``
       in the command becomes its path). A dict task gives its ``"prompt"`` (else ``str(task)``).
@@ -237,7 +239,7 @@ class CommandAgent(LitAgent):
             workdir=workdir,
             home=home,
             base_url=base_url,
-            api_key=str(getattr(llm, "api_key", None) or "agl-no-key"),
+            api_key=str(getattr(llm, "rollout_key", None) or getattr(llm, "api_key", None) or "agl-no-key"),
             model=model,
             side_model=f"{model.rpartition('@')[0] or model}@{SIDE_AGENT}",
         )

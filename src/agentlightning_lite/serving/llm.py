@@ -31,6 +31,9 @@ class LLM(BaseModel):
     api_key: str = "agl-no-key"
     rollout_id: str | None = None
     agent: str | None = None
+    #: a key valid for this rollout's model calls only (``PolicyServer.rollout_key``), when the
+    #: server has a key; what a program launched for the rollout is given (``agl.CommandAgent``)
+    rollout_key: str | None = None
 
     def for_agent(self, agent: str) -> LLM:
         """The same endpoint for one agent of a multi-agent system: its calls are recorded with

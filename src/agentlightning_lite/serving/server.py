@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -186,6 +189,7 @@ class PolicyServer(ThreadedUvicorn):
         self.clamp_max_tokens = clamp_max_tokens
         #: Responses API: the conversations of responses kept for ``previous_response_id`` (the last 1,000)
         self.responses: _RecentDict = _RecentDict(1000)
+        self._rollout_key_secret = secrets.token_bytes(32)  # rollout keys are valid for this server only
         self._known_rollouts = _RecentSet(10_000)  # rollouts seen in the store (looked up again later)
         self._inflight_lock = threading.Lock()
         self._inflight: dict[str, set[concurrent.futures.Future[Any]]] = {}  # rollout id -> engine futures
@@ -246,7 +250,23 @@ class PolicyServer(ThreadedUvicorn):
             api_key=self.api_key or "agl-no-key",
             rollout_id=rollout_id,
             agent=agent,
+            rollout_key=self.rollout_key(rollout_id) if self.api_key and rollout_id is not None else None,
         )
+
+    def rollout_key(self, rollout_id: str) -> str:
+        """A key that authorises model calls routed to ``rollout_id`` and nothing else (not another
+        rollout, not unrouted calls, not the LoRA or runner routes): what a program run for one rollout
+        is given instead of the server's key (``agl.CommandAgent`` does). It is an HMAC of the rollout
+        id under a secret of this server, so it needs no storage and ends with the server. Only
+        checked when the server has an ``api_key`` (without one nothing is).
+
+        >>> from agentlightning_lite.serving import PolicyServer, engines
+        >>> server = PolicyServer(engines.ScriptedEngine(["ok"]), api_key="k")
+        >>> server.rollout_key("r1") == server.rollout_key("r1") != server.rollout_key("r2")
+        True
+        """
+        digest = hmac.new(self._rollout_key_secret, rollout_id.encode(), hashlib.sha256).hexdigest()
+        return f"agl-rk-{digest[:40]}"
 
     def clamps(self, api: str) -> bool:
         """Whether a ``max_tokens`` larger than the context leaves is cut to fit (else a 400) on the

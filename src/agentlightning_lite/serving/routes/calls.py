@@ -46,17 +46,28 @@ class Call:
     model: str
 
 
-def check_auth(server: PolicyServer, request: Request) -> None:
-    """Raise a 401 unless the request carries the server's API key (when it has one), as
-    ``Authorization: Bearer <key>`` (OpenAI) or ``x-api-key: <key>`` (Anthropic)."""
-    if server.api_key is None:
-        return
+def _presented_keys(request: Request) -> list[str]:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer":
         token = ""
-    key = request.headers.get("x-api-key", "")
-    expected = server.api_key.encode()
-    if not any(hmac.compare_digest(t.strip().encode(), expected) for t in (token, key) if t.strip()):
+    return [t.strip() for t in (token, request.headers.get("x-api-key", "")) if t.strip()]
+
+
+def check_auth(server: PolicyServer, request: Request, rollout_id: str | None = None) -> None:
+    """Raise a 401 unless the request carries the server's API key (when it has one), as
+    ``Authorization: Bearer <key>`` (OpenAI) or ``x-api-key: <key>`` (Anthropic).
+
+    With ``rollout_id`` (a model call routed to that rollout), that rollout's own key
+    (``server.rollout_key(rollout_id)``) is accepted too: a key handed to one rollout's agent
+    reaches that rollout's model routes and nothing else.
+    """
+    if server.api_key is None:
+        return
+    expected = [server.api_key.encode()]
+    if rollout_id is not None:
+        expected.append(server.rollout_key(rollout_id).encode())
+    presented = _presented_keys(request)
+    if not any(hmac.compare_digest(t.encode(), e) for t in presented for e in expected):
         raise APIError(
             401,
             "Incorrect API key provided. Pass the server's key as 'Authorization: Bearer <key>' "
@@ -64,6 +75,11 @@ def check_auth(server: PolicyServer, request: Request) -> None:
             type="invalid_request_error",
             code="invalid_api_key",
         )
+
+
+def _routed_to(request: Request) -> str | None:
+    """The rollout id a request names (URL, else header), unchecked."""
+    return request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
 
 
 async def rollout_of(server: PolicyServer, request: Request) -> str | None:
@@ -154,7 +170,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
 async def resolve_call(server: PolicyServer, request: Request) -> Call:
     """Authenticate and parse a generation request: body, rollout, agent, parent span, model."""
-    check_auth(server, request)
+    check_auth(server, request, _routed_to(request))
     body = await read_json(request, server.max_body_bytes)
     rollout_id = await rollout_of(server, request)
     if rollout_id is not None and server.rollout_guard is not None:  # a claimed rollout: its lease
