@@ -13,6 +13,8 @@ import agentlightning_lite as agl
 
 from .._helpers import lora_weights
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
