@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def test_runner_command_runs_the_program_once_per_rollout_with_its_calls_in_it(
     store = agl.MemoryStore()
     runners = served(store, api_key="k")
     network = "isolated" if sandbox.isolation_available() is None else "host"
-    command = f"{sys.executable} {FAKE} calls {{task}}"
+    command = f"{sys.executable} {FAKE} calls,env {{task}}"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
         [
@@ -75,6 +76,10 @@ def test_runner_command_runs_the_program_once_per_rollout_with_its_calls_in_it(
         assert all(s.response_token_ids for s in llm)
         assert [s.name for s in spans if s.kind == "agent"] == ["harness"]
         assert len(agl.transitions(store, rollout_ids=[j.rollout_id])) == 2  # the side call is not trained
+        (harness,) = [s for s in spans if s.name == "harness"]
+        env = json.loads(harness.output["stdout"])["env"]
+        assert env["OPENAI_API_KEY"].startswith("agl-rk-")  # the rollout's own key, not the trainer's
+        assert "/lease/" in env["OPENAI_BASE_URL"] and env["AGL_ROLLOUT_ID"] == j.rollout_id
 
 
 def test_runner_arguments_name_exactly_one_agent() -> None:

@@ -235,6 +235,8 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         # the agent's OpenAI client sends only base_url and api_key: the lease rides in the URL
         out["llm_path"] = f"/rollout/{quote(att.rollout_id, safe='')}/lease/{att.lease}/v1"
         out["model"] = server.model_name
+        if server.api_key is not None:  # a key for this rollout's model calls only (a harness gets it)
+            out["rollout_key"] = server.rollout_key(att.rollout_id)
         out["lease_timeout"] = queue.lease_timeout
         return JSONResponse({"rollout": out, "lease_timeout": queue.lease_timeout})
 
