@@ -31,6 +31,8 @@ _LAZY = {
     "LoRA": ".rl",
     "SFT": ".rl",
     "LitAgent": ".agent",
+    "CommandAgent": ".harness",
+    "harness": ".harness",
     "Trainer": ".rl",
     "PolicyServer": ".serving",
     "LLM": ".serving",
@@ -42,9 +44,10 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import models, remote
+    from . import harness, models, remote
     from .agent import LitAgent
     from .apo import APO
+    from .harness import CommandAgent
     from .remote import RayRunners, RemoteRunners
     from .rl import GRPO, PPO, SFT, LoRA, Trainer
     from .serving import LLM, PolicyServer, engines
@@ -56,13 +59,14 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = importlib.import_module(_LAZY[name], __name__)
-    value = module if name in ("models", "remote") else getattr(module, name)
+    value = module if name in ("models", "remote", "harness") else getattr(module, name)
     globals()[name] = value
     return value
 
 
 __all__ = [
     "APO",
+    "CommandAgent",
     "GRPO",
     "LLM",
     "PPO",
@@ -87,6 +91,7 @@ __all__ = [
     "emit_signal",
     "engines",
     "export_sft",
+    "harness",
     "load_prompts",
     "models",
     "otel",

@@ -11,14 +11,31 @@ from .credit import CreditRule, FinalReward, Step
 from .store.base import Store
 from .types import Rollout, Span, Transition
 
-__all__ = ["policy_calls", "rollout_transitions", "transitions"]
+__all__ = ["SIDE_AGENT", "is_side_call", "policy_calls", "rollout_transitions", "transitions"]
+
+#: The agent name of side calls: a harness's titles, summaries and "small model" calls (a harness
+#: given the model ``<model>@side`` makes them under this agent). They are recorded like every call
+#: and left out of training unless asked for (``side_calls=True``, or ``agents`` naming it).
+SIDE_AGENT = "side"
 
 
-def policy_calls(spans: Sequence[Span], models: Iterable[str] | None = None) -> list[Span]:
+def is_side_call(span: Span) -> bool:
+    """Whether ``span`` is a side call: its agent is :data:`SIDE_AGENT`, or it carries ``agl.side``.
+
+    >>> from agentlightning_lite.types import Span
+    >>> is_side_call(Span(span_id="s", rollout_id="r", kind="llm", name="chat", agent="side"))
+    True
+    """
+    return span.agent == SIDE_AGENT or bool(span.attributes.get("agl.side"))
+
+
+def policy_calls(
+    spans: Sequence[Span], models: Iterable[str] | None = None, side_calls: bool = False
+) -> list[Span]:
     """The LLM spans of a rollout that count as policy-model calls, in call order.
 
     A span is left out when it failed (``status="error"``), when its model is not in ``models``
-    (if given), when it carries the
+    (if given), when it is a side call (:func:`is_side_call`) unless ``side_calls``, when it carries the
     attribute ``agl.duplicate_of`` (a framework's view of a call already recorded with tokens),
     or when an adapter recorded it (``agl.source``) and it has no token ids (a call to a model the
     PolicyServer does not serve: :func:`transitions` warns about those).
@@ -30,6 +47,7 @@ def policy_calls(spans: Sequence[Span], models: Iterable[str] | None = None) -> 
         if s.kind == "llm"
         and s.status == "ok"  # a failed call has no response to learn from
         and (allowed is None or s.model in allowed)
+        and (side_calls or not is_side_call(s))
         and not s.attributes.get(join.DUPLICATE_OF)
         and not (s.attributes.get(join.SOURCE) and not s.has_tokens)
     ]
@@ -76,10 +94,13 @@ def rollout_transitions(
     credit: CreditRule | None = None,
     air: AIRRule | Iterable[AIRRule] | None = None,
     models: Iterable[str] | None = None,
+    side_calls: bool = False,
 ) -> list[Transition]:
     """Transitions of one rollout from its spans; see :func:`transitions`."""
     skipped: dict[str, int] = {}
-    out = _rollout_transitions(rollout, spans, agents, credit, as_rules(air), models, skipped)
+    agents = None if agents is None else list(agents)
+    side = side_calls or (agents is not None and SIDE_AGENT in agents)
+    out = _rollout_transitions(rollout, spans, agents, credit, as_rules(air), models, skipped, side)
     _warn_untokenized(skipped, stacklevel=3)
     return out
 
@@ -92,10 +113,11 @@ def _rollout_transitions(
     air: Sequence[AIRRule] | None,
     models: Iterable[str] | None,
     skipped: dict[str, int],
+    side_calls: bool = False,
 ) -> list[Transition]:
     spans = join.resolve(spans)  # adapters' LLM spans paired with the server's token-level spans
     _untokenized_sources(spans, skipped)
-    calls = policy_calls(spans, models)
+    calls = policy_calls(spans, models, side_calls)
     if not calls:
         return []
     steps = [
@@ -149,6 +171,7 @@ def transitions(
     models: Iterable[str] | None = None,
     mode: str | None = None,
     require_tokens: bool = False,
+    side_calls: bool = False,
 ) -> list[Transition]:
     """One transition per policy LLM call of each rollout, in call order, with credited rewards.
 
@@ -163,6 +186,9 @@ def transitions(
         models: count only LLM calls made by these model names as policy calls.
         mode: with no ``rollout_ids``, take only rollouts of this mode (``train``/``val``/``trace``).
         require_tokens: drop calls without exact token ids (with a warning saying how many).
+        side_calls: count side calls (agent ``"side"``: a harness's titles and small-model calls)
+            as policy calls; by default they are not training data (``agents=["side", ...]`` too
+            keeps them).
 
     LLM calls recorded by a framework adapter (``agentlightning_lite.adapters``) are joined here
     with the PolicyServer's token-level span of the same call, if the adapter has not joined them
@@ -189,12 +215,13 @@ def transitions(
             rollouts.append(ro)
     agents = None if agents is None else list(agents)
     models = None if models is None else list(models)
+    side = side_calls or (agents is not None and SIDE_AGENT in agents)
     rules = as_rules(air)
     out: list[Transition] = []
     skipped: dict[str, int] = {}
     for ro in rollouts:
         spans = store.spans(ro.rollout_id)
-        out.extend(_rollout_transitions(ro, spans, agents, credit, rules, models, skipped))
+        out.extend(_rollout_transitions(ro, spans, agents, credit, rules, models, skipped, side))
     _warn_untokenized(skipped, stacklevel=3)
     if require_tokens:
         kept = [t for t in out if t.prompt_token_ids is not None and t.response_token_ids is not None]

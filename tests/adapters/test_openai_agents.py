@@ -119,6 +119,97 @@ def test_single_agent_with_tools_explicit_processor(store, serve):
     assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:explode", -0.5)]
 
 
+def triage_script(messages: list[dict[str, Any]]) -> Any:
+    if "triage" in system_text(messages):
+        return {"tool_calls": [{"name": "transfer_to_math", "arguments": {}}]}
+    return math_script(messages)
+
+
+@pytest.fixture
+def sdk_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Point the SDK's default client at a server through its own environment variables only.
+
+    The SDK keeps one httpx client for its default provider for the whole process; its pooled
+    connections belong to the event loop of the run that opened them, and each test runs its own
+    ``asyncio.run``, so the shared client is dropped before and after (one program, one loop, never
+    needs this)."""
+    from agents.models import openai_provider
+
+    def point(llm: agl.LLM) -> None:
+        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", llm.api_key)
+
+    monkeypatch.setattr(openai_provider, "_http_client", None)
+    yield point
+    openai_provider._http_client = None
+
+
+def test_default_responses_model_multi_agent_zero_code(store, serve, sdk_environment):
+    """The SDK as it comes: its default model is the Responses API (``OpenAIResponsesModel``); the
+    agent code is unchanged, only the SDK's own environment variables point it at the server."""
+    tracer = agl.Tracer(store)
+    server = serve(triage_script, store)
+    handle = agl_agents.instrument()
+    try:
+        with tracer.rollout("2+3?") as ro:
+            llm = server.llm(ro.id)
+            sdk_environment(llm)
+            math = Agent(name="math", instructions="You do math.", tools=[add, explode], model=llm.model)
+            triage = Agent(name="triage", instructions="You are triage.", handoffs=[math], model=llm.model)
+            result = asyncio.run(Runner.run(triage, "2+3?"))
+            ro.reward(1.0)
+    finally:
+        handle.uninstrument()
+    assert result.final_output == "The sum is 5."
+    spans = store.spans(ro.id)
+    server_spans = [s for s in spans if s.attributes.get("server") == "agl"]
+    assert [s.attributes["api"] for s in server_spans] == ["responses"] * 3  # not chat completions
+    pairs = assert_joined(store, ro.id, "openai_agents")
+    assert [f.name for f, _ in pairs] == ["response"] * 3  # the SDK's response spans, not generation
+    assert [f.agent for f, _ in pairs] == ["triage", "math", "math"]
+    assert [f.attributes["agl.response_id"] for f, _ in pairs] == [
+        s.attributes["request_id"] for _, s in pairs
+    ]
+    asked = {c["function"]["name"]: c["id"] for c in pairs[1][1].output["tool_calls"]}
+    tools = {s.name: s for s in spans if s.kind == "tool"}
+    assert tools["add"].status == "ok" and tools["explode"].status == "error"
+    assert {n: t.attributes["tool_call_id"] for n, t in tools.items()} == asked
+    # the tool results went back to the model as function_call_output items
+    assert [m["role"] for m in pairs[2][1].input[-2:]] == ["tool", "tool"]
+    ts = assert_transitions_have_server_tokens(
+        store, ro.id, agents=["math"], air=[agl.air.ToolStatus(success=0.1, error=-0.5)]
+    )
+    assert [t.agent for t in ts] == ["math", "math"]
+    assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:explode", -0.5)]
+
+
+def test_default_responses_model_streamed_run(store, serve, sdk_environment):
+    """Runner.run_streamed on the default Responses model: the SDK reads the server's Responses
+    events (it fails without ``response.completed``) and its spans join the server's."""
+
+    async def run_streamed(agent: Agent, question: str) -> tuple[Any, list[str]]:
+        result = Runner.run_streamed(agent, question)
+        kinds = [event.type async for event in result.stream_events()]
+        return result.final_output, kinds
+
+    tracer = agl.Tracer(store)
+    server = serve(triage_script, store)
+    set_trace_processors([LightningProcessor()])
+    with tracer.rollout("2+3?") as ro:
+        llm = server.llm(ro.id)
+        sdk_environment(llm)
+        math = Agent(name="math", instructions="You do math.", tools=[add, explode], model=llm.model)
+        triage = Agent(name="triage", instructions="You are triage.", handoffs=[math], model=llm.model)
+        final, kinds = asyncio.run(run_streamed(triage, "2+3?"))
+    assert final == "The sum is 5." and "raw_response_event" in kinds
+    server_spans = [s for s in store.spans(ro.id) if s.attributes.get("server") == "agl"]
+    assert all(s.attributes["params"]["stream"] and s.attributes["api"] == "responses" for s in server_spans)
+    pairs = assert_joined(store, ro.id, "openai_agents")
+    assert [f.agent for f, _ in pairs] == ["triage", "math", "math"]
+    ts = assert_transitions_have_server_tokens(store, ro.id)
+    assert [t.agent for t in ts] == ["triage", "math", "math"]
+
+
 def test_handoff_multi_agent_zero_code_with_chat_completions_switch(store, serve):
     def script(messages):
         if "triage" in system_text(messages):
@@ -132,7 +223,7 @@ def test_handoff_multi_agent_zero_code_with_chat_completions_switch(store, serve
     try:
         with tracer.rollout("2+3?") as ro:
             llm = server.llm(ro.id)
-            # the one-line switch for servers without the Responses API
+            # the SDK's Chat Completions path (the default, Responses, is tested above)
             set_default_openai_api("chat_completions")
             set_default_openai_client(
                 AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key), use_for_tracing=False

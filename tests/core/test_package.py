@@ -55,6 +55,8 @@ ADDED = {
     "APO": "prompt optimisation (GEPA) from the same traced rollouts, an algorithm beside GRPO and PPO",
     "prompt": "the prompt text an agent reads: the candidate under APO, fixed under RL",
     "load_prompts": "the prompts an APO run wrote, for a later run or an agent",
+    "CommandAgent": "any program launched per rollout as the agent (a harness CLI or a script)",
+    "harness": "CommandAgent and its recipes for Claude Code, Codex and opencode",
 }
 
 
@@ -132,6 +134,8 @@ def test_each_extra_brings_what_its_documented_example_imports() -> None:
     assert {"ray", "httpx", "openai", "starlette"} <= extras["ray"]
     # docs/adapters.md joins the frameworks' calls with a PolicyServer
     assert {"openai", "starlette", "uvicorn"} <= extras["adapters"]
+    # tests/serving/test_messages.py and tests/rl/test_dialects_train.py: llm.anthropic_client()
+    assert {"anthropic", "openai"} <= extras["dev"]
     assert "uvloop" not in set().union(*extras.values())  # plain asyncio unless a framework brings it
     assert project["license"] == "MIT"  # an SPDX expression, not the deprecated table
 

@@ -117,8 +117,9 @@ def test_otlp_json_the_rollout_header_and_bad_requests(served: tuple[Any, Path])
     with httpx.Client(base_url=server.url, timeout=10) as c:
         r = c.post("/v1/traces", json=body)  # no key
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-        r = c.post("/v1/traces", json=body, headers=auth)  # names no rollout: refused, as on the trainer
-        assert r.status_code == 400 and "names no rollout" in r.json()["error"]["message"]
+        plain = json.loads(json.dumps(body).replace("0af76519", "1af76519").replace("b7ad6b71", "c7ad6b71"))
+        r = c.post("/v1/traces", json=plain, headers=auth)  # names no rollout: the trace is its own
+        assert r.status_code == 200 and r.json() == {}
         r = c.post("/v1/traces", content=b"x", headers={**auth, "content-type": "text/plain"})
         assert r.status_code == 415
         r = c.post(
@@ -132,8 +133,50 @@ def test_otlp_json_the_rollout_header_and_bad_requests(served: tuple[Any, Path])
         assert r.status_code == 200
     got = _in_file(db, ro.rollout_id)
     assert [(s.kind, s.name, s.duration) for s in got] == [("tool", "search", 0.5)] * 2
+    own = "otel-1af7651916cd43dd8448eb211c80319c"
+    assert [(s.kind, s.name) for s in _in_file(db, own)] == [("tool", "search")]
     with agl.SQLiteStore(db) as reader:
-        assert [r.rollout_id for r in reader.rollouts()] == [ro.rollout_id]  # nothing else started
+        assert {r.rollout_id for r in reader.rollouts()} == {ro.rollout_id, own}  # nothing else started
+        assert reader.get_rollout(own).status == "succeeded"  # its root span came: the trace is complete
+
+
+def test_a_stock_exporter_without_rollout_ids_gets_a_trace_rollout_per_trace(
+    served: tuple[Any, Path],
+) -> None:
+    """opentelemetry-sdk's BatchSpanProcessor and OTLP/HTTP exporter, API key set, 50 spans in 5
+    traces naming no rollout: every batch is taken (200) and each trace is one ``trace`` rollout."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    server, db = served
+    exporter = OTLPSpanExporter(
+        endpoint=f"{server.url}/v1/traces", headers={"Authorization": f"Bearer {KEY}"}, timeout=10
+    )
+    results: list[SpanExportResult] = []
+    export = exporter.export
+    exporter.export = lambda spans: results.append(export(spans)) or results[-1]  # type: ignore[method-assign]
+    provider = TracerProvider(resource=Resource.create({"service.name": "plain-agent"}))
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=8))
+    tracer = provider.get_tracer("plain-agent")
+    trace_ids = []
+    for i in range(5):
+        with tracer.start_as_current_span(f"invoke_agent a{i}") as root:
+            root.set_attribute("gen_ai.operation.name", "invoke_agent")
+            root.set_attribute("gen_ai.agent.name", f"a{i}")
+            trace_ids.append(root.get_span_context().trace_id)
+            for j in range(9):
+                with tracer.start_as_current_span(f"execute_tool t{j}") as tool:
+                    tool.set_attribute("gen_ai.operation.name", "execute_tool")
+                    tool.set_attribute("gen_ai.tool.name", f"t{j}")
+    provider.shutdown()
+    assert len(results) >= 7 and all(r is SpanExportResult.SUCCESS for r in results), results
+    with agl.SQLiteStore(db) as reader:
+        rollouts = reader.rollouts(mode="trace")
+        assert sorted(r.rollout_id for r in rollouts) == sorted(f"otel-{t:032x}" for t in trace_ids)
+        for r in rollouts:
+            spans = reader.spans(r.rollout_id)
+            assert len(spans) == 10 and sum(s.kind == "agent" for s in spans) == 1
+            assert r.status == "succeeded" and r.metadata["source"] == "otlp"
+            assert r.metadata["otel_trace_id"] == r.rollout_id.removeprefix("otel-")
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ def test_parser_defaults():
         None,
         "hf",
     )
+    assert args.clamp_max_tokens == "auto"  # clamped on /v1/responses and /v1/messages only
 
 
 def test_no_command_is_an_error(capsys: pytest.CaptureFixture[str]):

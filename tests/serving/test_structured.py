@@ -195,11 +195,13 @@ def test_with_tools_the_grammar_also_admits_tool_calls() -> None:
     assert not text_fits(fmt, call.replace("calc", "rm"), ["calc"])  # only the offered tools
 
 
-def test_agents_sdk_structured_output_agent_end_to_end(serve: Any, tiny_engine: Any) -> None:
+@pytest.mark.parametrize("api", ["responses", "chat.completions"])
+def test_agents_sdk_structured_output_agent_end_to_end(serve: Any, tiny_engine: Any, api: str) -> None:
     """An Agents SDK agent with ``output_type`` (a pydantic model) on the tiny random model: the SDK
-    sends a strict json_schema and parses the reply into its model."""
+    sends a strict json_schema (``text.format`` on its default Responses model, ``response_format`` on
+    Chat Completions) and parses the reply into its model."""
     pytest.importorskip("agents")
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, set_tracing_disabled
     from openai import AsyncOpenAI
     from pydantic import BaseModel, Field
 
@@ -212,7 +214,8 @@ def test_agents_sdk_structured_output_agent_end_to_end(serve: Any, tiny_engine: 
     server = serve(tiny_engine(), store)
     ro = store.start_rollout("pick")
     llm = server.llm(ro.rollout_id, agent="picker")
-    model = OpenAIChatCompletionsModel(
+    kind = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
+    model = kind(
         model=llm.model, openai_client=AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     )
     set_tracing_disabled(True)
@@ -224,6 +227,7 @@ def test_agents_sdk_structured_output_agent_end_to_end(serve: Any, tiny_engine: 
     assert isinstance(result.final_output, Pick)
     (span,) = llm_spans(store, ro.rollout_id)
     assert span.agent == "picker" and span.attributes["response_format"]["type"] == "json_schema"
+    assert span.attributes["api"] == api
     assert Pick.model_validate_json(span.output["content"]) == result.final_output
 
 

@@ -1,8 +1,9 @@
 """OpenAI Agents SDK adapter: a trace processor that records agents, model calls, tools and handoffs.
 
 ``add_trace_processor(LightningProcessor())`` or :func:`instrument` once. Our PolicyServer serves
-Chat Completions, not the Responses API: point the SDK at it with
-``set_default_openai_api("chat_completions")`` (or an ``OpenAIChatCompletionsModel``).
+the Responses API (the SDK's default model; its ``response`` spans are joined by the response id) and
+Chat Completions (``generation`` spans): point the SDK's client at it (``OPENAI_BASE_URL``, or
+``set_default_openai_client``), with the agent code unchanged.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ._common import EXIT_USAGE, CLIError
@@ -21,11 +22,49 @@ def add_parser(sub: Any) -> None:
             "rollout, and stream the agent's spans, rewards and results back. AGENT is 'module:function' "
             "(imported with the current directory on sys.path), 'path/to/file.py:function', or the name of "
             "a benchmark package under benchmarks/. The runner waits for the trainer and reconnects on its "
-            "own when the trainer restarts; Ctrl-C or SIGTERM stops it after the rollouts in flight."
+            "own when the trainer restarts; Ctrl-C or SIGTERM stops it after the rollouts in flight. "
+            "Instead of AGENT, --command runs a program once per rollout (agl.CommandAgent: its own "
+            "working directory, the rollout's endpoint in its environment, sandboxed to loopback and the "
+            "trainer's port) and --harness runs Claude Code, Codex or opencode that way."
         ),
     )
     runner.add_argument(
-        "agent", metavar="AGENT", help="module:function, file.py:function, or a benchmark name"
+        "agent",
+        metavar="AGENT",
+        nargs="?",
+        help="module:function, file.py:function, or a benchmark name (or give --command / --harness)",
+    )
+    harness = runner.add_argument_group(
+        "a program per rollout instead of AGENT (agl.CommandAgent; see docs/harnesses.md)"
+    )
+    harness.add_argument(
+        "--command",
+        dest="run_command",
+        metavar="CMD",
+        help="the program run once per rollout, split like a shell would ('{task}' is replaced by the "
+        "task; the rollout's endpoint is in OPENAI_BASE_URL, ANTHROPIC_BASE_URL, ...)",
+    )
+    harness.add_argument(
+        "--harness",
+        choices=("opencode", "codex", "claude-code"),
+        help="a recipe: the harness CLI with the config it needs written for each rollout",
+    )
+    harness.add_argument(
+        "--executable", help="the harness CLI to run (default: its name on PATH); with --harness"
+    )
+    harness.add_argument(
+        "--task-via", choices=("arg", "stdin", "file"), default=None, help="how the task reaches --command"
+    )
+    harness.add_argument("--timeout", type=float, default=600.0, help="seconds per run (default 600)")
+    harness.add_argument(
+        "--verifier", metavar="CMD", help="run in the working directory afterwards: its reward"
+    )
+    harness.add_argument("--template", metavar="DIR", help="each run's working directory starts as a copy")
+    harness.add_argument(
+        "--network",
+        choices=("isolated", "host"),
+        default="isolated",
+        help="isolated (default): only loopback and the server's port; host: this machine's network",
     )
     runner.add_argument(
         "--server",
@@ -61,11 +100,7 @@ def runner(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.workers < 1:
         raise CLIError("--workers must be at least 1", EXIT_USAGE)
-    spec = args.agent if ":" in args.agent else f"benchmarks.{args.agent}:agent"
-    try:
-        agent = load_agent(spec)
-    except (ImportError, AttributeError, FileNotFoundError, ValueError) as exc:
-        raise CLIError(f"cannot load the agent {args.agent!r}: {exc}", EXIT_USAGE) from None
+    agent = _agent_of(args, load_agent)
     run = Runner(
         agent,
         args.server,
@@ -87,3 +122,42 @@ def runner(args: argparse.Namespace) -> int:
         flush=True,
     )
     return 0
+
+
+def _agent_of(args: argparse.Namespace, load_agent: Any) -> Any:
+    """The agent the arguments name: AGENT, or a CommandAgent for --command / --harness."""
+    given = [x for x in (args.agent, args.run_command, args.harness) if x]
+    if len(given) != 1:
+        raise CLIError("give exactly one of AGENT, --command and --harness", EXIT_USAGE)
+    if args.agent:
+        spec = args.agent if ":" in args.agent else f"benchmarks.{args.agent}:agent"
+        try:
+            return load_agent(spec)
+        except (ImportError, AttributeError, FileNotFoundError, ValueError) as exc:
+            raise CLIError(f"cannot load the agent {args.agent!r}: {exc}", EXIT_USAGE) from None
+    from ..harness import CommandAgent, claude_code, codex, opencode
+
+    common: dict[str, Any] = {
+        "timeout": args.timeout,
+        "verifier": args.verifier,
+        "template": args.template,
+        "network": args.network,
+    }
+    try:
+        if args.run_command:
+            return CommandAgent(args.run_command, task_via=args.task_via or "arg", **common)
+        recipes: dict[str, Callable[..., CommandAgent]] = {
+            "opencode": opencode,
+            "codex": codex,
+            "claude-code": claude_code,
+        }
+        recipe = recipes[args.harness]
+        if args.executable:
+            common["executable"] = args.executable
+        if args.task_via:
+            raise CLIError(
+                "--task-via goes with --command (each --harness takes its task its own way)", EXIT_USAGE
+            )
+        return recipe(**common)
+    except ValueError as exc:
+        raise CLIError(str(exc), EXIT_USAGE) from None

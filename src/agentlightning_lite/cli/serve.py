@@ -22,7 +22,10 @@ def add_parser(sub: Any) -> None:
             "are taken at http://HOST:PORT/v1/traces (same API key), filed under the rollout named by the "
             "span or resource attribute agentlightning.rollout_id, another span of the same trace, the "
             "X-Agl-Rollout-Id header or the URL /rollout/<rollout_id>/v1/traces; a rollout the store "
-            "does not have is started (mode trace)."
+            "does not have is started (mode trace), and a trace that names none is a trace rollout of its "
+            "own (otel-<trace id>). Besides Chat Completions, the OpenAI Responses API (/v1/responses, "
+            "Codex) and the Anthropic Messages API (/v1/messages, Claude Code: ANTHROPIC_BASE_URL="
+            "http://HOST:PORT, key as x-api-key or Bearer) are served through the same engine path."
         ),
     )
     serve.add_argument(
@@ -71,6 +74,14 @@ def add_parser(sub: Any) -> None:
         "--threads", type=int, default=None, help="hf engine: torch CPU threads (default: torch's)"
     )
     serve.add_argument("--served-name", default=None, help="the model name clients use (default: --model)")
+    serve.add_argument(
+        "--clamp-max-tokens",
+        choices=("auto", "all", "off"),
+        default="auto",
+        help="a max_tokens larger than the context leaves: 'auto' cuts it to fit on /v1/responses and "
+        "/v1/messages and answers OpenAI's 400 on chat and text completions; 'all' cuts it everywhere "
+        "(opencode asks for 32000 by default); 'off' answers 400 everywhere (default: auto)",
+    )
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -158,6 +169,7 @@ def serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         flush=True,  # other processes read the file: commit each call before answering
         log_level=args.log_level,
+        clamp_max_tokens={"auto": None, "all": True, "off": False}[args.clamp_max_tokens],
     )
     try:
         server.start()
@@ -165,6 +177,8 @@ def serve(args: argparse.Namespace) -> int:
         print(
             f"agl-lite: serving model {server.model_name!r} at {server.base_url}\n"
             f"agl-lite: per-rollout base URL: {server.url}/rollout/<rollout_id>/v1\n"
+            f"agl-lite: APIs: /v1/chat/completions, /v1/completions, /v1/responses (OpenAI), "
+            f"/v1/messages (Anthropic: base URL {server.url})\n"
             f"agl-lite: OpenTelemetry spans (OTLP/HTTP): {server.url}/v1/traces\n"
             f"agl-lite: recording into {where}; Ctrl-C to stop",
             file=sys.stderr,

@@ -3,8 +3,9 @@
 A span's rollout is, in order: its ``agentlightning.rollout_id`` attribute; its resource's
 ``agentlightning.rollout_id`` attribute; another span of the same OTel trace that names one (in
 this request or an earlier one); the rollout given by the request (the ``X-Agl-Rollout-Id``
-header or a ``/rollout/<id>/v1/traces`` URL). Spans with none are rejected. The GenAI
-semantic-convention mapping is :func:`agentlightning_lite.otel.from_otel`'s.
+header or a ``/rollout/<id>/v1/traces`` URL). Spans with none are rejected by the trainer; a
+trace-only server (``agl-lite serve``) files each such trace as a ``trace`` rollout of its own.
+The GenAI semantic-convention mapping is :func:`agentlightning_lite.otel.from_otel`'s.
 
 The HTTP side is shared by every server that takes OTLP: :func:`read_otlp` (body, content type,
 decoding, 4xx on bad input), :func:`otlp_spans` (attribution) and :func:`otlp_response`. The
@@ -307,8 +308,18 @@ def decode_protobuf(data: bytes) -> list[OTelLike]:
     return out
 
 
+def trace_rollout_id(trace_id: int) -> str:
+    """The rollout a trace-only server files an OTel trace under when none of its spans names one:
+    ``otel-`` and the 32 hex digits of the trace id (the same for every batch of the trace).
+
+    >>> trace_rollout_id(0x0AF7651916CD43DD8448EB211C80319C)
+    'otel-0af7651916cd43dd8448eb211c80319c'
+    """
+    return f"otel-{trace_id:032x}"
+
+
 def _rollouts(
-    spans: list[OTelLike], default: str | None, traces: TraceRollouts
+    spans: list[OTelLike], default: str | None, traces: TraceRollouts, own_rollouts: bool = False
 ) -> Iterator[tuple[OTelLike, str | None]]:
     # a span naming its rollout names it for its whole trace (children often carry no attribute)
     for s in spans:
@@ -319,15 +330,21 @@ def _rollouts(
         rid = s.attributes.get(ROLLOUT_ATTR) or s.resource.get(ROLLOUT_ATTR)
         if not (isinstance(rid, str) and rid):
             rid = traces.get(s.context.trace_id) or default
+        if rid is None and own_rollouts:  # not remembered: a later batch may still name its rollout
+            rid = trace_rollout_id(s.context.trace_id)
         yield s, rid
 
 
 def spans_from_otlp(
-    spans: list[OTelLike], default_rollout: str | None = None, traces: TraceRollouts | None = None
+    spans: list[OTelLike],
+    default_rollout: str | None = None,
+    traces: TraceRollouts | None = None,
+    own_rollouts: bool = False,
 ) -> list[Span]:
     """Convert decoded OTLP spans into :class:`Span` records of their rollouts.
 
-    Raises :class:`OTLPError` when a span's rollout cannot be told (see the module docstring).
+    Raises :class:`OTLPError` when a span's rollout cannot be told (see the module docstring),
+    unless ``own_rollouts``: then such a span's trace is its rollout (:func:`trace_rollout_id`).
 
     >>> body = {"resourceSpans": [{"resource": {"attributes": [
     ...     {"key": "agentlightning.rollout_id", "value": {"stringValue": "ro-1"}}]},
@@ -341,11 +358,12 @@ def spans_from_otlp(
     """
     traces = traces if traces is not None else TraceRollouts()
     out = []
-    for s, rid in _rollouts(spans, default_rollout, traces):
+    for s, rid in _rollouts(spans, default_rollout, traces, own_rollouts):
         if rid is None:
             raise OTLPError(
-                f"span {s.name!r} names no rollout: set the span or resource attribute "
-                f"{ROLLOUT_ATTR!r}, the X-Agl-Rollout-Id header, or export to /rollout/<id>/v1/traces"
+                f"span {s.name!r} names no rollout, and this server only takes spans it can attribute "
+                f"to a rollout: set the span or resource attribute {ROLLOUT_ATTR!r}, the "
+                "X-Agl-Rollout-Id header, or export to /rollout/<id>/v1/traces"
             )
         s.attributes.pop(ROLLOUT_ATTR, None)
         parent = None if s.parent_span_id is None else format(s.parent_span_id, "016x")
@@ -394,12 +412,15 @@ async def read_otlp(request: Request, limit: int) -> tuple[list[OTelLike], str |
     return decoded, default, proto
 
 
-def otlp_spans(decoded: list[OTelLike], default: str | None, traces: TraceRollouts) -> list[Span]:
-    """:func:`spans_from_otlp` for a request: a span whose rollout cannot be told is a 400."""
+def otlp_spans(
+    decoded: list[OTelLike], default: str | None, traces: TraceRollouts, own_rollouts: bool = False
+) -> list[Span]:
+    """:func:`spans_from_otlp` for a request: a span whose rollout cannot be told is a 400 (unless
+    ``own_rollouts``, on a trace-only server)."""
     from ..serving.errors import APIError
 
     try:
-        return spans_from_otlp(decoded, default, traces)
+        return spans_from_otlp(decoded, default, traces, own_rollouts)
     except OTLPError as exc:
         raise APIError(400, str(exc), code="invalid_otlp") from None
 
@@ -422,7 +443,11 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
     API key check (401), body limit (413) and attribution as the trainer's runner routes. A rollout
     a span names that the store does not have is started there (mode ``trace``, metadata
     ``{"implicit": True, "source": "otlp"}``) and left running: a trace-only agent names its own
-    rollouts. Spans naming no rollout at all are refused (400), as on the trainer. With
+    rollouts. An OTel trace whose spans name no rollout at all (a stock exporter) is filed as a
+    ``trace`` rollout of its own, ``otel-<trace id>`` (metadata also ``otel_trace_id``), as the chat
+    route files a call that names no rollout; it is finished (``succeeded``, or ``failed`` when the
+    root span's status is an error) once the trace's root span arrives. (The trainer keeps refusing
+    such spans with a 400 that says why: it trains only on rollouts it handed out.) With
     ``server.flush`` the spans are committed before the answer.
     """
     from starlette.concurrency import run_in_threadpool
@@ -435,15 +460,16 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
     traces = TraceRollouts()
     known: OrderedDict[str, None] = OrderedDict()  # rollouts known to be in the store
 
-    def ensure(rid: str) -> None:
+    def ensure(rid: str, trace_id: str | None = None) -> None:
         if rid in known:
             known.move_to_end(rid)
             return
         if store.get_rollout(rid) is None:
+            metadata: dict[str, Any] = {"implicit": True, "source": "otlp"}
+            if trace_id is not None:
+                metadata["otel_trace_id"] = trace_id
             try:
-                store.start_rollout(
-                    None, mode="trace", metadata={"implicit": True, "source": "otlp"}, rollout_id=rid
-                )
+                store.start_rollout(None, mode="trace", metadata=metadata, rollout_id=rid)
             except ValueError:  # another request started it meanwhile
                 if store.get_rollout(rid) is None:
                     raise
@@ -456,7 +482,8 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
         decoded, default, proto = await read_otlp(request, server.max_body_bytes)
         for d in decoded:  # a runner's lease token (meaningless here): never stored
             d.attributes.pop(_LEASE_ATTR, None)
-        spans = otlp_spans(decoded, default, traces)
+        own = {trace_rollout_id(d.context.trace_id) for d in decoded}
+        spans = otlp_spans(decoded, default, traces, own_rollouts=True)
         for rid in {s.rollout_id for s in spans}:
             if not 0 < len(rid) <= 256:
                 msg = f"rollout ids are 1 to 256 characters, got {rid[:40]!r}..."
@@ -467,8 +494,12 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
 
         def write() -> None:
             for rid in {s.rollout_id for s in spans}:
-                ensure(rid)
+                ensure(rid, rid.removeprefix("otel-") if rid in own else None)
             store.add_spans(spans)
+            for s in spans:  # a trace filed as its own rollout ends with its root span
+                if s.rollout_id in own and s.parent_id is None:
+                    status = "failed" if s.status == "error" else "succeeded"
+                    store.finish_rollout(s.rollout_id, status=status, only_if_running=True)
             if server.flush:
                 store.flush()
 

@@ -15,11 +15,11 @@ span or resource attribute ``agentlightning.lease`` instead): without it they ge
 (``invalid_lease``) and change nothing. A reward for a rollout whose outcome is counted gets a
 409 (``outcome_counted``); spans for a claimed rollout that ended are dropped (``dropped``).
 
-LLM calls to a claimed rollout (``/v1/chat/completions``, ``/v1/completions``) need the token as
-well, or they get the same 403 and record nothing: the claim's ``llm_path`` carries it
-(``/rollout/<id>/lease/<token>/v1``), since an agent's own OpenAI client sends only its base URL
-and API key; ``X-AGL-Lease`` works too. Rollouts the queue did not hand out (in-process, trace)
-keep the plain ``/rollout/<id>/v1``.
+LLM calls to a claimed rollout (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``,
+``/v1/messages``) need the token as well, or they get the same 403 and record nothing: the claim's
+``llm_path`` carries it (``/rollout/<id>/lease/<token>/v1``), since an agent's own OpenAI client
+sends only its base URL and API key; ``X-AGL-Lease`` works too. Rollouts the queue did not hand out
+(in-process, trace) keep the plain ``/rollout/<id>/v1``.
 
 Errors the caller caused (the package's :class:`~agentlightning_lite.errors.AGLError` family)
 get their 4xx here; any other exception is a bug in the server: a 500 with a generic message.
@@ -235,6 +235,8 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         # the agent's OpenAI client sends only base_url and api_key: the lease rides in the URL
         out["llm_path"] = f"/rollout/{quote(att.rollout_id, safe='')}/lease/{att.lease}/v1"
         out["model"] = server.model_name
+        if server.api_key is not None:  # a key for this rollout's model calls only (a harness gets it)
+            out["rollout_key"] = server.rollout_key(att.rollout_id)
         out["lease_timeout"] = queue.lease_timeout
         return JSONResponse({"rollout": out, "lease_timeout": queue.lease_timeout})
 

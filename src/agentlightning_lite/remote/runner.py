@@ -282,6 +282,7 @@ class Runner:
             model=claimed.get("model") or "policy",
             api_key=self.api_key or "agl-no-key",
             rollout_id=rid,
+            rollout_key=claimed.get("rollout_key"),
         )
         timeout = claimed.get("timeout")
         cancel: list[Callable[[], None]] = []

@@ -15,7 +15,8 @@ class LLM(BaseModel):
     """An OpenAI-compatible endpoint for the policy model, as handed to an agent for one rollout.
 
     Give ``base_url``, ``model`` and ``api_key`` to any client or framework that accepts an
-    OpenAI base URL; the calls land in the rollout (and agent) the URL names.
+    OpenAI base URL (Chat Completions or Responses API), or ``anthropic_base_url`` to an Anthropic
+    client (Messages API); the calls land in the rollout (and agent) the URL names.
 
     >>> llm = LLM(base_url="http://127.0.0.1:8000/rollout/r1/v1", model="smollm2-135m")
     >>> llm.api_key
@@ -30,6 +31,9 @@ class LLM(BaseModel):
     api_key: str = "agl-no-key"
     rollout_id: str | None = None
     agent: str | None = None
+    #: a key valid for this rollout's model calls only (``PolicyServer.rollout_key``), when the
+    #: server has a key; what a program launched for the rollout is given (``agl.CommandAgent``)
+    rollout_key: str | None = None
 
     def for_agent(self, agent: str) -> LLM:
         """The same endpoint for one agent of a multi-agent system: its calls are recorded with
@@ -91,6 +95,35 @@ class LLM(BaseModel):
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultAsyncHttpxClient(verify=_tls_context())
         return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL for Anthropic clients, which add ``/v1/messages`` themselves: ``base_url``
+        without its ``/v1``.
+
+        >>> LLM(base_url="http://127.0.0.1:8000/rollout/r1/v1", model="m").anthropic_base_url
+        'http://127.0.0.1:8000/rollout/r1'
+        """
+        base = self.base_url.rstrip("/")
+        return base[: -len("/v1")] if base.endswith("/v1") else base
+
+    def anthropic_client(self, **kwargs: Any) -> Any:
+        """An ``anthropic.Anthropic`` client for this endpoint (needs the ``anthropic`` package): its
+        Messages API calls (``client.messages.create(model=llm.model, ...)``) land in this rollout
+        like the OpenAI client's, one ``llm`` span each with exact tokens."""
+        from anthropic import Anthropic, DefaultHttpxClient
+
+        if "http_client" not in kwargs:
+            kwargs["http_client"] = DefaultHttpxClient(verify=_tls_context())
+        return Anthropic(base_url=self.anthropic_base_url, api_key=self.api_key, **kwargs)
+
+    def async_anthropic_client(self, **kwargs: Any) -> Any:
+        """An ``anthropic.AsyncAnthropic`` client for this endpoint (sharing one TLS context, as above)."""
+        from anthropic import AsyncAnthropic, DefaultAsyncHttpxClient
+
+        if "http_client" not in kwargs:
+            kwargs["http_client"] = DefaultAsyncHttpxClient(verify=_tls_context())
+        return AsyncAnthropic(base_url=self.anthropic_base_url, api_key=self.api_key, **kwargs)
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,8 +1,10 @@
 """The PolicyServer: an OpenAI-compatible HTTP server that records every call as an ``llm`` span.
 
-Routes (each also under ``/rollout/<rollout_id>`` and ``/rollout/<rollout_id>/agent/<agent>``):
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``; plus ``GET /health``,
-``GET /version`` and vLLM's runtime LoRA routes ``POST /v1/load_lora_adapter`` and
+Routes (each also under ``/rollout/<rollout_id>``, ``/rollout/<rollout_id>/agent/<agent>`` and the
+lease forms ``/rollout/<rollout_id>/lease/<token>[/agent/<agent>]``):
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (OpenAI Responses),
+``POST /v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic Messages), ``GET /v1/models``;
+plus ``GET /health``, ``GET /version`` and vLLM's runtime LoRA routes ``POST /v1/load_lora_adapter`` and
 ``/v1/unload_lora_adapter``.
 The handlers live in :mod:`.routes` (one module per route family); this module holds the server's
 life cycle and the app.
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,7 +37,7 @@ from ._threaded import ThreadedUvicorn
 from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
-from .routes import chat, completions, lora, meta
+from .routes import chat, completions, lora, messages, meta, responses
 from .routes.calls import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
 
 __all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer"]
@@ -60,6 +65,26 @@ class _RecentSet:
         with self._lock:
             self._items[item] = None
             self._items.move_to_end(item)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+class _RecentDict:
+    """The last ``size`` entries set (a mapping whose memory stays bounded over a long run)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            return self._items.get(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
@@ -100,6 +125,17 @@ class PolicyServer(ThreadedUvicorn):
     (``stream=true``) sends OpenAI chunks once the engine has produced the whole reply, then
     ``data: [DONE]``.
 
+    Other API dialects, one capture point: ``/v1/responses`` (OpenAI Responses, e.g. Codex or the
+    Agents SDK's default model) and ``/v1/messages`` (Anthropic Messages, e.g. Claude Code or
+    ``llm.anthropic_client()``; errors in Anthropic's shape) convert the request to chat messages and
+    tools and serve it through the same engine path, one ``llm`` span per call (``attributes["api"]``
+    names the dialect), then answer in the dialect's shape and SSE events (see
+    :mod:`.openai_responses`, :mod:`.anthropic_messages`). The API key is taken as
+    ``Authorization: Bearer`` or ``x-api-key``. ``clamp_max_tokens``: ``None`` (default) cuts a
+    ``max_tokens`` larger than the context leaves to the room left on those two routes (harnesses ask
+    for 32000 and exit on a 400; ``params.max_tokens_requested`` records the ask) and keeps OpenAI's
+    400 on chat and text completions; ``True`` cuts on every route, ``False`` on none.
+
     >>> import agentlightning_lite as agl
     >>> from agentlightning_lite.serving import PolicyServer, engines
     >>> store = agl.MemoryStore()
@@ -134,6 +170,7 @@ class PolicyServer(ThreadedUvicorn):
         log_level: str = "warning",
         max_body_bytes: int = 32 * 2**20,
         loop: str = "auto",
+        clamp_max_tokens: bool | None = None,
     ) -> None:
         super().__init__(host, port, log_level)
         self.engine = engine
@@ -149,6 +186,10 @@ class PolicyServer(ThreadedUvicorn):
         if loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
         self.loop = loop
+        self.clamp_max_tokens = clamp_max_tokens
+        #: Responses API: the conversations of responses kept for ``previous_response_id`` (the last 1,000)
+        self.responses: _RecentDict = _RecentDict(1000)
+        self._rollout_key_secret = secrets.token_bytes(32)  # rollout keys are valid for this server only
         self._known_rollouts = _RecentSet(10_000)  # rollouts seen in the store (looked up again later)
         self._inflight_lock = threading.Lock()
         self._inflight: dict[str, set[concurrent.futures.Future[Any]]] = {}  # rollout id -> engine futures
@@ -209,7 +250,32 @@ class PolicyServer(ThreadedUvicorn):
             api_key=self.api_key or "agl-no-key",
             rollout_id=rollout_id,
             agent=agent,
+            rollout_key=self.rollout_key(rollout_id) if self.api_key and rollout_id is not None else None,
         )
+
+    def rollout_key(self, rollout_id: str) -> str:
+        """A key that authorises model calls routed to ``rollout_id`` and nothing else (not another
+        rollout, not unrouted calls, not the LoRA or runner routes): what a program run for one rollout
+        is given instead of the server's key (``agl.CommandAgent`` does). It is an HMAC of the rollout
+        id under a secret of this server, so it needs no storage and ends with the server. Only
+        checked when the server has an ``api_key`` (without one nothing is).
+
+        >>> from agentlightning_lite.serving import PolicyServer, engines
+        >>> server = PolicyServer(engines.ScriptedEngine(["ok"]), api_key="k")
+        >>> server.rollout_key("r1") == server.rollout_key("r1") != server.rollout_key("r2")
+        True
+        """
+        digest = hmac.new(self._rollout_key_secret, rollout_id.encode(), hashlib.sha256).hexdigest()
+        return f"agl-rk-{digest[:40]}"
+
+    def clamps(self, api: str) -> bool:
+        """Whether a ``max_tokens`` larger than the context leaves is cut to fit (else a 400) on the
+        route of ``api``: ``clamp_max_tokens=None`` (the default) clamps on the Responses and Messages
+        routes (what harnesses speak) and keeps OpenAI's 400 on chat and text completions;
+        ``True``/``False`` clamps on every route / on none."""
+        if self.clamp_max_tokens is None:
+            return api in ("responses", "messages")
+        return self.clamp_max_tokens
 
     def lora_adapter_of(self, body: dict[str, Any]) -> str | None:
         """The adapter a request's ``model`` names (one loaded over HTTP), else ``None``."""
@@ -276,6 +342,13 @@ class PolicyServer(ThreadedUvicorn):
                     prefix + "/v1/chat/completions", self._handler(chat.chat_completions), methods=["POST"]
                 ),
                 Route(prefix + "/v1/completions", self._handler(completions.completions), methods=["POST"]),
+                Route(prefix + "/v1/responses", self._handler(responses.responses), methods=["POST"]),
+                Route(prefix + "/v1/messages", self._handler(messages.messages), methods=["POST"]),
+                Route(
+                    prefix + "/v1/messages/count_tokens",
+                    self._handler(messages.count_tokens),
+                    methods=["POST"],
+                ),
                 Route(prefix + "/v1/models", self._handler(meta.models), methods=["GET"]),
             ]
         routes.append(Route("/health", self._handler(meta.health), methods=["GET"]))

@@ -46,19 +46,40 @@ class Call:
     model: str
 
 
-def check_auth(server: PolicyServer, request: Request) -> None:
-    """Raise a 401 unless the request carries the server's API key (when it has one)."""
+def _presented_keys(request: Request) -> list[str]:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        token = ""
+    return [t.strip() for t in (token, request.headers.get("x-api-key", "")) if t.strip()]
+
+
+def check_auth(server: PolicyServer, request: Request, rollout_id: str | None = None) -> None:
+    """Raise a 401 unless the request carries the server's API key (when it has one), as
+    ``Authorization: Bearer <key>`` (OpenAI) or ``x-api-key: <key>`` (Anthropic).
+
+    With ``rollout_id`` (a model call routed to that rollout), that rollout's own key
+    (``server.rollout_key(rollout_id)``) is accepted too: a key handed to one rollout's agent
+    reaches that rollout's model routes and nothing else.
+    """
     if server.api_key is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), server.api_key.encode()):
+    expected = [server.api_key.encode()]
+    if rollout_id is not None:
+        expected.append(server.rollout_key(rollout_id).encode())
+    presented = _presented_keys(request)
+    if not any(hmac.compare_digest(t.encode(), e) for t in presented for e in expected):
         raise APIError(
             401,
-            "Incorrect API key provided. Pass the server's key as 'Authorization: Bearer <key>'.",
+            "Incorrect API key provided. Pass the server's key as 'Authorization: Bearer <key>' "
+            "(or 'x-api-key: <key>').",
             type="invalid_request_error",
             code="invalid_api_key",
         )
+
+
+def _routed_to(request: Request) -> str | None:
+    """The rollout id a request names (URL, else header), unchecked."""
+    return request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
 
 
 async def rollout_of(server: PolicyServer, request: Request) -> str | None:
@@ -149,7 +170,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
 async def resolve_call(server: PolicyServer, request: Request) -> Call:
     """Authenticate and parse a generation request: body, rollout, agent, parent span, model."""
-    check_auth(server, request)
+    check_auth(server, request, _routed_to(request))
     body = await read_json(request, server.max_body_bytes)
     rollout_id = await rollout_of(server, request)
     if rollout_id is not None and server.rollout_guard is not None:  # a claimed rollout: its lease
@@ -182,8 +203,12 @@ def _printable(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def budget(server: PolicyServer, prompt_len: int, p: Params, param: str) -> int:
-    """The number of new tokens a request may generate; 400 when the prompt leaves no room."""
+def budget(server: PolicyServer, prompt_len: int, p: Params, param: str, clamp: bool = False) -> int:
+    """The number of new tokens a request may generate; 400 when the prompt leaves no room.
+
+    A ``max_tokens`` past the room the context leaves is a 400 too, unless ``clamp``: then it is cut
+    to that room (a harness that always asks for 32000 tokens still gets an answer).
+    """
     limit = server.engine.max_context
     room = limit - prompt_len
     if room <= 0:
@@ -194,6 +219,8 @@ def budget(server: PolicyServer, prompt_len: int, p: Params, param: str) -> int:
             code="context_length_exceeded",
         )
     if p.max_tokens is not None and p.max_tokens > room:
+        if clamp:
+            return room
         raise bad_request(
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_len + p.max_tokens} tokens ({prompt_len} in the {param}, {p.max_tokens} in the "

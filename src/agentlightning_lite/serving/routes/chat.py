@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..chat import ChatFormatError, parse_tool_calls, select_tools
+from ..chat import ChatFormatError, content_text, parse_tool_calls, select_tools
 from ..engines.base import GenResult
 from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params, parse_params
 from ..structured import ResponseFormat, ResponseFormatError, parse_response_format
 from .calls import (
+    Call,
     budget,
     engine_failed,
     gen_requests,
@@ -33,9 +35,22 @@ if TYPE_CHECKING:
     from ..server import PolicyServer
 
 
+@dataclass
+class ChatRun:
+    """One chat request served and recorded: what each dialect's route renders its answer from."""
+
+    request_id: str
+    created: int
+    fingerprint: str
+    choices: list[dict[str, Any]]
+    results: list[GenResult]
+    total: dict[str, int]
+    prompt_ids: list[int]
+    max_tokens: int
+
+
 async def chat_completions(server: PolicyServer, request: Request) -> Response:
     """Generate ``n`` assistant replies to ``messages`` and record one ``llm`` span per reply."""
-    start = time.time()
     call = await resolve_call(server, request)
     body = call.body
     p = parse_params(body, chat=True, max_n=server.max_n)
@@ -44,25 +59,92 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         raise bad_request(
             "Missing required parameter: 'messages'.", "messages", code="missing_required_parameter"
         )
+    run = await run_chat(
+        server,
+        request,
+        call,
+        messages,
+        body.get("tools"),
+        body.get("tool_choice"),
+        p,
+        api="chat.completions",
+        request_id="chatcmpl-" + secrets.token_hex(12),
+        response_format=body.get("response_format"),
+        clamp=server.clamps("chat.completions"),
+    )
+    if p.stream:
+        return sse(_chunks(server, run, p))
+    return JSONResponse(
+        {
+            "id": run.request_id,
+            "object": "chat.completion",
+            "created": run.created,
+            "model": server.model_name,
+            "system_fingerprint": run.fingerprint,
+            "choices": run.choices,
+            "usage": run.total,
+        },
+        headers={"x-request-id": run.request_id},
+    )
+
+
+async def run_chat(
+    server: PolicyServer,
+    request: Request,
+    call: Call,
+    messages: Any,
+    tools: Any,
+    tool_choice: Any,
+    p: Params,
+    *,
+    api: str,
+    request_id: str,
+    response_format: Any = None,
+    clamp: bool = False,
+    parallel_tool_calls: bool = True,
+    merge_system: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> ChatRun:
+    """Serve chat ``messages`` (OpenAI shape) through the engine and record one ``llm`` span per
+    choice: the one capture point of every API dialect (``api`` names the dialect on the span).
+
+    ``clamp``: a ``max_tokens`` larger than the context leaves is cut to the room left (recorded as
+    ``params.max_tokens_requested``) instead of a 400. ``parallel_tool_calls=False`` keeps only the
+    first tool call of a reply. ``merge_system``: when the chat template refuses a system message
+    after the first turn, such messages are merged into the leading system prompt (recorded as
+    ``system_merged``). ``extra``: more span attributes.
+    """
+    start = time.time()
     engine = server.engine
-    tools, tool_choice = body.get("tools"), body.get("tool_choice")
+    merged = False
     try:
         offered, _ = select_tools(tools, tool_choice)
-        prompt_text = engine.apply_chat_template(messages, tools, tool_choice)
+        try:
+            prompt_text = engine.apply_chat_template(messages, tools, tool_choice)
+        except ChatFormatError:
+            if not merge_system or not has_late_system(messages):
+                raise
+            messages, merged = merge_system_messages(messages), True
+            prompt_text = engine.apply_chat_template(messages, tools, tool_choice)
     except ChatFormatError as exc:
         raise bad_request(str(exc), exc.param) from None
-    fmt = await response_format(server, body, offered or None)
+    fmt = await response_format_of(server, response_format, offered or None)
     prompt_ids = engine.encode(prompt_text)
-    max_tokens = budget(server, len(prompt_ids), p, "messages")
-    request_id = "chatcmpl-" + secrets.token_hex(12)
+    max_tokens = budget(server, len(prompt_ids), p, "messages", clamp=clamp)
+    params = p.record() | {"max_tokens": max_tokens, "tool_choice": tool_choice}
+    if p.max_tokens is not None and max_tokens < p.max_tokens:
+        params["max_tokens_requested"] = p.max_tokens
     attrs: dict[str, Any] = {
-        "api": "chat.completions",
+        "api": api,
         "request_id": request_id,
-        "params": p.record() | {"max_tokens": max_tokens, "tool_choice": tool_choice},
+        "params": params,
         "tools": offered or None,
         "prompt_text": prompt_text,
         "engine": type(engine).__name__,
+        **(extra or {}),
     }
+    if merged:
+        attrs["system_merged"] = True
     if fmt is not None:
         attrs["response_format"] = fmt.record()
     task = task_of(messages)
@@ -86,9 +168,7 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
     except ResponseFormatError as exc:  # the engine could not honour it (a script that does not fit)
         raise bad_request(str(exc), "response_format") from None
     except Exception as exc:
-        raise await engine_failed(
-            server, call, "chat.completions", start, messages, attrs, prompt_ids, task, exc
-        ) from exc
+        raise await engine_failed(server, call, api, start, messages, attrs, prompt_ids, task, exc) from exc
 
     choices, spans = [], []
     total = usage(len(prompt_ids), results)
@@ -97,6 +177,8 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         calls: list[dict[str, Any]] = []
         if offered:
             content, calls = parse_tool_calls(res.text, offered)
+            if not parallel_tool_calls:
+                calls = calls[:1]
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
@@ -112,7 +194,7 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
         spans.append(
             llm_span(
                 call,
-                "chat.completions",
+                api,
                 start,
                 messages,
                 attrs
@@ -133,30 +215,61 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
             )
         )
     await run_in_threadpool(record, server, call, task, spans, False)
-    created = int(start)
-    fingerprint = f"agl-{type(engine).__name__}-v{results[0].weights_version}"
-    if p.stream:
-        return sse(_chunks(server, request_id, created, fingerprint, choices, results, p, total))
-    return JSONResponse(
-        {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": server.model_name,
-            "system_fingerprint": fingerprint,
-            "choices": choices,
-            "usage": total,
-        },
-        headers={"x-request-id": request_id},
+    return ChatRun(
+        request_id=request_id,
+        created=int(start),
+        fingerprint=f"agl-{type(engine).__name__}-v{results[0].weights_version}",
+        choices=choices,
+        results=results,
+        total=total,
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
     )
+
+
+def has_late_system(messages: Any) -> bool:
+    """Whether a ``system``/``developer`` message follows a message of another role."""
+    if not isinstance(messages, list):
+        return False
+    seen_other = False
+    for m in messages:
+        role = m.get("role") if isinstance(m, dict) else None
+        if role in ("system", "developer"):
+            if seen_other:
+                return True
+        else:
+            seen_other = True
+    return False
+
+
+def merge_system_messages(messages: list[Any]) -> list[Any]:
+    """The messages with every ``system``/``developer`` message merged into one leading system
+    message (their texts in order, a blank line apart): for chat templates that take a system
+    prompt only first.
+
+    >>> merge_system_messages([{"role": "system", "content": "A"}, {"role": "user", "content": "q"},
+    ...                        {"role": "system", "content": "B"}])
+    [{'role': 'system', 'content': 'A\\n\\nB'}, {'role': 'user', 'content': 'q'}]
+    """
+    system = [m for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+    rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
+    texts = [content_text(m.get("content"), "messages") for m in system]
+    return [{"role": "system", "content": "\n\n".join(t for t in texts if t)}, *rest]
 
 
 async def response_format(
     server: PolicyServer, body: dict[str, Any], tools: list[dict[str, Any]] | None = None
 ) -> ResponseFormat | None:
     """The request's ``response_format``, checked by the engine; a 400 naming it otherwise."""
+    return await response_format_of(server, body.get("response_format"), tools)
+
+
+async def response_format_of(
+    server: PolicyServer, value: Any, tools: list[dict[str, Any]] | None = None
+) -> ResponseFormat | None:
+    """A ``response_format`` value, checked by the engine; a 400 naming it otherwise."""
     try:
-        fmt = parse_response_format(body.get("response_format"))
+        fmt = parse_response_format(value)
         if fmt is not None:  # compiling a schema (and, once, the tokenizer's masks) takes a moment
             await run_in_threadpool(server.engine.check_response_format, fmt, tools)
     except ResponseFormatError as exc:
@@ -185,16 +298,10 @@ def _logprobs(
     return out
 
 
-def _chunks(
-    server: PolicyServer,
-    request_id: str,
-    created: int,
-    fingerprint: str,
-    choices: list[dict[str, Any]],
-    results: list[GenResult],
-    p: Params,
-    total: dict[str, int],
-) -> list[dict[str, Any]]:
+def _chunks(server: PolicyServer, run: ChatRun, p: Params) -> list[dict[str, Any]]:
+    request_id, created, fingerprint = run.request_id, run.created, run.fingerprint
+    choices, results, total = run.choices, run.results, run.total
+
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict:
         return {
             "id": request_id,

@@ -48,7 +48,8 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     vocab = engine.vocab_size
     if vocab is not None and any(t >= vocab for _, ids in encoded for t in ids):
         raise bad_request(f"'prompt' holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
-    budgets = [budget(server, len(ids), p, "prompt") for _, ids in encoded]
+    clamp = server.clamps("completions")
+    budgets = [budget(server, len(ids), p, "prompt", clamp=clamp) for _, ids in encoded]
     fmt = await response_format(server, body)
     adapter = server.lora_adapter_of(body)
     # vLLM's extensions: the prompt's and the reply's token ids in each choice; tokens named by id

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import JSONResponse
-from .calls import check_auth, rollout_of
+from .calls import _routed_to, check_auth, rollout_of
 
 if TYPE_CHECKING:
     from ..server import PolicyServer
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 async def models(server: PolicyServer, request: Request) -> Response:
     """The served model names (the base name and its aliases)."""
-    check_auth(server, request)
+    check_auth(server, request, _routed_to(request))
     await rollout_of(server, request)
     created = int(time.time())
     data = [
