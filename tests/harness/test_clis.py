@@ -21,7 +21,7 @@ from agentlightning_lite.serving import PolicyServer, engines
 
 from .conftest import cli, needs_isolation
 
-pytestmark = pytest.mark.harness
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 #: short prompts and few tools: the embedded model has an 8192-token context
 SHORT = "You are a coding agent. Use the tools when needed; answer briefly."
@@ -79,7 +79,6 @@ def test_every_call_of_a_harness_run_lands_in_its_rollout_with_token_ids(
     assert {r.rollout_id for r in scripted.store.rollouts()} == {rid for _, rid in runs}
 
 
-@pytest.mark.slow
 def test_one_grpo_step_on_opencode_rollouts_with_the_embedded_model(tmp_path: Path) -> None:
     needs_isolation()
     pytest.importorskip("peft")
