@@ -21,7 +21,7 @@ from agentlightning_lite.serving import PolicyServer, engines
 
 from .conftest import cli, needs_isolation
 
-pytestmark = pytest.mark.harness
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 #: short prompts and few tools: the embedded model has an 8192-token context
 SHORT = "You are a coding agent. Use the tools when needed; answer briefly."
@@ -79,11 +79,10 @@ def test_every_call_of_a_harness_run_lands_in_its_rollout_with_token_ids(
     assert {r.rollout_id for r in scripted.store.rollouts()} == {rid for _, rid in runs}
 
 
-@pytest.mark.slow
 def test_one_grpo_step_on_opencode_rollouts_with_the_embedded_model(tmp_path: Path) -> None:
     needs_isolation()
     pytest.importorskip("peft")
-    agent = recipes()["opencode"](max_output=48, timeout=400, reward=_reward)
+    agent = recipes()["opencode"](max_output=16, timeout=600, reward=_reward)
     trainer = agl.Trainer(
         model="smollm2-135m",
         engine="hf",
@@ -93,7 +92,7 @@ def test_one_grpo_step_on_opencode_rollouts_with_the_embedded_model(tmp_path: Pa
         output_dir=tmp_path,
         batch_size=1,
         max_seq_len=4096,
-        rollout_timeout=450,
+        rollout_timeout=700,
         loggers=[],
     )
     with trainer:
@@ -103,8 +102,10 @@ def test_one_grpo_step_on_opencode_rollouts_with_the_embedded_model(tmp_path: Pa
         assert len(rollouts) == 2 and all(r.status == "succeeded" for r in rollouts)
         for ro in rollouts:
             spans = store.spans(ro.rollout_id)
-            assert [s.name for s in spans if s.kind == "agent"] == ["harness"]
-            assert all(s.prompt_token_ids and s.response_token_ids for s in spans if s.kind == "llm")
+            (harness,) = [s for s in spans if s.kind == "agent"]
+            llm = [s for s in spans if s.kind == "llm"]
+            assert llm, harness.output  # opencode's calls reached the trainer's server, in this rollout
+            assert all(s.prompt_token_ids and s.response_token_ids for s in llm)
         trained = agl.transitions(store, rollout_ids=[r.rollout_id for r in rollouts])
         assert trained and all(t.prompt_token_ids and t.response_token_ids for t in trained)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
