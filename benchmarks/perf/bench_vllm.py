@@ -45,7 +45,7 @@ def yn(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def row(cells: list[Any]) -> str:
+def md_row(cells: list[Any]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
@@ -187,6 +187,83 @@ def front_cost(
     return out
 
 
+def render(tput: list[dict[str, Any]], mism: list[dict[str, Any]], front: list[dict[str, Any]]) -> str:
+    """The three tables, in markdown."""
+    lines = [
+        "## Generation, tokens/s (greedy)",
+        "",
+        "| adapter | concurrent requests | HFEngine | vLLM CPU build | vLLM / HF |",
+        "|---|---|---|---|---|",
+    ]
+    for r in tput:
+        ratio = r["vllm"]["tokens_per_s"] / r["hf"]["tokens_per_s"]
+        cells = [
+            yn(r["adapter"]),
+            r["concurrency"],
+            r["hf"]["tokens_per_s"],
+            r["vllm"]["tokens_per_s"],
+            f"{ratio:.2f}x",
+        ]
+        lines.append(md_row(cells))
+    lines += [
+        "",
+        "## Train-inference logprob mismatch (temperature 1, re-scored by the trainer's forward_logprobs)",
+        "",
+    ]
+    lines += [
+        "| engine | adapter | tokens | mean abs diff | max abs diff | ratio outside [0.8, 1.25] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in mism:
+        name = "vLLM CPU build" if m["engine"] == "vllm" else "HFEngine"
+        cells = [name, yn(m["adapter"]), m["tokens"], f"{m['mean_abs']:.2e}", f"{m['max_abs']:.2e}"]
+        lines.append(md_row([*cells, f"{100 * m['share_outside']:.2f}%"]))
+    lines += [
+        "",
+        "## PolicyServer in front of vLLM against vLLM directly (chat completions, greedy, no adapter)",
+        "",
+    ]
+    lines += [
+        "| concurrent requests | requests | direct tokens/s | through PolicyServer tokens/s | ratio "
+        "| direct mean latency (s) | through PolicyServer mean latency (s) | same replies |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in front:
+        d, p = f["direct"], f["front"]
+        cells = [f["concurrency"], f["concurrency"] * f["rounds"], d["tokens_per_s"], p["tokens_per_s"]]
+        cells += [
+            f"{f['front_vs_direct']:.3f}x",
+            d["mean_latency_s"],
+            p["mean_latency_s"],
+            yn(f["same_replies"]),
+        ]
+        lines.append(md_row(cells))
+    return "\n".join(lines)
+
+
+def from_log(path: Path) -> tuple[list[Any], list[Any], list[Any]]:
+    """The figures a run printed (its stdout saved to ``path``), for :func:`render`."""
+    import ast
+
+    tput: list[dict[str, Any]] = []
+    mism: list[dict[str, Any]] = []
+    front: list[dict[str, Any]] = []
+    pending: dict[str, Any] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("hf {", "vllm {")):
+            name, _, rest = line.partition(" ")
+            pending[name] = ast.literal_eval(rest)
+            if "hf" in pending and "vllm" in pending:  # the order main() runs them in
+                i = len(tput)
+                tput.append({"adapter": i >= 2, "concurrency": (1, 16)[i % 2], **pending})
+                pending = {}
+        elif line.startswith("{'engine'"):
+            mism.append(ast.literal_eval(line))
+        elif line.startswith("{'concurrency'"):
+            front.append(ast.literal_eval(line))
+    return tput, mism, front
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -197,7 +274,13 @@ def main() -> None:
     )
     parser.add_argument("--kv-cache-gb", type=int, default=1)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--render-log", default=None, help="print the tables of a run's saved stdout, and stop"
+    )
     args = parser.parse_args()
+    if args.render_log:
+        print(render(*from_log(Path(args.render_log))))
+        return
 
     import agentlightning_lite as agl
     from agentlightning_lite.serving import PolicyServer
@@ -210,7 +293,7 @@ def main() -> None:
         "smollm2-135m", lora=agl.LoRA(r=8, alpha=16), num_threads=args.threads, max_batch_size=16, seed=0
     )
     adapter = make_adapter(hf, tmp / "adapter")
-    hf.set_routes({"adapted": "policy"}, default=None)
+    hf.set_routes({"adapted": hf.adapters[0]}, default=None)  # its LoRA adapter ("default")
     prompts = [hf.encode(hf.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
     t0 = time.perf_counter()
     vllm = VLLMEngine(
@@ -272,56 +355,7 @@ def main() -> None:
     load_after = _load()
     wall = time.perf_counter() - t_start
 
-    lines = [
-        "## Generation, tokens/s (greedy)",
-        "",
-        "| adapter | concurrent requests | HFEngine | vLLM CPU build | vLLM / HF |",
-        "|---|---|---|---|---|",
-    ]
-    for r in tput:
-        ratio = r["vllm"]["tokens_per_s"] / r["hf"]["tokens_per_s"]
-        cells = [
-            yn(r["adapter"]),
-            r["concurrency"],
-            r["hf"]["tokens_per_s"],
-            r["vllm"]["tokens_per_s"],
-            f"{ratio:.2f}x",
-        ]
-        lines.append(row(cells))
-    lines += [
-        "",
-        "## Train-inference logprob mismatch (temperature 1, re-scored by the trainer's forward_logprobs)",
-        "",
-    ]
-    lines += [
-        "| engine | adapter | tokens | mean abs diff | max abs diff | ratio outside [0.8, 1.25] |",
-        "|---|---|---|---|---|---|",
-    ]
-    for m in mism:
-        name = "vLLM CPU build" if m["engine"] == "vllm" else "HFEngine"
-        cells = [name, yn(m["adapter"]), m["tokens"], f"{m['mean_abs']:.2e}", f"{m['max_abs']:.2e}"]
-        lines.append(row([*cells, f"{100 * m['share_outside']:.2f}%"]))
-    lines += [
-        "",
-        "## PolicyServer in front of vLLM against vLLM directly (chat completions, greedy, no adapter)",
-        "",
-    ]
-    lines += [
-        "| concurrent requests | requests | direct tokens/s | through PolicyServer tokens/s | ratio "
-        "| direct mean latency (s) | through PolicyServer mean latency (s) | same replies |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for f in front:
-        d, p = f["direct"], f["front"]
-        cells = [f["concurrency"], f["concurrency"] * f["rounds"], d["tokens_per_s"], p["tokens_per_s"]]
-        cells += [
-            f"{f['front_vs_direct']:.3f}x",
-            d["mean_latency_s"],
-            p["mean_latency_s"],
-            yn(f["same_replies"]),
-        ]
-        lines.append(row(cells))
-    table = "\n".join(lines)
+    table = render(tput, mism, front)
     print(table)
     if args.no_write:
         return

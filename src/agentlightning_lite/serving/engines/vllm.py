@@ -34,7 +34,14 @@ from .http import BackendError, HTTPEngine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SUPPORTED_VLLM", "VLLMEngine", "check_vllm_version", "vllm_available", "vllm_serve_command"]
+__all__ = [
+    "SUPPORTED_VLLM",
+    "VLLMEngine",
+    "check_vllm_version",
+    "vllm_available",
+    "vllm_launcher",
+    "vllm_serve_command",
+]
 
 #: the vLLM versions whose HTTP API this engine follows (the ``vllm`` extra pins the newest of them)
 SUPPORTED_VLLM = ">=0.10.2,<0.34"
@@ -134,7 +141,7 @@ def _distributions(python: str) -> dict[str, Any]:
     """:func:`_probe` in ``python`` (``{}`` when it cannot tell)."""
     import json
 
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    if os.path.abspath(python) == os.path.abspath(sys.executable):  # not realpath: venvs share one binary
         return _probe()
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60).stdout
