@@ -74,7 +74,7 @@ def _model(name: str) -> tuple[Any, int, int]:
     import torch
 
     import agentlightning_lite as agl
-    from agentlightning_lite.rl.lora import attach_lora
+    from agentlightning_lite.lora_settings import attach_lora
 
     if name == "tiny":
         from tests._helpers import BYTE_EOS, tiny_llama

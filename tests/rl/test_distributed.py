@@ -369,15 +369,15 @@ def test_a_trainer_the_launch_cannot_train_is_refused_with_what_to_do() -> None:
     dp = object.__new__(DataParallel)  # the checks only, without a process group
     dp.launch, dp.rank, dp.world_size = Launch(1, 2, 1, "127.0.0.1", "29500"), 1, 2
     dp.backend, dp.device, dp.lockstep = "nccl", torch.device("cuda", 1), None
-    on_gpu0 = SimpleNamespace(device=torch.device("cuda", 0), _weights=SimpleNamespace(in_place=True))
+    on_gpu0 = SimpleNamespace(device=torch.device("cuda", 0), weights=SimpleNamespace(in_place=True))
     with pytest.raises(DistributedError, match=r"on cuda:0, its GPU is cuda:1.*from_env"):
-        dp.check_trainer(on_gpu0)
-    dp.check_trainer(SimpleNamespace(device=torch.device("cuda", 1), _weights=on_gpu0._weights))  # fine
+        dp.check_learner(on_gpu0)
+    dp.check_learner(SimpleNamespace(device=torch.device("cuda", 1), weights=on_gpu0.weights))  # fine
     dp.backend, dp.device, dp.lockstep = "gloo", torch.device("cpu"), lambda: None
-    cpu = SimpleNamespace(device=torch.device("cpu"), _weights=SimpleNamespace(in_place=True))
+    cpu = SimpleNamespace(device=torch.device("cpu"), weights=SimpleNamespace(in_place=True))
     with pytest.raises(DistributedError, match=r"sharded.*in-process engine"):
-        dp.check_trainer(cpu)
-    dp.check_trainer(SimpleNamespace(device=torch.device("cpu"), _weights=SimpleNamespace(in_place=False)))
+        dp.check_learner(cpu)
+    dp.check_learner(SimpleNamespace(device=torch.device("cpu"), weights=SimpleNamespace(in_place=False)))
 
 
 SERVER = """

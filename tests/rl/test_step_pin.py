@@ -91,7 +91,7 @@ def run_case(name: str, tmp_path: Path) -> tuple[dict[str, list[float]], dict[st
 
 
 def learn(trainer: agl.Trainer, samples: list[Sample]) -> dict[str, float]:
-    return trainer._update(samples)
+    return trainer.learner.learn(samples)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -123,7 +123,7 @@ def transitions_cmd(args: argparse.Namespace) -> int:
 
 def export_sft_cmd(args: argparse.Namespace) -> int:
     """``agl-lite export-sft DB OUT.jsonl``."""
-    from ..sft import export_sft
+    from ..sft_export import export_sft
 
     store = _open(args)
     out = Path(args.out)

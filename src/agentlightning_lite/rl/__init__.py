@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from ..lora_settings import LoRA
     from .grpo import GRPO
-    from .lora import LoRA
     from .ppo import PPO
     from .rollouts import LitAgent
     from .sft import SFT
@@ -25,7 +25,7 @@ _WHERE = {
     "PPO": ".ppo",
     "SFT": ".sft",
     "LitAgent": ".rollouts",
-    "LoRA": ".lora",
+    "LoRA": "..lora_settings",
     "Trainer": ".trainer",
 }
 
