@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .learner import Learner
     from .policies import Policy
 
-__all__ = ["Algorithm", "RolloutOnly", "WeightUpdate"]
+__all__ = ["Algorithm", "RolloutOnly", "WeightUpdate", "rollout_only"]
 
 
 @runtime_checkable
@@ -95,3 +95,15 @@ class RolloutOnly(Algorithm, Protocol):
         """Run with ``trainer``'s rollout session (:attr:`~.trainer.Trainer.rollouts`), store, metrics
         and output directory; what ``Trainer.fit`` returns."""
         ...
+
+
+def rollout_only(algorithm: object) -> RolloutOnly | None:
+    """``algorithm`` when it works on the rollout side only (``agl.APO``), else ``None``.
+
+    >>> import agentlightning_lite as agl
+    >>> rollout_only(agl.GRPO()) is None, rollout_only("grpo") is None
+    (True, True)
+    """
+    if isinstance(algorithm, RolloutOnly) and not algorithm.updates_weights:
+        return algorithm
+    return None

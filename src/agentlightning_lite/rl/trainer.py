@@ -34,7 +34,7 @@ from ..tracer import Tracer
 from . import config as cfg
 from ._memory import release_host_memory
 from ._runtime import memory_stats, prepare_update_memory, progress, release_cuda_cache
-from .algorithm import Algorithm, RolloutOnly, WeightUpdate
+from .algorithm import Algorithm, WeightUpdate, rollout_only
 from .checkpoint import save_checkpoint
 from .distributed import DataParallel
 from .engine_setup import build_engine, training_model, update_autocast
@@ -195,9 +195,9 @@ class Trainer:
         groups = cfg.resolve(locals())  # the knobs, one config object per group
         plan = plan_for(policies, lora, agents)
         self.lora, self.agents = plan.lora, plan.trained_agents()
-        self._rollout_only: RolloutOnly | None = None  # agl.APO: fit optimises the prompts instead
-        if algorithm is not None and not algorithm.updates_weights:
-            self._rollout_only, algorithm = algorithm, None  # type: ignore[assignment]
+        self._rollout_only = rollout_only(algorithm)  # agl.APO: fit optimises the prompts instead
+        if self._rollout_only is not None:
+            algorithm = None
         weight_algorithm = check_algorithm(algorithm if algorithm is not None else GRPO())
         rollouts: cfg.RolloutConfig = groups["rollout_config"]
         self.rollout_config = dataclasses.replace(  # default concurrency: a whole step's rollouts at once
@@ -307,11 +307,9 @@ class Trainer:
 
         >>> trainer.use_algorithm(agl.GRPO(group_size=8))  # doctest: +SKIP
         """
-        if not algorithm.updates_weights:  # fit then optimises the prompts; the weights stay as they are
-            self._rollout_only = algorithm  # type: ignore[assignment]
-            return
-        self.learner.use_algorithm(algorithm)  # type: ignore[arg-type]
-        self._rollout_only = None
+        self._rollout_only = rollout_only(algorithm)  # fit then optimises the prompts, not the weights
+        if self._rollout_only is None:
+            self.learner.use_algorithm(check_algorithm(algorithm))
 
     # -- the loop -------------------------------------------------------------------------
     def fit(
