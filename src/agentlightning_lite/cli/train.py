@@ -239,6 +239,7 @@ def train(args: argparse.Namespace) -> int:
     prepare_tasks(module, tasks + (val or []))
 
     import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig
 
     algo_cls = agl.GRPO if args.algorithm == "grpo" else agl.PPO
     _err(
@@ -268,11 +269,10 @@ def train(args: argparse.Namespace) -> int:
         air=_air(args),
         output_dir=args.output_dir,
         batch_size=args.batch_size,
-        concurrency=args.concurrency,
-        rollout_timeout=args.rollout_timeout,
-        eval_every=args.eval_every,
-        save_every=args.save_every,
         seed=args.seed,
+        rollout_config=RolloutConfig(concurrency=args.concurrency, timeout=args.rollout_timeout),
+        logging_config=LoggingConfig(eval_every=args.eval_every),
+        checkpoint_config=CheckpointConfig(save_every=args.save_every),
         prompts=args.prompts,
     )
     try:

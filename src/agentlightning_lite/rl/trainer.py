@@ -94,24 +94,20 @@ class Trainer:
             ``agl.RemoteRunners(host=, port=, api_key=)`` (runner processes anywhere, started with
             ``agl-lite runner``; ``fit``'s agent is then a label, or what ``agl.RayRunners`` ships
             to its actors).
-        concurrency, rollout_timeout, failed_reward, success_threshold, max_failed_steps: how a step's
-            rollouts run and what their outcomes count for (:class:`~.config.RolloutConfig`).
-        max_seq_len, max_staleness, transitions: which recorded calls become training samples, and
-            how (:class:`~.config.SampleConfig`).
-        old_logprobs, logprob_tolerance, gradient_checkpointing: how the update computes
-            (:class:`~.config.UpdateConfig`).
-        save_every, keep_checkpoints: steps between checkpoints, how many are kept
-            (:class:`~.config.CheckpointConfig`).
-        loggers, eval_every: where metrics go, steps between evaluations (:class:`~.config.LoggingConfig`).
+        rollout_config, sample_config, update_config, checkpoint_config, logging_config: the knobs,
+            in groups by the job they tune (:mod:`agentlightning_lite.rl.config`), each default written
+            there once: how a step's rollouts run and what their outcomes count for
+            (``RolloutConfig(concurrency, timeout, failed_reward, success_threshold, max_failed_steps)``),
+            which recorded calls become samples (``SampleConfig(max_seq_len, max_staleness,
+            transitions)``), how the update computes (``UpdateConfig(old_logprobs, logprob_tolerance,
+            gradient_checkpointing)``), checkpoints (``CheckpointConfig(save_every, keep)``), where
+            metrics go (``LoggingConfig(loggers, eval_every)``). The old keyword arguments
+            (``rollout_timeout=60``, ``loggers=[]``...) still work, with a ``DeprecationWarning``;
+            each stays readable and settable on the trainer (``trainer.rollout_timeout``).
 
-    The knobs come in groups (``agentlightning_lite.rl.config``): ``rollout_config=RolloutConfig(...)``
-    (``concurrency``, ``rollout_timeout`` as ``timeout``, ``failed_reward``, ``success_threshold``,
-    ``max_failed_steps``), ``sample_config=SampleConfig(...)`` (``max_seq_len``, ``max_staleness``,
-    ``transitions``), ``update_config=UpdateConfig(...)`` (``old_logprobs``, ``logprob_tolerance``,
-    ``gradient_checkpointing``), ``checkpoint_config=CheckpointConfig(...)`` (``save_every``,
-    ``keep_checkpoints`` as ``keep``) and ``logging_config=LoggingConfig(...)`` (``loggers``,
-    ``eval_every``): give a group as one object or its knobs one by one, not both. ``runners`` is any
-    :class:`~agentlightning_lite.rl.sources.RolloutSource` (``serve``, ``collect``, ``stop``).
+    ``runners`` is any :class:`~agentlightning_lite.rl.sources.RolloutSource` (``serve``, ``collect``,
+    ``stop``). ``trainer.rollouts`` (:class:`~.session.Rollouts`) and ``trainer.learner``
+    (:class:`~.learner.Learner`) are the two halves of a step, usable on their own.
     Each step's metrics time its phases: ``timing/rollouts``, ``timing/samples``,
     ``timing/old_logprobs``, ``timing/ref_logprobs``, ``timing/advantages``, ``timing/update``,
     ``timing/weights`` (seconds).
@@ -166,33 +162,19 @@ class Trainer:
         air: AIRRule | Sequence[AIRRule] | None = None,
         output_dir: str | os.PathLike[str] = "runs/agl",
         batch_size: int = 8,
-        concurrency: int | None = None,
-        rollout_timeout: float | None = 300.0,
-        failed_reward: str | float = "drop",
-        success_threshold: float = 1.0,
-        eval_every: int = 0,
-        save_every: int = 0,
-        keep_checkpoints: int | None = 3,
-        max_seq_len: int = 2048,
-        old_logprobs: str = "auto",
-        logprob_tolerance: float = 1e-3,
         seed: int = 0,
-        loggers: str | list[str] = "auto",
         server_options: dict[str, Any] | None = None,
         runners: RolloutSource | None = None,
-        max_staleness: int | None = None,
-        transitions: str = "call",
         policies: Mapping[str, Any] | None = None,
-        gradient_checkpointing: bool | None = None,
-        max_failed_steps: int | None = 1,
+        prompts: str | os.PathLike[str] | Mapping[str, str] | None = None,
         rollout_config: cfg.RolloutConfig | None = None,
         sample_config: cfg.SampleConfig | None = None,
         update_config: cfg.UpdateConfig | None = None,
         checkpoint_config: cfg.CheckpointConfig | None = None,
         logging_config: cfg.LoggingConfig | None = None,
-        prompts: str | os.PathLike[str] | Mapping[str, str] | None = None,
+        **knobs: Any,
     ) -> None:
-        groups = cfg.resolve(locals())  # the knobs, one config object per group
+        groups = cfg.resolve(locals(), knobs)  # one config object per group (old keywords: warned)
         plan = plan_for(policies, lora, agents)
         self.lora, self.agents = plan.lora, plan.trained_agents()
         self._rollout_only = rollout_only(algorithm)  # agl.APO: fit optimises the prompts instead
