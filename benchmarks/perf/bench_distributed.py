@@ -97,7 +97,8 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     from agentlightning_lite.rl.distributed import DataParallel
     from agentlightning_lite.rl.grpo import GRPO
-    from agentlightning_lite.rl.update import Timer, UpdateSettings, optimise
+    from agentlightning_lite.rl.timing import Timer
+    from agentlightning_lite.rl.update import UpdateSettings, optimise
 
     dp = DataParallel.from_env(timeout_s=1800.0)
     rank = dp.rank if dp else 0

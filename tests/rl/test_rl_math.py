@@ -119,7 +119,7 @@ def test_qlora_on_cpu_is_a_clear_error() -> None:
 
 
 def test_micro_batches_bound_samples_and_padded_tokens() -> None:
-    from agentlightning_lite.rl.trainer import _micro_batches
+    from agentlightning_lite.rl.batching import micro_batches as _micro_batches
 
     def s(p: int, r: int) -> Sample:
         return Sample([1] * p, [2] * r, None, 0.0, "g")

@@ -73,17 +73,12 @@ class Trainer:
             rest to the training copy of the model).
         store: where rollouts and spans go (default: ``SQLiteStore(output_dir/"runs.db")``).
         agents: train only these agents' LLM calls; the others' stay frozen (not trained).
-        policies: one LoRA adapter per agent, on one shared base model, trained together:
-            ``{"writer": agl.LoRA(r=16), "rewriter": agl.LoRA(r=8)}``. A value is ``agl.LoRA(...)``
-            (the agent's own trained adapter), another agent's name (share that agent's adapter:
-            ``{"planner": agl.LoRA(), "executor": "planner"}``), a directory holding a saved peft
-            adapter (served frozen) or ``None`` (the base model, frozen). Agents not named are
-            served by the base model and not trained. Each trained adapter has its own optimiser,
-            GRPO groups (per task and per policy), metrics (``<agent>/train/loss``...), checkpoint
-            files and saved adapter (``output_dir/adapters/<agent>``). The PolicyServer serves each
-            call with its agent's adapter (the agent named in the URL, ``llm.for_agent(name)``, or
-            the ``X-Agl-Agent`` header) and records it in the span's ``adapter`` attribute. Not
-            combined with ``lora=`` or ``agents=``.
+        policies: one LoRA adapter per agent on one shared base model, trained together:
+            ``{"writer": agl.LoRA(r=16), "rewriter": "writer", "checker": None}`` (a value is the
+            agent's own ``agl.LoRA``, another agent's name to share its adapter, a saved adapter's
+            directory served frozen, or ``None``: the base model). Each trained adapter has its own
+            optimiser, groups, metrics (``<agent>/train/loss``), checkpoint files and saved adapter;
+            docs/training.md says how calls are routed. Not combined with ``lora=`` or ``agents=``.
         credit: credit rule over an episode's calls (default ``credit.FinalReward()``).
         air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``): one
             rule or a list of them.
@@ -112,9 +107,7 @@ class Trainer:
     ``timing/old_logprobs``, ``timing/ref_logprobs``, ``timing/advantages``, ``timing/update``,
     ``timing/weights`` (seconds).
 
-    On CUDA the update runs under bf16 autocast (when ``torch.cuda.is_bf16_supported()``), the
-    HF engine serves bf16 weights, and the CUDA allocator's cached blocks are returned between a
-    step's generation and its update (the KV caches of the rollouts are no longer needed).
+    On CUDA the update runs under bf16 autocast and the HF engine serves bf16 weights.
 
     >>> import agentlightning_lite as agl
     >>> def agent(task, llm):  # any function (task, llm) -> reward, or an agl.LitAgent
@@ -126,14 +119,6 @@ class Trainer:
     ...                       lora=agl.LoRA(r=8), output_dir="runs/demo")  # doctest: +SKIP
     >>> trainer.fit(agent, [{"question": "2+2=?", "answer": "4"}], steps=2)  # doctest: +SKIP
 
-    Two agents, each with its own adapter (a third, unnamed, stays on the base model):
-
-    >>> def two_agents(task, llm):
-    ...     draft = llm.for_agent("writer").openai_client().chat.completions.create(
-    ...         model=llm.model, messages=[{"role": "user", "content": task["question"]}])
-    ...     ...  # the rewriter's call goes through llm.for_agent("rewriter")
-    >>> trainer = agl.Trainer(model="smollm2-135m", output_dir="runs/two",
-    ...     policies={"writer": agl.LoRA(r=16), "rewriter": agl.LoRA(r=8)})  # doctest: +SKIP
     """
 
     rollout_timeout = cfg.Knob("rollout_config", "timeout")
