@@ -298,3 +298,19 @@ def test_the_view_needs_a_sqlite_store() -> None:
 
     with pytest.raises(TypeError, match="reads a SQLite store"):
         RunData(agl.MemoryStore())
+
+
+def test_the_run_directory_is_found_beside_the_store(tmp_path: Path) -> None:
+    """``agl-lite ui runs/NAME/runs.db`` without --output-dir: the trainer's metrics.jsonl lies beside it."""
+    from agentlightning_lite.ui import RunData
+
+    db = tmp_path / "run" / "runs.db"
+    db.parent.mkdir()
+    _stores.small_store(db)
+    store = ReadOnlyStore(db)
+    assert RunData(store).output_dir is None  # no metrics.jsonl (yet): nothing to show
+    _stores.write_metrics(db.parent)
+    assert RunData(store).output_dir == db.parent
+    assert RunData(store, tmp_path / "elsewhere").output_dir == tmp_path / "elsewhere"  # --output-dir wins
+    assert RunData(store).metrics()["total"] == 5  # the run page's rows
+    store.close()

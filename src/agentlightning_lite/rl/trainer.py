@@ -58,56 +58,37 @@ class Trainer:
     """Train an existing agent's policy model with reinforcement learning on LoRA weights.
 
     Args:
-        model: the policy: a name from ``agl.models`` (``"smollm2-135m"``, embedded), a Hugging
-            Face id or local path.
-        algorithm: ``agl.GRPO(...)`` (default), ``agl.PPO(...)`` or ``agl.SFT(...)`` (supervised
-            fine-tuning on the recorded calls; ``fit(..., algorithm=...)`` switches from then on), or
-            ``agl.APO(...)``: ``fit`` optimises the prompts the agent reads instead (docs/apo.md).
+        model: a name from ``agl.models`` (``"smollm2-135m"``, embedded), a Hugging Face id or a path.
+        algorithm: ``agl.GRPO(...)`` (default), ``agl.PPO(...)``, ``agl.SFT(...)`` (supervised, on the
+            recorded calls), or ``agl.APO(...)``: ``fit`` then optimises the prompts (docs/apo.md).
         prompts: fixed prompts of every rollout (``agl.prompt`` reads them): a ``prompts.json`` or a dict.
         lora: ``agl.LoRA(...)`` adapter settings (``load_in_4bit=True`` for QLoRA on a GPU).
-        engine: ``"auto"`` (vLLM on a GPU when installed, else transformers), ``"hf"``,
-            ``"vllm"``, or an engine instance (``agl.engines.HFEngine(...)``).
-        engine_options: keyword arguments for the engine built from a name, e.g.
-            ``{"num_threads": 1}`` for ``"hf"`` on a busy CPU, or ``{"gpu_memory_utilization": 0.4,
-            "max_model_len": 4096}`` for ``"vllm"`` (default there: 0.45 of the GPU, leaving the
-            rest to the training copy of the model).
+        engine: ``"auto"`` (vLLM on a GPU when installed, else transformers), ``"hf"``, ``"vllm"``, or
+            an engine instance; ``engine_options``: keyword arguments of the engine built from a name
+            (``{"num_threads": 1}`` for ``"hf"``, ``{"gpu_memory_utilization": 0.4}`` for ``"vllm"``).
         store: where rollouts and spans go (default: ``SQLiteStore(output_dir/"runs.db")``).
-        agents: train only these agents' LLM calls; the others' stay frozen (not trained).
-        policies: one LoRA adapter per agent on one shared base model, trained together:
-            ``{"writer": agl.LoRA(r=16), "rewriter": "writer", "checker": None}`` (a value is the
-            agent's own ``agl.LoRA``, another agent's name to share its adapter, a saved adapter's
-            directory served frozen, or ``None``: the base model). Each trained adapter has its own
-            optimiser, groups, metrics (``<agent>/train/loss``), checkpoint files and saved adapter;
-            docs/training.md says how calls are routed. Not combined with ``lora=`` or ``agents=``.
-        credit: credit rule over an episode's calls (default ``credit.FinalReward()``).
-        air: automatic intermediate reward rules (``air.ToolStatus(...)``, ``air.Rule(...)``): one
-            rule or a list of them.
+        agents: train only these agents' LLM calls; the others' stay frozen.
+        policies: one LoRA adapter per agent on one base model, trained together:
+            ``{"writer": agl.LoRA(r=16), "rewriter": "writer", "checker": None}`` (an agent's own
+            ``agl.LoRA``, another agent's name to share its adapter, a saved adapter's directory
+            served frozen, or ``None``: the base model); each has its own optimiser, metrics
+            (``<agent>/train/loss``), checkpoints and saved adapter (docs/training.md). Not with
+            ``lora=`` or ``agents=``.
+        credit, air: the credit rule (default ``credit.FinalReward()``) and AIR rule(s) of the samples.
         output_dir: metrics, reward curve, checkpoints, the final adapter.
-        batch_size: tasks per step (each run ``algorithm.group_size`` times).
-        seed: seeds data order, sampling seeds and torch.
-        runners: where rollouts run: ``None`` (threads of this process, the default), or
-            ``agl.RemoteRunners(host=, port=, api_key=)`` (runner processes anywhere, started with
-            ``agl-lite runner``; ``fit``'s agent is then a label, or what ``agl.RayRunners`` ships
-            to its actors).
-        rollout_config, sample_config, update_config, checkpoint_config, logging_config: the knobs,
-            in groups by the job they tune (:mod:`agentlightning_lite.rl.config`), each default written
-            there once: how a step's rollouts run and what their outcomes count for
-            (``RolloutConfig(concurrency, timeout, failed_reward, success_threshold, max_failed_steps)``),
-            which recorded calls become samples (``SampleConfig(max_seq_len, max_staleness,
-            transitions)``), how the update computes (``UpdateConfig(old_logprobs, logprob_tolerance,
-            gradient_checkpointing)``), checkpoints (``CheckpointConfig(save_every, keep)``), where
-            metrics go (``LoggingConfig(loggers, eval_every)``). The old keyword arguments
-            (``rollout_timeout=60``, ``loggers=[]``...) still work, with a ``DeprecationWarning``;
-            each stays readable and settable on the trainer (``trainer.rollout_timeout``).
+        batch_size: tasks per step (each run ``algorithm.group_size`` times); ``seed``: data order,
+            sampling seeds and torch.
+        runners: where rollouts run: ``None`` (threads of this process), ``agl.RemoteRunners(...)``,
+            ``agl.RayRunners(...)``, any :class:`~.sources.RolloutSource`.
+        rollout_config, sample_config, update_config, checkpoint_config, logging_config: the knobs in
+            groups, each default written once (:mod:`agentlightning_lite.rl.config`). The old
+            one-by-one keywords (``rollout_timeout=60``, ``loggers=[]``...) still work, with a
+            ``DeprecationWarning``; ``trainer.rollout_timeout`` and the like read and write the groups.
 
-    ``runners`` is any :class:`~agentlightning_lite.rl.sources.RolloutSource` (``serve``, ``collect``,
-    ``stop``). ``trainer.rollouts`` (:class:`~.session.Rollouts`) and ``trainer.learner``
-    (:class:`~.learner.Learner`) are the two halves of a step, usable on their own.
-    Each step's metrics time its phases: ``timing/rollouts``, ``timing/samples``,
-    ``timing/old_logprobs``, ``timing/ref_logprobs``, ``timing/advantages``, ``timing/update``,
-    ``timing/weights`` (seconds).
-
-    On CUDA the update runs under bf16 autocast and the HF engine serves bf16 weights.
+    ``trainer.rollouts`` (:class:`~.session.Rollouts`) and ``trainer.learner``
+    (:class:`~.learner.Learner`) are the two halves of a step. Each step's metrics time its phases
+    (``timing/rollouts``, ``timing/samples``, ``timing/old_logprobs``, ``timing/ref_logprobs``,
+    ``timing/advantages``, ``timing/update``, ``timing/weights``, in seconds).
 
     >>> import agentlightning_lite as agl
     >>> def agent(task, llm):  # any function (task, llm) -> reward, or an agl.LitAgent
@@ -118,7 +99,6 @@ class Trainer:
     >>> trainer = agl.Trainer(model="smollm2-135m", algorithm=agl.GRPO(group_size=4),
     ...                       lora=agl.LoRA(r=8), output_dir="runs/demo")  # doctest: +SKIP
     >>> trainer.fit(agent, [{"question": "2+2=?", "answer": "4"}], steps=2)  # doctest: +SKIP
-
     """
 
     rollout_timeout = cfg.Knob("rollout_config", "timeout")
@@ -289,19 +269,15 @@ class Trainer:
         resume: bool = False,
         algorithm: Algorithm | None = None,
     ) -> dict[str, Any]:
-        """Train ``agent`` on ``train_dataset`` until step ``steps`` (default: ``epochs`` passes).
+        """Train ``agent`` on ``train_dataset`` until step ``steps`` (default: ``epochs`` passes): roll
+        out, make samples, learn (and hand the weights over), log, evaluate, checkpoint.
 
-        ``agent`` is a function ``(task, llm) -> float | None`` (sync or async) or an
-        ``agl.LitAgent``. With ``resume=True`` the newest checkpoint in ``output_dir`` is loaded
-        (adapter, optimiser, RNG, data position, step) and training continues from there; rollouts
-        that a process which died left ``running`` in the store are first marked ``failed`` with
-        error ``"interrupted"`` (see :func:`agentlightning_lite.store.recovery.recover_interrupted`).
-        Returns the final metrics (with the last validation scores when ``val_dataset`` is given).
-
-        ``algorithm`` switches the trainer to another algorithm from here on (a fresh optimiser
-        on the same adapter): ``fit(agent, tasks, algorithm=agl.SFT(teacher=engine))`` for a
-        supervised warm start, then ``fit(agent, tasks, steps=trainer.step + 8, algorithm=agl.GRPO())``
-        (the step count is the trainer's, across calls: ``steps`` is the step to stop at).
+        ``agent`` is a function ``(task, llm) -> float | None`` (sync or async) or an ``agl.LitAgent``.
+        ``resume=True`` loads the newest checkpoint in ``output_dir`` (adapter, optimiser, RNG, data
+        position, step) and continues. ``algorithm`` switches to another algorithm from here on (a
+        fresh optimiser, same adapter): ``fit(agent, tasks, algorithm=agl.SFT(teacher=engine))``, then
+        ``fit(agent, tasks, steps=trainer.step + 8, algorithm=agl.GRPO())`` (``steps`` is the step to
+        stop at). Returns the final metrics (with the last validation scores when ``val_dataset`` is given).
         """
         if len(train_dataset) == 0:
             raise ValueError("train_dataset is empty")

@@ -169,12 +169,30 @@ class RolloutPage:
     seconds: float  #: time the queries took
 
 
+def run_directory(store: Any) -> Path | None:
+    """The training run's directory of a store the trainer wrote (``output_dir/runs.db``): the store's
+    directory when ``metrics.jsonl`` lies beside it, else ``None``.
+
+    >>> import tempfile, types
+    >>> d = Path(tempfile.mkdtemp()); _ = (d / "metrics.jsonl").write_text("")
+    >>> run_directory(types.SimpleNamespace(path=d / "runs.db")) == d
+    True
+    """
+    path = getattr(store, "path", None)
+    if path is None:
+        return None
+    beside = Path(path).parent
+    return beside if (beside / "metrics.jsonl").is_file() else None
+
+
 class RunData:
     """The store and the run directory behind the web view; safe to share between threads.
 
     ``store`` is a SQLite store: ``agentlightning_lite.cli.ReadOnlyStore(path)`` (what ``agl-lite ui``
-    opens), or an open ``SQLiteStore``. ``tokenizer`` decodes token ids (``decode([id])``); ``credit``,
-    ``air`` and ``agents`` are the run's, so the transitions shown are those it trained on.
+    opens), or an open ``SQLiteStore``. ``output_dir`` is the training run's directory (default: the
+    store's own when ``metrics.jsonl`` lies beside it). ``tokenizer`` decodes token ids
+    (``decode([id])``); ``credit``, ``air`` and ``agents`` are the run's, so the transitions shown are
+    those it trained on.
     """
 
     def __init__(
@@ -191,7 +209,7 @@ class RunData:
                 f"the web view reads a SQLite store (ReadOnlyStore or SQLiteStore), not {store!r}"
             )
         self.store = store
-        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.output_dir = Path(output_dir) if output_dir is not None else run_directory(store)
         self.tokenizer = tokenizer
         self.credit = credit
         self.air = air
