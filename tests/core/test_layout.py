@@ -88,7 +88,7 @@ LAYERS: list[set[str]] = [
     {"_compat", "_json", "_lazy", "_toolcalls", "errors", "ids", "version", "models", "agent", "types"},
     {"store"},
     {"tracer", "join", "credit", "air", "lora_settings"},
-    {"transitions", "prompts", "otel", "sft_export"},
+    {"transitions", "prompts", "otel", "sft_export", "run_settings"},
     {"serving", "adapters"},
     {"rl"},
     {"apo", "remote", "ui"},

@@ -24,6 +24,7 @@ from typing import Any
 from ..air import AIRRule
 from ..credit import CreditRule
 from ..prompts import with_prompts
+from ..run_settings import KEY, describe
 from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
 from ..tracer import Tracer
@@ -162,8 +163,9 @@ class Rollouts:
         """Run each ``(index, task)`` ``algorithm.group_size`` times (``mode="train"``) and make the
         samples (``timing/rollouts``, ``timing/samples`` on ``timer``)."""
         timer = timer if timer is not None else Timer()
+        settings = describe(self.credit, self.air, type(algorithm).__name__)  # read back by agl-lite ui
         specs = [
-            RolloutSpec(task, "train", {"step": step, "task_index": idx, "sample": k})
+            RolloutSpec(task, "train", {"step": step, "task_index": idx, "sample": k, KEY: settings})
             for idx, task in tasks
             for k in range(algorithm.group_size)
         ]

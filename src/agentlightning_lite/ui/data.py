@@ -24,6 +24,7 @@ from .. import join
 from .._json import loads
 from ..air import AIRRule
 from ..credit import CreditRule
+from ..run_settings import recorded, rules
 from ..store.sqlite import _ROLLOUT_COLUMNS, _row_rollout
 from ..transitions import rollout_transitions
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, Transition
@@ -211,6 +212,8 @@ class RunData:
         self.store = store
         self.output_dir = Path(output_dir) if output_dir is not None else run_directory(store)
         self.tokenizer = tokenizer
+        if credit is None and air is None and (spec := recorded(store)) is not None:
+            credit, air = rules(spec)  # the run's own settings, recorded with its rollouts
         self.credit = credit
         self.air = air
         self.agents = None if agents is None else list(agents)
