@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentlightning_lite.cli.readstore import ReadOnlyStore
+from agentlightning_lite.store import ReadOnlyStore
 
 for _module in ("starlette", "uvicorn", "jinja2"):  # the ui extra
     pytest.importorskip(_module)

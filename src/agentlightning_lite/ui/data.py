@@ -189,7 +189,7 @@ def run_directory(store: Any) -> Path | None:
 class RunData:
     """The store and the run directory behind the web view; safe to share between threads.
 
-    ``store`` is a SQLite store: ``agentlightning_lite.cli.ReadOnlyStore(path)`` (what ``agl-lite ui``
+    ``store`` is a SQLite store: ``agentlightning_lite.store.ReadOnlyStore(path)`` (what ``agl-lite ui``
     opens), or an open ``SQLiteStore``. ``output_dir`` is the training run's directory (default: the
     store's own when ``metrics.jsonl`` lies beside it). ``tokenizer`` decodes token ids
     (``decode([id])``); ``credit``, ``air`` and ``agents`` are the run's, so the transitions shown are
