@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import threading
 import time
 import warnings
@@ -24,6 +23,7 @@ from .. import join
 from .._json import loads
 from ..air import AIRRule
 from ..credit import CreditRule
+from ..rl.advantages import group_advantages as _group_advantages
 from ..run_settings import recorded, rules
 from ..store.sqlite import _ROLLOUT_COLUMNS, _row_rollout
 from ..transitions import rollout_transitions
@@ -485,7 +485,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's advantages over one group, as ``rl.grpo.group_advantages`` computes them (without torch):
+    """GRPO's advantages over one group: the trainer's own :func:`~..rl.advantages.group_advantages`,
     ``(r - mean) / (sample std + eps)``, all 0.0 when the rewards do not differ.
 
     >>> [round(a, 3) for a in group_advantages([1.0, 0.0])]
@@ -493,13 +493,7 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]
     >>> group_advantages([1.0, 1.0])
     [0.0, 0.0]
     """
-    if len(rewards) < 2:
-        return [0.0] * len(rewards)
-    mean = statistics.fmean(rewards)
-    std = statistics.stdev(rewards)
-    if std < 1e-8:
-        return [0.0] * len(rewards)
-    return [(r - mean) / (std + eps) for r in rewards]
+    return _group_advantages(rewards, [0] * len(rewards), eps=eps)[0]
 
 
 def _why_not_trained(s: Span, agents: list[str] | None) -> str:
