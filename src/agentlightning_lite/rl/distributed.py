@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,25 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ACTIVE: DataParallel | None = None  # this process's rank, while its process group is up
+
+
+def leave_after_launch() -> None:
+    """End a process that a launcher started (``torchrun``, ``accelerate launch``) after a successful
+    run, with status 0: leave the process group together with the other ranks, flush the logs and the
+    output, and skip the interpreter's teardown, where a gloo rank sometimes aborts after its work is
+    done ("terminate called without an active exception"), which the launcher reports as a failed run.
+    Outside a launcher it does nothing. ``agl-lite train`` calls it; a training script can end with it.
+
+    >>> leave_after_launch()  # not under a launcher: returns
+    """
+    if detect() is None:
+        return
+    if (dp := DataParallel.active()) is not None:
+        dp.close()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class DistributedError(AGLError, RuntimeError):
