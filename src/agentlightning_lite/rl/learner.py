@@ -22,13 +22,16 @@ from typing import Any
 
 import torch
 
+from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
+from ._runtime import prepare_update_memory
 from .algorithm import WeightUpdate
 from .batching import Sample
 from .checkpoint import policy_states, resume_latest, save_policies
 from .config import SampleConfig, UpdateConfig
 from .distributed import DataParallel, TrainOnly
-from .policies import Policy, adapter_params, make_optimizer
+from .engine_setup import build_engine, training_model, update_autocast
+from .policies import Policy, PolicyPlan, adapter_params, build_policies, make_optimizer
 from .timing import Timer
 from .update import UpdateSettings, optimise, train_policy, update_policies
 from .weights import WeightHandOver
@@ -82,6 +85,43 @@ class Learner:
         self.seed = seed
         self.step = 0  #: the step being learned (set by :meth:`learn`)
         self.timer = Timer(self.device)  #: the step's phases (``timing/...``)
+        self.gradient_checkpointing = False  #: whether the update recomputes activations (see ``build``)
+
+    @classmethod
+    def build(
+        cls,
+        engine: str | ServingEngine,
+        model: Any,
+        plan: PolicyPlan,
+        algorithm: WeightUpdate,
+        update_config: UpdateConfig,
+        sample_config: SampleConfig,
+        *,
+        seed: int = 0,
+        concurrency: int = 1,
+        engine_options: dict[str, Any] | None = None,
+        output_dir: Path = Path("."),
+    ) -> Learner:
+        """The serving engine (built from a name, or the one given), the training model with the
+        adapters of ``plan``, and the learner over them (``learner.weights.engine`` is the engine)."""
+        built, hf_copy = build_engine(
+            engine, model, plan, seed=seed, concurrency=concurrency, options=dict(engine_options or {}),
+            output_dir=output_dir,
+        )  # fmt: skip
+        policy = training_model(built, hf_copy, model, plan, seed)
+        device = next(policy.parameters()).device
+        learner = cls(
+            policy,
+            build_policies(plan, policy, algorithm, device),
+            WeightHandOver(built, policy),
+            algorithm,
+            update_config=update_config,
+            sample_config=sample_config,
+            autocast=update_autocast(built, device),
+            seed=seed,
+        )
+        learner.gradient_checkpointing = prepare_update_memory(policy, update_config)
+        return learner
 
     # -- what the algorithms read -------------------------------------------------------------
     @property

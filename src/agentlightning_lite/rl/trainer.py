@@ -33,21 +33,19 @@ from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from . import config as cfg
 from ._memory import release_host_memory
-from ._runtime import memory_stats, prepare_update_memory, progress, release_cuda_cache
+from ._runtime import memory_stats, progress, release_cuda_cache
 from .algorithm import Algorithm, WeightUpdate, rollout_only
 from .checkpoint import save_checkpoint
 from .distributed import DataParallel
-from .engine_setup import build_engine, training_model, update_autocast
 from .evaluation import FailedSteps, evaluation_summary, rollout_metrics
 from .grpo import GRPO
 from .learner import Learner, check_algorithm
 from .metrics import MetricsLogger, plot_reward_curve
-from .policies import build_policies, plan_for
+from .policies import plan_for
 from .samples import next_tasks
 from .session import Rollouts
 from .sources import RolloutSource
 from .timing import Timer
-from .weights import WeightHandOver
 
 __all__ = ["Trainer"]
 
@@ -170,24 +168,13 @@ class Trainer:
         # -- the learner: engine, training model, policies ---------------------------------------
         self._owns_engine = isinstance(engine, str)
         self.engine_options = dict(engine_options or {})
-        self.engine, hf_copy = build_engine(
-            engine, model, plan, seed=seed, concurrency=self.concurrency, options=self.engine_options,
+        self.learner = learner = Learner.build(
+            engine, model, plan, weight_algorithm, self.update_config, self.sample_config,
+            seed=seed, concurrency=self.concurrency, engine_options=self.engine_options,
             output_dir=self.output_dir,
         )  # fmt: skip
-        self.policy = training_model(self.engine, hf_copy, model, plan, seed)
-        self.device = next(self.policy.parameters()).device
-        self.autocast = update_autocast(self.engine, self.device)
-        self.gradient_checkpointing = prepare_update_memory(self.policy, self.update_config)
-        self.learner = Learner(
-            self.policy,
-            build_policies(plan, self.policy, weight_algorithm, self.device),
-            WeightHandOver(self.engine, self.policy),
-            weight_algorithm,
-            update_config=self.update_config,
-            sample_config=self.sample_config,
-            autocast=self.autocast,
-            seed=seed,
-        )
+        self.engine, self.policy, self.device = learner.weights.engine, learner.model, learner.device
+        self.autocast, self.gradient_checkpointing = learner.autocast, learner.gradient_checkpointing
         self.metrics = MetricsLogger(self.output_dir, self.logging_config.loggers)
         # -- the rollouts: where they run, how they become samples -------------------------------
         self.rollouts = Rollouts(
