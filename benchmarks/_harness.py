@@ -487,8 +487,7 @@ def _snapshot(trainer: Any) -> dict[str, Any]:
     return {
         "lora": {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad},
         "step": trainer.step,
-        "epoch": trainer._epoch,
-        "cursor": trainer._cursor,
+        "position": trainer.data_position,
         "torch": torch.get_rng_state(),
     }
 
@@ -500,7 +499,7 @@ def _restore(trainer: Any, snap: dict[str, Any]) -> None:
         for n, p in trainer.policy.named_parameters():
             if n in snap["lora"]:
                 p.copy_(snap["lora"][n])
-    trainer.step, trainer._epoch, trainer._cursor = snap["step"], snap["epoch"], snap["cursor"]
+    trainer.step, trainer.data_position = snap["step"], snap["position"]
     torch.set_rng_state(snap["torch"])
     rng = getattr(trainer.engine, "_rng", None)  # the HF engine's sampling generator
     if rng is not None:

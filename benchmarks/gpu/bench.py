@@ -313,7 +313,7 @@ def run_grpo(size: str, settings: Settings, checkpointing: bool) -> dict[str, An
         )
         load_s = time.perf_counter() - t0
         phases: dict[str, dict[str, float]] = {}
-        original_run = trainer._run
+        original_run = trainer.rollouts.run
 
         def tracked_run(*a: Any, **kw: Any) -> Any:  # generation; what follows is samples + update
             reset_peak()
@@ -323,10 +323,10 @@ def run_grpo(size: str, settings: Settings, checkpointing: bool) -> dict[str, An
                 phases["gen"] = cuda_mem()
                 reset_peak()
 
-        trainer._run = tracked_run  # type: ignore[method-assign]
+        trainer.rollouts.run = tracked_run  # type: ignore[method-assign]
         tasks = list(enumerate(grpo_tasks(settings)))
         steps = []
-        with trainer._serving():
+        with trainer.rollouts.serving():
             for _ in range(settings.steps):
                 t = time.perf_counter()
                 m = trainer.train_step(agent, tasks)

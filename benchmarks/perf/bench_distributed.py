@@ -74,7 +74,7 @@ def _model(name: str) -> tuple[Any, int, int]:
     import torch
 
     import agentlightning_lite as agl
-    from agentlightning_lite.rl.lora import attach_lora
+    from agentlightning_lite.lora_settings import attach_lora
 
     if name == "tiny":
         from tests._helpers import BYTE_EOS, tiny_llama
@@ -97,7 +97,8 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     from agentlightning_lite.rl.distributed import DataParallel
     from agentlightning_lite.rl.grpo import GRPO
-    from agentlightning_lite.rl.update import Timer, UpdateSettings, optimise
+    from agentlightning_lite.rl.timing import Timer
+    from agentlightning_lite.rl.update import UpdateSettings, optimise
 
     dp = DataParallel.from_env(timeout_s=1800.0)
     rank = dp.rank if dp else 0

@@ -204,7 +204,7 @@ def run_ours(cfg: Config) -> dict[str, Any]:
         load_peak_mib, after_load_mib = peak_rss_mib(), rss_mib()
         dtype = str(next(trainer.policy.parameters()).dtype)
         peaks = PeakTracker()
-        original_run = trainer._run
+        original_run = trainer.rollouts.run
 
         def tracked_run(*a: Any, **kw: Any) -> Any:  # the rollouts; what follows is samples + update
             peaks.enter("gen")
@@ -213,10 +213,10 @@ def run_ours(cfg: Config) -> dict[str, Any]:
             finally:
                 peaks.enter("update")
 
-        trainer._run = tracked_run  # type: ignore[method-assign]
+        trainer.rollouts.run = tracked_run  # type: ignore[method-assign]
         tasks = list(enumerate(TASKS))
         steps = []
-        with trainer._serving():  # one PolicyServer for all steps, as inside fit() (not timed)
+        with trainer.rollouts.serving():  # one PolicyServer for all steps, as inside fit() (not timed)
             for i in range(cfg.steps):
                 fwd_times.update(nograd=0.0, grad=0.0)
                 trainer.engine.reset_stats()

@@ -102,19 +102,19 @@ def run_worker(mode: str, turns: list[int], episodes: int, threads: int | None, 
             transitions=mode,
         )
         out["load_s"] = time.perf_counter() - t0
-        update = trainer._update
+        update = trainer.learner.learn
         peaks: dict[str, float] = {}
 
-        def tracked(samples: Any) -> Any:
+        def tracked(samples: Any, *a: Any, **kw: Any) -> Any:
             reset_peak_rss()
             peaks["before"] = rss_mib()
             try:
-                return update(samples)
+                return update(samples, *a, **kw)
             finally:
                 peaks["peak"] = peak_rss_mib()
 
-        trainer._update = tracked  # type: ignore[method-assign]
-        with trainer._serving():
+        trainer.learner.learn = tracked  # type: ignore[method-assign]
+        with trainer.rollouts.serving():
             for k, n in enumerate([2, *turns]):
                 n_turns["turns"] = n
                 m = trainer.train_step(agent, [(0, {**tasks[0], "seed": seed + k})])

@@ -13,14 +13,13 @@
 from typing import TYPE_CHECKING, Any
 
 from . import air, credit, otel
-from .apo import load_prompts, prompt
-from .sft import export_sft
+from .prompts import load_prompts, prompt
+from .sft_export import export_sft
 from .store import MemoryStore, SQLiteStore, Store
 from .tracer import Tracer, emit_reward, emit_signal
 from .transitions import transitions
 from .types import Rollout, Span, Transition
-
-__version__ = "0.1.0"
+from .version import __version__
 
 # Serving (starlette, transformers) and training (torch, peft) load on first use, so tracing
 # and the stores need nothing but pydantic.
@@ -28,7 +27,7 @@ _LAZY = {
     "APO": ".apo",
     "GRPO": ".rl",
     "PPO": ".rl",
-    "LoRA": ".rl",
+    "LoRA": ".lora_settings",
     "SFT": ".rl",
     "LitAgent": ".agent",
     "CommandAgent": ".harness",
@@ -48,8 +47,9 @@ if TYPE_CHECKING:
     from .agent import LitAgent
     from .apo import APO
     from .harness import CommandAgent
+    from .lora_settings import LoRA
     from .remote import RayRunners, RemoteRunners
-    from .rl import GRPO, PPO, SFT, LoRA, Trainer
+    from .rl import GRPO, PPO, SFT, Trainer
     from .serving import LLM, PolicyServer, engines
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
-from agentlightning_lite.apo.prompts import PROMPT_SPAN
+from agentlightning_lite.prompts import PROMPT_SPAN
 from agentlightning_lite.serving import PolicyServer, engines
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import agentlightning_lite as agl
-from agentlightning_lite.apo.prompts import PROMPT_SPAN
+from agentlightning_lite.prompts import PROMPT_SPAN
 from agentlightning_lite.remote import Runner
 from agentlightning_lite.serving.engines import ScriptedEngine
 

@@ -80,3 +80,114 @@ def test_engines_are_never_probed_for_attributes() -> None:
     ]
     assert PROBE.search('getattr(server.engine, "version", 0)')  # the pattern catches the probes it is for
     assert probes == []
+
+
+# -- the import graph: layers, no arrow back up, no circle -------------------------------------------------
+#: each top-level module or package, by layer (bottom first): an import stays in its layer or goes down
+LAYERS: list[set[str]] = [
+    {"_compat", "_json", "_lazy", "_toolcalls", "errors", "ids", "version", "models", "agent", "types"},
+    {"store"},
+    {"tracer", "join", "credit", "air", "lora_settings"},
+    {"transitions", "prompts", "otel", "sft_export", "run_settings"},
+    {"serving", "adapters"},
+    {"rl"},
+    {"apo", "remote", "ui"},
+    {"<root>"},  # the facade: its heavy names load on first use (no import statement)
+    {"cli"},
+]
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The package's modules that ``path`` imports when it runs (in functions too; not the imports under
+    ``if TYPE_CHECKING:``, which are for the type checker only)."""
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = ["agentlightning_lite", *rel.parts]
+    package = parts[:-1]  # the package a relative import starts from (for __init__ too)
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                out.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = package[: len(package) - child.level + 1] if child.level else []
+                module = ".".join([*base, *([child.module] if child.module else [])])
+                out.update(f"{module}.{a.name}" for a in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {n for n in out if n.startswith("agentlightning_lite.")}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    names = {}
+    for p in _modules(PACKAGE):
+        rel = p.relative_to(PACKAGE).with_suffix("").parts
+        names[".".join(["agentlightning_lite", *(rel[:-1] if rel[-1] == "__init__" else rel)])] = p
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        targets = set()
+        for imported in _runtime_imports(path):
+            while imported not in names and "." in imported:  # a name inside a module: the module
+                imported = imported.rsplit(".", 1)[0]
+            if imported in names and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "<root>"
+
+
+def test_the_import_graph_runs_down_its_layers() -> None:
+    layer = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+    graph = _module_graph()
+    assert {_unit(m) for m in graph} <= set(layer), "a new top-level module: give it a layer"
+    upward = sorted(
+        f"{m} -> {t}" for m, targets in graph.items() for t in targets if layer[_unit(t)] > layer[_unit(m)]
+    )
+    assert upward == []
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    graph = _module_graph()
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for t in sorted(graph[node]):
+            if state.get(t) == 1:
+                circles.append([*path[path.index(t) :], t])
+            elif t not in state:
+                visit(t, [*path, t])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert circles == []
+
+
+PRIVATE = re.compile(r"\b(?:trainer|Trainer)\.(?!_generate_and_score_completions)_[a-z]\w*")  # not TRL's
+
+
+def test_only_the_trainer_touches_its_private_members() -> None:
+    """The step's seam is public (``trainer.rollouts``, ``trainer.learner``): nothing else reaches in."""
+    root = PACKAGE.parents[1]
+    files = [*_modules(PACKAGE), *_modules(root / "tests"), *_modules(root / "benchmarks")]
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for p in files
+        if p.name != "test_layout.py" and p != PACKAGE / "rl" / "trainer.py"
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if PRIVATE.search(line)
+    ]
+    assert PRIVATE.search("trainer._serving()")
+    assert found == []

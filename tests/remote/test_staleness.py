@@ -9,7 +9,9 @@ import pytest
 import agentlightning_lite as agl
 
 torch = pytest.importorskip("torch")
+from agentlightning_lite.rl.config import RolloutConfig, SampleConfig  # noqa: E402
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec  # noqa: E402
+from agentlightning_lite.rl.session import Rollouts  # noqa: E402
 
 
 def _rollout(store: agl.MemoryStore, version: int) -> RolloutResult:
@@ -42,20 +44,14 @@ def _rollout(store: agl.MemoryStore, version: int) -> RolloutResult:
 def test_old_samples_are_dropped(max_staleness: int | None, kept: int) -> None:
     store = agl.MemoryStore()
     results = [_rollout(store, v) for v in (5, 4, 3)]  # the policy is at version 5
-    trainer = SimpleNamespace(
-        store=store,
-        agents=None,
-        credit=None,
-        air=None,
-        failed_reward="drop",
-        max_seq_len=100,
-        max_staleness=max_staleness,
-        engine=SimpleNamespace(version=5),
-        _plan=None,
-        algorithm=agl.GRPO(),
-        _agent_policy={},
+    rollouts = Rollouts(
+        SimpleNamespace(version=5),  # type: ignore[arg-type]
+        store,
+        agl.Tracer(store),
+        RolloutConfig(failed_reward="drop"),
+        SampleConfig(max_seq_len=100, max_staleness=max_staleness),
     )
-    samples, stats = agl.Trainer._samples(trainer, results)  # type: ignore[arg-type]
+    samples, stats = rollouts.samples(results)
     assert len(samples) == kept
     assert stats["train/samples_stale"] == 3 - kept
 

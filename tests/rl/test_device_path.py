@@ -21,8 +21,8 @@ import torch
 
 import agentlightning_lite as agl
 from agentlightning_lite.models import ResolvedModel
+from agentlightning_lite.rl._runtime import is_checkpointing as _is_checkpointing
 from agentlightning_lite.rl.batching import Sample, collate, forward_logprobs
-from agentlightning_lite.rl.trainer import _is_checkpointing
 from agentlightning_lite.serving.engines import GenRequest, HFEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 

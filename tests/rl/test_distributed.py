@@ -369,15 +369,15 @@ def test_a_trainer_the_launch_cannot_train_is_refused_with_what_to_do() -> None:
     dp = object.__new__(DataParallel)  # the checks only, without a process group
     dp.launch, dp.rank, dp.world_size = Launch(1, 2, 1, "127.0.0.1", "29500"), 1, 2
     dp.backend, dp.device, dp.lockstep = "nccl", torch.device("cuda", 1), None
-    on_gpu0 = SimpleNamespace(device=torch.device("cuda", 0), _weights=SimpleNamespace(in_place=True))
+    on_gpu0 = SimpleNamespace(device=torch.device("cuda", 0), weights=SimpleNamespace(in_place=True))
     with pytest.raises(DistributedError, match=r"on cuda:0, its GPU is cuda:1.*from_env"):
-        dp.check_trainer(on_gpu0)
-    dp.check_trainer(SimpleNamespace(device=torch.device("cuda", 1), _weights=on_gpu0._weights))  # fine
+        dp.check_learner(on_gpu0)
+    dp.check_learner(SimpleNamespace(device=torch.device("cuda", 1), weights=on_gpu0.weights))  # fine
     dp.backend, dp.device, dp.lockstep = "gloo", torch.device("cpu"), lambda: None
-    cpu = SimpleNamespace(device=torch.device("cpu"), _weights=SimpleNamespace(in_place=True))
+    cpu = SimpleNamespace(device=torch.device("cpu"), weights=SimpleNamespace(in_place=True))
     with pytest.raises(DistributedError, match=r"sharded.*in-process engine"):
-        dp.check_trainer(cpu)
-    dp.check_trainer(SimpleNamespace(device=torch.device("cpu"), _weights=SimpleNamespace(in_place=False)))
+        dp.check_learner(cpu)
+    dp.check_learner(SimpleNamespace(device=torch.device("cpu"), weights=SimpleNamespace(in_place=False)))
 
 
 SERVER = """
@@ -517,3 +517,24 @@ def test_each_rank_computes_the_old_logprobs_of_its_own_micro_batches_only(monke
     assert sorted(set(calls)) == list(range(8))
     run(grpo, 1, lockstep=lambda: None)
     assert sorted(set(calls)) == list(range(8))
+
+
+def test_a_successful_run_under_a_launcher_ends_with_status_0() -> None:
+    """``leave_after_launch`` (what ``agl-lite train`` ends with) skips the interpreter's teardown, where a
+    gloo rank sometimes aborts: the launcher sees status 0, with the output flushed."""
+    import subprocess
+
+    code = (
+        "import sys, atexit\n"
+        "from agentlightning_lite.rl.distributed import leave_after_launch\n"
+        "atexit.register(lambda: sys.exit(7))  # a teardown that would fail the run: never reached\n"
+        "print('written', end='')\n"
+        "leave_after_launch()\n"
+        "raise SystemExit(3)\n"
+    )
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout) == (0, "written"), out.stderr
+    env.pop("WORLD_SIZE")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3  # not under a launcher: nothing changes

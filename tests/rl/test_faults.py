@@ -93,7 +93,11 @@ def test_hung_agents_time_out_free_their_engine_slots_and_do_not_pile_up(
     import httpx
 
     # the rollouts module the trainer runs (a doctest run may have imported a second copy of it)
-    run_rollouts = agl.Trainer._run.__globals__["InProcessRollouts"].collect.__globals__["run_rollouts"]
+    run_rollouts = (
+        agl.Trainer.train_step.__globals__["Rollouts"]
+        .run.__globals__["InProcessRollouts"]
+        .collect.__globals__["run_rollouts"]
+    )
     rollouts = SimpleNamespace(**run_rollouts.__globals__)
 
     engine = tiny_engine(step_delay_s=0.005, no_eos=True, lora=agl.LoRA(r=2, alpha=4))

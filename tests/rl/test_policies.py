@@ -72,23 +72,23 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     assert all(len(w) == 2 * 3 * 2 for w in before.values())  # A and B, 3 modules, 2 layers
 
     # what the frozen checker says before training, read back through the server
-    with trainer._serving():
+    with trainer.rollouts.serving():
         ro = trainer.store.start_rollout("probe", mode="trace")
-        probe_before = ask(trainer._server.llm(ro.rollout_id), "checker", "check: 2+2?", 0.0)
+        probe_before = ask(trainer.rollouts.server.llm(ro.rollout_id), "checker", "check: 2+2?", 0.0)
 
     # record which samples and which gradients each policy's update saw
     seen: list[tuple[str, list[Any], dict[str, torch.Tensor | None]]] = []
-    original = trainer._optimise
+    original = trainer.learner.optimise
 
-    def spy(m: Any, samples: list[Any], policy: Any = None) -> dict[str, float]:
-        out = original(m, samples, policy)
+    def spy(samples: list[Any], policy: Any = None, m: Any = None) -> dict[str, float]:
+        out = original(samples, policy, m)
         grads = {
             n: (None if p.grad is None else p.grad.clone()) for n, p in m.named_parameters() if "lora_" in n
         }
         seen.append((policy.name, list(samples), grads))
         return out
 
-    trainer._optimise = spy  # type: ignore[method-assign]
+    trainer.learner.optimise = spy  # type: ignore[method-assign]
     out = trainer.fit(writer_rewriter_checker, [{"q": "Say hi."}], steps=1)
     assert [name for name, _, _ in seen] == ["writer", "rewriter"]
     for name, samples, grads in seen:
@@ -127,9 +127,9 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     }
 
     # the frozen agent's outputs are bit-identical after the step
-    with trainer._serving():
+    with trainer.rollouts.serving():
         ro = trainer.store.start_rollout("probe", mode="trace")
-        probe_after = ask(trainer._server.llm(ro.rollout_id), "checker", "check: 2+2?", 0.0)
+        probe_after = ask(trainer.rollouts.server.llm(ro.rollout_id), "checker", "check: 2+2?", 0.0)
     lp = [t.logprob for t in probe_before.choices[0].logprobs.content]
     assert lp == [t.logprob for t in probe_after.choices[0].logprobs.content] and len(lp) > 0
     assert probe_before.choices[0].message.content == probe_after.choices[0].message.content
@@ -150,7 +150,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
                 p.add_(1.0)
     from agentlightning_lite.rl.checkpoint import load_checkpoint
 
-    load_checkpoint(ckpt, model, None, policies=trainer._policy_states())
+    load_checkpoint(ckpt, model, None, policies=trainer.learner.states())
     for a in ("writer", "rewriter"):
         assert all(torch.equal(trained[a][n], w) for n, w in lora_weights(model, a).items())
     trainer.close()

@@ -112,14 +112,14 @@ def test_configs_validate() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
 def test_qlora_on_cpu_is_a_clear_error() -> None:
-    from agentlightning_lite.rl.lora import check_4bit_available
+    from agentlightning_lite.lora_settings import check_4bit_available
 
     with pytest.raises(RuntimeError, match="QLoRA, which needs a CUDA GPU"):
         check_4bit_available()
 
 
 def test_micro_batches_bound_samples_and_padded_tokens() -> None:
-    from agentlightning_lite.rl.trainer import _micro_batches
+    from agentlightning_lite.rl.batching import micro_batches as _micro_batches
 
     def s(p: int, r: int) -> Sample:
         return Sample([1] * p, [2] * r, None, 0.0, "g")
@@ -303,7 +303,7 @@ def test_trainer_update_weighs_rollouts_equally(tiny_llama: Any, tmp_path: Any, 
         trainer.transitions_mode = mode
         if mode == "trajectory":
             samples, _ = merge_trajectories(samples)
-        trainer._optimise(trainer.policy, samples)
+        trainer.learner.optimise(samples)
         out = {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
         trainer.close()
         return out

@@ -153,7 +153,7 @@ def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
     first = make(engine, tmp_path, save_every=1)
     first.fit(chatty_agent, TASKS, steps=1)
     saved = lora_weights(first.policy)
-    cursor = first._cursor
+    cursor = first.data_position
     first.close()
     assert (tmp_path / "checkpoints" / "step-000001" / "adapter" / "adapter_model.safetensors").is_file()
 
@@ -163,7 +163,7 @@ def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
                 p.add_(1.0)
     second = make(engine, tmp_path, save_every=1)
     second.fit(chatty_agent, TASKS, steps=1, resume=True)  # already at step 1: loads, trains nothing
-    assert second.step == 1 and second._cursor == cursor
+    assert second.step == 1 and second.data_position == cursor
     assert all(torch.equal(saved[n], w) for n, w in lora_weights(second.policy).items())
     assert len(second.optimizer.state) > 0  # AdamW moments restored
     second.fit(chatty_agent, TASKS, steps=2)

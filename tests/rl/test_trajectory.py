@@ -67,7 +67,7 @@ def loss_and_grads(trainer: agl.Trainer, samples: list[Sample], mode: str) -> tu
     trainer.transitions_mode = mode
     if mode == "trajectory":
         samples, _ = merge_trajectories(samples)
-    stats = trainer._optimise(trainer.policy, samples)
+    stats = trainer.learner.optimise(samples)
     grads = {n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
     if trainer.value_head is not None:
         grads.update({f"v.{n}": p.grad.clone() for n, p in trainer.value_head.named_parameters()})

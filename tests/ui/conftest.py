@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from agentlightning_lite.air import ToolStatus
-from agentlightning_lite.cli.readstore import ReadOnlyStore
 from agentlightning_lite.credit import FinalReward
+from agentlightning_lite.store import ReadOnlyStore
 
 from . import _stores
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentlightning_lite.cli.readstore import ReadOnlyStore
+from agentlightning_lite.store import ReadOnlyStore
 
 for _module in ("starlette", "uvicorn", "jinja2"):  # the ui extra
     pytest.importorskip(_module)
@@ -298,3 +298,52 @@ def test_the_view_needs_a_sqlite_store() -> None:
 
     with pytest.raises(TypeError, match="reads a SQLite store"):
         RunData(agl.MemoryStore())
+
+
+def test_the_run_directory_is_found_beside_the_store(tmp_path: Path) -> None:
+    """``agl-lite ui runs/NAME/runs.db`` without --output-dir: the trainer's metrics.jsonl lies beside it."""
+    from agentlightning_lite.ui import RunData
+
+    db = tmp_path / "run" / "runs.db"
+    db.parent.mkdir()
+    _stores.small_store(db)
+    store = ReadOnlyStore(db)
+    assert RunData(store).output_dir is None  # no metrics.jsonl (yet): nothing to show
+    _stores.write_metrics(db.parent)
+    assert RunData(store).output_dir == db.parent
+    assert RunData(store, tmp_path / "elsewhere").output_dir == tmp_path / "elsewhere"  # --output-dir wins
+    assert RunData(store).metrics()["total"] == 5  # the run page's rows
+    store.close()
+
+
+def test_the_view_and_the_cli_use_the_runs_recorded_credit_and_air(tmp_path: Path) -> None:
+    """A run's credit and AIR travel with its rollouts: the view shows what the trainer used."""
+    import agentlightning_lite as agl
+    from agentlightning_lite.air import ToolStatus
+    from agentlightning_lite.credit import Discounted, FinalReward
+    from agentlightning_lite.run_settings import KEY, describe
+
+    db = tmp_path / "runs.db"
+    with agl.SQLiteStore(db) as store:
+        tracer = agl.Tracer(store)
+        run = describe(Discounted(1.0), [ToolStatus(success=0.1, error=-0.1)], "GRPO")
+        with tracer.rollout("q", mode="train", metadata={KEY: run}) as ro:
+            with tracer.span("llm", "chat") as sp:
+                sp.set_output({"role": "assistant", "tool_calls": [{"id": "c1"}]})
+            with tracer.span("tool", "calculator", attributes={"tool_call_id": "c1"}):
+                pass
+            ro.reward(1.0)
+    store = ReadOnlyStore(db)
+    data = RunData(store)
+    assert data.credit == Discounted(1.0) and data.air == [ToolStatus(success=0.1, error=-0.1)]
+    assert [t.reward for t in agl.transitions(store, credit=data.credit, air=data.air)] == [1.1]
+    assert RunData(store, credit=FinalReward()).credit == FinalReward()  # a rule given wins
+    store.close()
+    out = subprocess.run(
+        [sys.executable, "-m", "agentlightning_lite.cli", "transitions", str(db), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[0])["reward"] == pytest.approx(1.1)

@@ -6,7 +6,7 @@
 
 from typing import Any
 
-from .prompts import component_key, load_prompts, prompt, save_prompts, with_prompts
+from ..prompts import component_key, load_prompts, prompt, save_prompts, with_prompts
 
 
 def __getattr__(name: str) -> Any:  # APO imports the rollout machinery: load it on first use

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..air import AIRRule
+from ..prompts import component_key, load_prompts, save_prompts, split_key
 from ..rl.rollouts import RolloutResult, RolloutSpec
 from ..store.base import Store
 from ..store.recovery import INTERRUPTED, recover_interrupted
-from .prompts import component_key, load_prompts, save_prompts, split_key
 from .records import _Recorder, _RunDir, candidate_id
 from .reflection import ReflectionLM
 from .reflective import prompt_reads, rollout_record
@@ -162,6 +162,18 @@ class APO:
     def __repr__(self) -> str:
         return f"APO(budget={self.budget}, components={self.components!r}, seed={self.seed})"
 
+    # -- what the training step asks (see agentlightning_lite.rl.algorithm) ---------------------
+    #: every rollout is scored; none is left out of the candidates' evaluation
+    min_reward: float | None = None
+
+    @property
+    def updates_weights(self) -> bool:
+        """``False``: APO works on the rollout side only (the prompts), never on the weights."""
+        return False
+
+    def rollout_engine(self) -> Any | None:
+        return None
+
     @staticmethod
     def load(path: str | Any) -> dict[str, str]:
         """The prompts a run wrote (``output_dir/prompts.json``, or the directory holding it).
@@ -182,23 +194,24 @@ class APO:
     ) -> dict[str, Any]:
         """Optimise with ``trainer``'s rollout source, store, metrics and output directory; the
         best prompts become ``trainer.prompts``. What ``trainer.fit`` runs when this is its algorithm."""
-        with trainer._serving():
+        rollouts = trainer.rollouts  # the trainer's rollout session (serving, rollout source, prompts)
+        with rollouts.serving():
             policy_llm = None
             if self.reflection == "policy":
-                server = trainer._server
+                server = rollouts.server
                 policy_llm = server.llm() if server is not None else None
             failed = trainer.failed_reward
             result = self.optimize(
                 agent,
                 train_dataset,
                 val_dataset,
-                collect=lambda specs: trainer._run(agent, specs),
+                collect=lambda specs: rollouts.run(agent, specs),
                 store=trainer.store,
                 output_dir=trainer.output_dir,
                 log=lambda row: trainer.metrics.log(trainer.step, row),
                 air=trainer.air,
                 failed_score=0.0 if failed == "drop" else float(failed),
-                fixed=getattr(trainer, "prompts", None) or {},
+                fixed=dict(rollouts.prompts),
                 policy_llm=policy_llm,
                 resume=resume,
             )

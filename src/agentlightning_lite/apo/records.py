@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .prompts import save_prompts
+from ..prompts import save_prompts
 
 if TYPE_CHECKING:
     from .optimizer import APO, _Adapter

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..air import AIRRule, IntermediateReward
+from ..prompts import PROMPT_SPAN, split_key
 from ..types import Rollout, Span
-from .prompts import PROMPT_SPAN, split_key
 
 __all__ = ["rollout_record"]
 

@@ -23,6 +23,7 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
+from ..store.readonly import StoreNotFound
 from ..store.sqlite import NotOurDatabase
 from . import apo, export, plot, recover, runner, runs, serve, train, transitions, ui
 from ._common import (
@@ -114,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as exc:
         _err(f"error: {exc}")
         return exc.code
+    except StoreNotFound as exc:
+        _err(f"error: {exc}")
+        return EXIT_USAGE
     except NotOurDatabase as exc:
         _err(f"error: {exc}")
         return EXIT_USAGE

@@ -107,6 +107,7 @@ def apo(args: argparse.Namespace) -> int:
     prepare_tasks(module, tasks + (val or []))
 
     import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import RolloutConfig
 
     reflection: Any = "policy"
     if args.reflection_base_url is not None:
@@ -138,9 +139,8 @@ def apo(args: argparse.Namespace) -> int:
         engine=args.engine,
         air=_air(args),
         output_dir=args.output_dir,
-        concurrency=args.concurrency,
-        rollout_timeout=args.rollout_timeout,
         seed=args.seed,
+        rollout_config=RolloutConfig(concurrency=args.concurrency, timeout=args.rollout_timeout),
         prompts=args.prompts,
     )
     try:

@@ -239,6 +239,7 @@ def train(args: argparse.Namespace) -> int:
     prepare_tasks(module, tasks + (val or []))
 
     import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig
 
     algo_cls = agl.GRPO if args.algorithm == "grpo" else agl.PPO
     _err(
@@ -268,11 +269,10 @@ def train(args: argparse.Namespace) -> int:
         air=_air(args),
         output_dir=args.output_dir,
         batch_size=args.batch_size,
-        concurrency=args.concurrency,
-        rollout_timeout=args.rollout_timeout,
-        eval_every=args.eval_every,
-        save_every=args.save_every,
         seed=args.seed,
+        rollout_config=RolloutConfig(concurrency=args.concurrency, timeout=args.rollout_timeout),
+        logging_config=LoggingConfig(eval_every=args.eval_every),
+        checkpoint_config=CheckpointConfig(save_every=args.save_every),
         prompts=args.prompts,
     )
     try:
@@ -301,7 +301,7 @@ def train(args: argparse.Namespace) -> int:
     }
     if args.json:
         print(json.dumps(out, indent=2, default=_json_default))
-        return EXIT_OK
+        return _done()
     o = _Out()
     rows = [["steps", str(trainer.step), ""]]
     rows.append(["train reward (last step)", _fmt_num(last.get("train/reward_mean")), ""])
@@ -311,4 +311,14 @@ def train(args: argparse.Namespace) -> int:
     o.table("training done", ["", "before", "after"], rows)
     for label in ("store", "metrics", "reward_curve", "adapter"):
         o.line(f"{label:13s} {out[label]}")
+    return _done()
+
+
+def _done() -> int:
+    """A successful run's exit code; under a launcher the process ends here with status 0, without
+    the interpreter's teardown (where a gloo rank sometimes aborts: see ``leave_after_launch``)."""
+    if "WORLD_SIZE" in os.environ:
+        from ..rl.distributed import leave_after_launch
+
+        leave_after_launch()
     return EXIT_OK

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import credit as _credit
+from ..run_settings import recorded, rules
 from ._common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -40,9 +41,10 @@ def add_parsers(sub: Any) -> None:
     tr.add_argument(
         "--credit",
         type=parse_credit,
-        default=_credit.FinalReward(),
+        default=None,
         metavar="RULE",
-        help="final (default: the episode reward on every call) or discounted[:gamma] (gamma default 1)",
+        help="final (the episode reward on every call) or discounted[:gamma] (gamma default 1); default: the "
+        "rule the training run recorded with its rollouts, else final",
     )
     tr.add_argument(
         "--tool-success", type=float, default=None, help="AIR: reward a call whose tool succeeded"
@@ -72,6 +74,10 @@ def transitions_cmd(args: argparse.Namespace) -> int:
     from ..transitions import transitions
 
     store = _open(args)
+    credit, air = args.credit, _air(args)
+    if credit is None and air is None and (spec := recorded(store)) is not None:
+        credit, air = rules(spec)  # what the run trained with
+    args.credit = credit if credit is not None else _credit.FinalReward()
     try:
         rollout_ids = [_resolve(store, r) for r in args.rollout] if args.rollout else None
         items = _collect_warnings(
@@ -80,7 +86,7 @@ def transitions_cmd(args: argparse.Namespace) -> int:
                 rollout_ids=rollout_ids,
                 agents=_names(args.agents),
                 credit=args.credit,
-                air=_air(args),
+                air=air,
                 mode=args.mode,
                 require_tokens=args.require_tokens,
             )
@@ -123,7 +129,7 @@ def transitions_cmd(args: argparse.Namespace) -> int:
 
 def export_sft_cmd(args: argparse.Namespace) -> int:
     """``agl-lite export-sft DB OUT.jsonl``."""
-    from ..sft import export_sft
+    from ..sft_export import export_sft
 
     store = _open(args)
     out = Path(args.out)

@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Any
 
-from .. import credit as _credit
 from ._common import EXIT_USAGE, CLIError, _air, _names, parse_credit, reader_parser
 
 
@@ -34,9 +33,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--credit",
         type=parse_credit,
-        default=_credit.FinalReward(),
+        default=None,
         metavar="RULE",
-        help="the run's credit rule: final (default) or discounted[:gamma]",
+        help="the run's credit rule: final or discounted[:gamma] (default: the run's own, else final)",
     )
     p.add_argument("--tool-success", type=float, default=None, help="the run's AIR reward for a tool success")
     p.add_argument("--tool-error", type=float, default=None, help="the run's AIR reward for a tool error")

@@ -1,7 +1,8 @@
 """The trainer's knobs, grouped by the job they tune (the math's own knobs are in the algorithm configs).
 
-``agl.Trainer`` takes each knob as a keyword argument (``rollout_timeout=60``) or a whole group as
-one object (``rollout_config=RolloutConfig(timeout=60)``); not both for the same group.
+``agl.Trainer`` takes each group as one object (``rollout_config=RolloutConfig(timeout=60)``); each
+default is written here once. The old one-by-one keywords (``rollout_timeout=60``) still work, with a
+``DeprecationWarning``, and not together with their group.
 
 >>> RolloutConfig(timeout=60).failed_reward
 'drop'
@@ -13,8 +14,9 @@ ValueError: transitions must be 'call' or 'trajectory', got 'episode'
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CheckpointConfig", "Knob", "LoggingConfig", "RolloutConfig", "SampleConfig", "UpdateConfig"]
@@ -191,25 +193,35 @@ _CLASSES: dict[str, type] = {
 }
 
 
-def resolve(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """One config object per group: the one given (``arguments["rollout_config"]``...), else one built
-    from the keyword arguments (``arguments["rollout_timeout"]``...).
+def resolve(groups: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """One config object per group: the one given (``groups["rollout_config"]``...), else one built
+    from the old keyword arguments in ``knobs`` (``{"rollout_timeout": 60}``: deprecated, warned), else
+    the group's defaults. A group given as an object takes none of its old keywords.
 
-    A group given as an object takes none of its keyword arguments (they must keep their defaults).
+    >>> resolve({}, {})["rollout_config"].timeout
+    300.0
     """
+    unknown = sorted(set(knobs) - set(KEYWORDS))
+    if unknown:
+        raise TypeError(f"Trainer() got unexpected keyword arguments: {', '.join(unknown)}")
+    if knobs:
+        hint = ", ".join(f"{kw}= -> {KEYWORDS[kw][0]}=...({KEYWORDS[kw][1]}=)" for kw in sorted(knobs))
+        warnings.warn(
+            f"Trainer's one-by-one knob keywords are deprecated; give the groups of "
+            f"agentlightning_lite.rl.config instead: {hint}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
     out: dict[str, Any] = {}
     for group, cls in _CLASSES.items():
-        mine = {kw: f for kw, (g, f) in KEYWORDS.items() if g == group}
-        keywords = {kw: arguments[kw] for kw in mine}
-        given = arguments.get(group)
+        mine = {kw: f for kw, (g, f) in KEYWORDS.items() if g == group and kw in knobs}
+        given = groups.get(group)
         if given is None:
-            out[group] = cls(**{f: keywords[kw] for kw, f in mine.items()})
+            out[group] = cls(**{f: knobs[kw] for kw, f in mine.items()})
             continue
         if not isinstance(given, cls):
             raise TypeError(f"{group} must be agl.rl.config.{cls.__name__}(...), got {type(given).__name__}")
-        defaults = {f.name: f.default for f in fields(cls)}
-        clash = sorted(kw for kw, f in mine.items() if keywords[kw] != defaults[f])
-        if clash:
-            raise ValueError(f"give {group}= or {', '.join(clash)}=, not both")
+        if mine:
+            raise ValueError(f"give {group}= or {', '.join(sorted(mine))}=, not both")
         out[group] = given
     return out

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,25 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ACTIVE: DataParallel | None = None  # this process's rank, while its process group is up
+
+
+def leave_after_launch() -> None:
+    """End a process that a launcher started (``torchrun``, ``accelerate launch``) after a successful
+    run, with status 0: leave the process group together with the other ranks, flush the logs and the
+    output, and skip the interpreter's teardown, where a gloo rank sometimes aborts after its work is
+    done ("terminate called without an active exception"), which the launcher reports as a failed run.
+    Outside a launcher it does nothing. ``agl-lite train`` calls it; a training script can end with it.
+
+    >>> leave_after_launch()  # not under a launcher: returns
+    """
+    if detect() is None:
+        return
+    if (dp := DataParallel.active()) is not None:
+        dp.close()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class DistributedError(AGLError, RuntimeError):
@@ -222,28 +242,28 @@ class DataParallel:
         return _ACTIVE
 
     @staticmethod
-    def start(trainer: Any, total: int, resume: bool) -> dict[str, Any] | None:
-        """The start of ``Trainer.fit``: resume when asked; then, under a launcher, wait until every
-        rank has resumed (or not). Rank 0 (and a single process) gets ``None`` and runs the step loop:
-        rollouts, store, serving, hand-over, checkpoints, evaluation; every other rank runs
-        :meth:`follow` here until step ``total`` and returns its last update's metrics."""
+    def start(learner: Any, resume: Callable[[], None] | None = None) -> DataParallel | None:
+        """The start of ``Trainer.fit``: under a launcher, check ``learner`` (a
+        :class:`~.learner.Learner`) and keep a rank other than 0 from handing weights to a shared
+        engine; ``resume()`` when given; then wait until every rank has resumed (or not). Returns
+        this rank (``None`` in a single process): rank 0 runs the step loop (rollouts, store, serving,
+        hand-over, checkpoints, evaluation), every other rank :meth:`follow`."""
         dp = DataParallel.active() or DataParallel.from_env()
         if dp is not None:
-            dp.check_trainer(trainer)
-        if dp is not None and not dp.is_main:  # only rank 0 hands new weights to a separate engine
-            trainer._weights = TrainOnly(trainer._weights.engine, trainer._weights.model)
-        if resume:
-            trainer._resume()
-        if dp is None:
-            return None
-        dp.barrier()  # rank 0's rollouts start once every rank has loaded its checkpoint
-        return None if dp.is_main else dp.follow(trainer, total)
+            dp.check_learner(learner)
+            if not dp.is_main:  # only rank 0 hands new weights to a separate engine
+                learner.train_only()
+        if resume is not None:
+            resume()
+        if dp is not None:
+            dp.barrier()  # rank 0's rollouts start once every rank has loaded its checkpoint
+        return dp
 
-    def check_trainer(self, trainer: Any) -> None:
-        """Refuse, on every rank alike, a trainer this launch cannot train: its model on another GPU
+    def check_learner(self, learner: Any) -> None:
+        """Refuse, on every rank alike, a learner this launch cannot train: its model on another GPU
         than this rank's, or a sharded model (:func:`.fsdp.shard_base`) that the in-process engine
         generates from."""
-        device = getattr(trainer, "device", None)
+        device = learner.device
         if self.backend == "nccl" and device is not None and torch.device(device) != self.device:
             raise DistributedError(
                 f"rank {self.rank}'s training model is on {device}, its GPU is {self.device} (LOCAL_RANK="
@@ -251,7 +271,7 @@ class DataParallel:
                 "torch.cuda.set_device(LOCAL_RANK)) before building the Trainer, so that each rank loads "
                 "its model on its own GPU"
             )
-        if self.lockstep is not None and trainer._weights.in_place:
+        if self.lockstep is not None and learner.weights.in_place:
             raise DistributedError(
                 "the policy's decoder layers are sharded (shard_base) but the in-process engine generates "
                 "from that same model on rank 0 alone, which would wait for the other ranks forever: serve "
@@ -295,17 +315,12 @@ class DataParallel:
         self._collective("broadcast of the samples", dist.broadcast_object_list, box, src=0)
         return list(samples or []) if self.is_main else samples_from_json(box[0])
 
-    def follow(self, trainer: Any, total: int) -> dict[str, Any]:
-        """A rank other than 0, until step ``total``: each step rank 0's samples (its advantages are
-        computed here the same way), then this rank's share of the update of every policy."""
-        from .update import Timer
-
+    def follow(self, learner: Any, step: int, total: int) -> dict[str, Any]:
+        """A rank other than 0, from ``step`` until step ``total``: each step rank 0's samples (their
+        advantages are computed here the same way), then ``learner``'s share of every policy's update."""
         last: dict[str, Any] = {}
-        while trainer.step < total:
-            trainer._timer = Timer(trainer.device)
-            samples = self.broadcast_samples(None)
-            last = trainer._update(samples) if samples else {"train/skipped_update": 1.0}
-            trainer.step += 1
+        for k in range(step, total):
+            last = learner.learn(self.broadcast_samples(None), step=k)
         return last
 
     def mine(self, sizes: Sequence[int]) -> set[int]:

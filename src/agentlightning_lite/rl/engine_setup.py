@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from ..lora_settings import check_4bit_available
 from ..serving.engines.base import Engine, GenRequest, GenResult
 from ..serving.engines.contract import InPlaceEngine, MultiAdapterEngine, ServingEngine
 from .checkpoint import save_adapter
 from .distributed import detect
-from .lora import check_4bit_available
 from .policies import PolicyPlan
 
 __all__ = ["NotServing", "build_engine", "choose_engine", "training_model", "update_autocast"]

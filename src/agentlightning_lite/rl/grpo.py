@@ -8,12 +8,12 @@ samples of the same task (the group of ``group_size`` rollouts of one task, all 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from .advantages import group_advantages
 from .policy_gradient import LossAggregation, PolicyGradient
 
 if TYPE_CHECKING:
@@ -82,40 +82,6 @@ class GRPO(PolicyGradient):
         if all(a == 0.0 for a in adv):
             stats["train/skipped_update"] = 1.0  # every group had zero spread: no gradient
         return stats
-
-
-def group_advantages(
-    rewards: Sequence[float],
-    groups: Sequence[Hashable],
-    scale: bool = True,
-    eps: float = 1e-6,
-) -> tuple[list[float], dict[str, float]]:
-    """GRPO advantages: ``A_i = (r_i - mean(r_g)) / (std(r_g) + eps)`` over the samples of group ``g``.
-
-    Returns the advantages and stats: how many groups had zero spread (they give no gradient).
-
-    >>> adv, stats = group_advantages([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"])
-    >>> [round(a, 3) for a in adv], stats["zero_std_groups"]
-    ([0.707, -0.707, 0.0, 0.0], 1.0)
-    """
-    by_group: dict[Hashable, list[int]] = {}
-    for i, g in enumerate(groups):
-        by_group.setdefault(g, []).append(i)
-    adv = [0.0] * len(rewards)
-    zero = 0
-    for idx in by_group.values():
-        r = torch.tensor([rewards[i] for i in idx], dtype=torch.float64)
-        mean = r.mean()
-        # the sample (unbiased) std, as TRL and verl compute it
-        std = r.std() if len(idx) > 1 else torch.tensor(0.0, dtype=torch.float64)
-        if float(std) < 1e-8:
-            zero += 1  # all samples alike: nothing to prefer, no gradient
-            continue
-        a = (r - mean) / (std + eps) if scale else r - mean
-        for i, v in zip(idx, a.tolist(), strict=True):
-            adv[i] = v
-    n = max(len(by_group), 1)
-    return adv, {"groups": float(len(by_group)), "zero_std_groups": float(zero), "zero_std_frac": zero / n}
 
 
 def policy_loss(

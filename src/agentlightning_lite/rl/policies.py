@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .lora import LoRA
-from .policy_gradient import PolicyGradient
+from ..lora_settings import LoRA
+from .algorithm import WeightUpdate
 from .ppo import ValueHead
 
 __all__ = [
@@ -175,18 +175,20 @@ def adapter_params(model: Any, adapter: str | None) -> list[torch.nn.Parameter]:
 
 
 def make_optimizer(
-    algorithm: Any, params: list[torch.nn.Parameter], model: Any, device: torch.device
+    algorithm: WeightUpdate, params: list[torch.nn.Parameter], model: Any, device: torch.device
 ) -> tuple[torch.optim.Optimizer, ValueHead | None]:
     """AdamW over ``params``, and a fresh value head when the algorithm needs values."""
     groups: list[dict[str, Any]] = [{"params": params, "lr": algorithm.lr}]
     head = None
-    if isinstance(algorithm, PolicyGradient) and algorithm.needs_values:
+    if algorithm.needs_values:  # PPO
         head = ValueHead(int(model.config.hidden_size)).to(device)
         groups.append({"params": list(head.parameters()), "lr": algorithm.value_head_lr()})
     return torch.optim.AdamW(groups, weight_decay=algorithm.weight_decay), head
 
 
-def build_policies(plan: PolicyPlan, model: Any, algorithm: Any, device: torch.device) -> list[Policy]:
+def build_policies(
+    plan: PolicyPlan, model: Any, algorithm: WeightUpdate, device: torch.device
+) -> list[Policy]:
     """One :class:`Policy` per trained adapter, each with its own optimiser (and value head)."""
     out = []
     for adapter, owner in plan.owners.items():

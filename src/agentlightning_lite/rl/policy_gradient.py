@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 import torch
 
+from .trajectory import merge_trajectories
+
 if TYPE_CHECKING:
     from .batching import Sample, TokenBatch
+    from .learner import Learner
+    from .policies import Policy
 
 __all__ = ["LOSS_AGGREGATIONS", "LossAggregation", "PolicyGradient", "micro_batch_weights"]
 
@@ -75,7 +79,38 @@ class PolicyGradient:
         if self.weight_decay < 0 or not self.max_grad_norm > 0 or not self.eps > 0:
             raise ValueError(f"{name}: weight_decay must be >= 0, max_grad_norm and eps > 0")
 
-    # -- what each algorithm owns ---------------------------------------------------------------
+    #: every rollout's calls are trained (the advantages weigh them)
+    min_reward: ClassVar[float | None] = None
+
+    # -- what each algorithm owns (see :mod:`.algorithm`) ----------------------------------------
+    @property
+    def updates_weights(self) -> bool:
+        return True
+
+    def rollout_engine(self) -> Any | None:
+        """The policy plays itself."""
+        return None
+
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term against the reference model (``kl_coef > 0``)."""
+        return self.kl_coef > 0
+
+    def update(self, learner: Learner, policy: Policy, samples: list[Sample]) -> dict[str, float]:
+        """Each call's advantage, then (unless no call has one) the clipped policy-gradient update."""
+        stats: dict[str, float] = {}
+        with learner.timer.phase("advantages"):
+            stats.update(self.advantages(samples))  # each call's advantage (GRPO: within its group)
+        if stats.get("train/skipped_update"):
+            return stats  # e.g. every GRPO group had zero spread: no gradient
+        if learner.merged:  # after the per-call advantages: each call keeps its own
+            samples, merged = merge_trajectories(samples)
+            stats.update(merged)
+        result: dict[str, float] = {}
+        learner.train(policy, lambda model: result.update(learner.optimise(samples, policy, model)))
+        stats.update(result)
+        return stats
+
     @property
     def needs_values(self) -> bool:
         """Whether the update trains a value head next to the policy (and reads its values)."""

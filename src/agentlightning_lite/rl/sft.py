@@ -16,12 +16,17 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .batching import Sample, collate, forward_logprobs, micro_batches
 from .distributed import DataParallel
+from .trajectory import merge_trajectories
+
+if TYPE_CHECKING:
+    from .learner import Learner
+    from .policies import Policy
 
 __all__ = ["SFT", "sft_loss", "sft_update"]
 
@@ -79,6 +84,40 @@ class SFT:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.kl_coef != 0.0:
             raise ValueError("SFT has no KL term: kl_coef must be 0")
+
+    # -- what the training step asks (see :mod:`.algorithm`) ------------------------------------
+    @property
+    def updates_weights(self) -> bool:
+        return True
+
+    def rollout_engine(self) -> Any | None:
+        """The teacher plays the policy when there is one (its calls are recorded alike)."""
+        return self.teacher
+
+    @property
+    def needs_values(self) -> bool:
+        return False
+
+    @property
+    def needs_reference(self) -> bool:
+        return False
+
+    def value_head_lr(self) -> float:
+        return self.lr
+
+    def update(self, learner: Learner, policy: Policy, samples: list[Sample]) -> dict[str, float]:
+        """Teacher-forced epochs on the calls (:func:`sft_update`), seeded by the run's seed and step."""
+        stats: dict[str, float] = {}
+        if learner.merged:
+            samples, stats = merge_trajectories(samples)
+        seed = learner.seed * 1_000_003 + learner.step
+        learner.train(
+            policy,
+            lambda model: stats.update(
+                sft_update(model, policy.optimizer, samples, self, learner.pad_id, seed, learner.autocast)
+            ),
+        )
+        return stats
 
 
 def _greedy(samples: Sequence[Sample]) -> list[Sample]:

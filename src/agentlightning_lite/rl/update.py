@@ -12,55 +12,25 @@ of a step), the way verl reports ``timing_s/...``.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .batching import Sample, TokenBatch, collate, forward_logprobs, micro_batches
+from .distributed import partition_by_tokens
 from .grpo import aggregate, kl_penalty, policy_loss
 from .policies import Policy
 from .policy_gradient import PolicyGradient
 from .ppo import ValueHead
+from .timing import Timer
 from .weights import WeightHandOver
 
 __all__ = ["Timer", "UpdateSettings", "micro_batches", "optimise", "train_policy", "update_policies"]
-
-
-class Timer:
-    """Seconds per phase, summed over a step: ``{"timing/<phase>": s}``.
-
-    >>> t = Timer()
-    >>> with t.phase("update"):
-    ...     pass
-    >>> list(t.metrics())
-    ['timing/update']
-    """
-
-    def __init__(self, device: torch.device | None = None) -> None:
-        self.device = device
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.device is not None and self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the GPU's work belongs to the phase that queued it
-            self.add(name, time.perf_counter() - t0)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-
-    def metrics(self) -> dict[str, float]:
-        return {f"timing/{k}": v for k, v in self.seconds.items()}
 
 
 @dataclass
@@ -176,8 +146,6 @@ def _shares(
     dp = cfg.data_parallel
     if dp is None or algo.needs_values or dp.lockstep is not None:
         return None, None
-    from .distributed import partition_by_tokens
-
     owned: set[int] = set()
     for group in _groups(chunks, algo):
         split = partition_by_tokens([batches[j].input_ids.numel() for j in group], dp.world_size)

@@ -72,7 +72,7 @@ class LLM(BaseModel):
         >>> llm.for_agent("writer").prompt("system", "Be brief.")
         'Be brief.'
         """
-        from ..apo.prompts import prompt
+        from ..prompts import prompt
 
         return prompt(name, default, agent=self.agent)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import threading
 import time
 import warnings
@@ -24,6 +23,8 @@ from .. import join
 from .._json import loads
 from ..air import AIRRule
 from ..credit import CreditRule
+from ..rl.advantages import group_advantages as _group_advantages
+from ..run_settings import recorded, rules
 from ..store.sqlite import _ROLLOUT_COLUMNS, _row_rollout
 from ..transitions import rollout_transitions
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, Transition
@@ -169,12 +170,30 @@ class RolloutPage:
     seconds: float  #: time the queries took
 
 
+def run_directory(store: Any) -> Path | None:
+    """The training run's directory of a store the trainer wrote (``output_dir/runs.db``): the store's
+    directory when ``metrics.jsonl`` lies beside it, else ``None``.
+
+    >>> import tempfile, types
+    >>> d = Path(tempfile.mkdtemp()); _ = (d / "metrics.jsonl").write_text("")
+    >>> run_directory(types.SimpleNamespace(path=d / "runs.db")) == d
+    True
+    """
+    path = getattr(store, "path", None)
+    if path is None:
+        return None
+    beside = Path(path).parent
+    return beside if (beside / "metrics.jsonl").is_file() else None
+
+
 class RunData:
     """The store and the run directory behind the web view; safe to share between threads.
 
-    ``store`` is a SQLite store: ``agentlightning_lite.cli.ReadOnlyStore(path)`` (what ``agl-lite ui``
-    opens), or an open ``SQLiteStore``. ``tokenizer`` decodes token ids (``decode([id])``); ``credit``,
-    ``air`` and ``agents`` are the run's, so the transitions shown are those it trained on.
+    ``store`` is a SQLite store: ``agentlightning_lite.store.ReadOnlyStore(path)`` (what ``agl-lite ui``
+    opens), or an open ``SQLiteStore``. ``output_dir`` is the training run's directory (default: the
+    store's own when ``metrics.jsonl`` lies beside it). ``tokenizer`` decodes token ids
+    (``decode([id])``); ``credit``, ``air`` and ``agents`` are the run's, so the transitions shown are
+    those it trained on.
     """
 
     def __init__(
@@ -191,8 +210,10 @@ class RunData:
                 f"the web view reads a SQLite store (ReadOnlyStore or SQLiteStore), not {store!r}"
             )
         self.store = store
-        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.output_dir = Path(output_dir) if output_dir is not None else run_directory(store)
         self.tokenizer = tokenizer
+        if credit is None and air is None and (spec := recorded(store)) is not None:
+            credit, air = rules(spec)  # the run's own settings, recorded with its rollouts
         self.credit = credit
         self.air = air
         self.agents = None if agents is None else list(agents)
@@ -464,7 +485,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's advantages over one group, as ``rl.grpo.group_advantages`` computes them (without torch):
+    """GRPO's advantages over one group: the trainer's own :func:`~..rl.advantages.group_advantages`,
     ``(r - mean) / (sample std + eps)``, all 0.0 when the rewards do not differ.
 
     >>> [round(a, 3) for a in group_advantages([1.0, 0.0])]
@@ -472,13 +493,7 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]
     >>> group_advantages([1.0, 1.0])
     [0.0, 0.0]
     """
-    if len(rewards) < 2:
-        return [0.0] * len(rewards)
-    mean = statistics.fmean(rewards)
-    std = statistics.stdev(rewards)
-    if std < 1e-8:
-        return [0.0] * len(rewards)
-    return [(r - mean) / (std + eps) for r in rewards]
+    return _group_advantages(rewards, [0] * len(rewards), eps=eps)[0]
 
 
 def _why_not_trained(s: Span, agents: list[str] | None) -> str:

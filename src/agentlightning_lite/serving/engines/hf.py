@@ -120,7 +120,7 @@ class HFEngine(BatchingEngine):
         specs = [lora, *(adapters or {}).values()]
         self.load_in_4bit = any(bool(getattr(spec, "load_in_4bit", False)) for spec in specs)
         if self.load_in_4bit:
-            from ...rl.lora import check_4bit_available
+            from ...lora_settings import check_4bit_available
 
             check_4bit_available(self.device)
 
@@ -148,7 +148,7 @@ class HFEngine(BatchingEngine):
                     ".quantization_config())); or pass the model's name or path and the engine loads it so"
                 )
         if self.load_in_4bit:
-            from ...rl.lora import prepare_4bit
+            from ...lora_settings import prepare_4bit
 
             module = prepare_4bit(module)  # already on its GPU (bitsandbytes weights cannot be moved)
         else:
@@ -182,7 +182,7 @@ class HFEngine(BatchingEngine):
         """``from_pretrained`` arguments that load the base weights in 4-bit NF4 on this engine's GPU."""
         import torch
 
-        from ...rl.lora import LoRA
+        from ...lora_settings import LoRA
 
         if resolved.gguf_file is not None:
             raise ValueError(

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ... import __version__
+from ...version import __version__
 from ..engines.contract import AdapterRemovingEngine, MultiAdapterEngine, TrainableEngine
 from ..errors import APIError, JSONResponse, bad_request
 from .calls import check_auth, read_json

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._compat import quiet_upstream_warnings
+from ._compat import quiet_upstream_warnings
 
 quiet_upstream_warnings()
 

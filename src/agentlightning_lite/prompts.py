@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..tracer import RolloutHandle, Tracer, _instant_row
+from .tracer import RolloutHandle, Tracer, _instant_row
 
 __all__ = [
     "PROMPT_SPAN",
