@@ -23,6 +23,7 @@ __all__ = [
     "ModelSpec",
     "ResolvedModel",
     "cache_dir",
+    "forget_gguf_quantizer",
     "load_model",
     "load_tokenizer",
     "resolve",
@@ -260,13 +261,12 @@ def safetensors_dir(name: str | os.PathLike[str] = "smollm2-135m") -> Path:
     target = cache_dir() / spec.name / "safetensors"
     if (target / "config.json").is_file():
         return target
-    from .cli.export import _plain
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="safetensors.part-", dir=target.parent))
     try:
         model = load_model(spec.name, device="cpu")
-        _plain(model)  # transformers refuses to save a model that still names its GGUF quantizer
+        forget_gguf_quantizer(model)  # transformers refuses to save a model naming its GGUF quantizer
         model.save_pretrained(str(tmp), safe_serialization=True)
         gen = getattr(model, "generation_config", None)
         if gen is not None and not (tmp / "generation_config.json").exists():
@@ -281,3 +281,18 @@ def safetensors_dir(name: str | os.PathLike[str] = "smollm2-135m") -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def forget_gguf_quantizer(model: Any) -> None:
+    """Forget that a model was read from a GGUF file: transformers de-quantised its weights on load
+    (they are plain tensors now) but refuses to save a model that still names its GGUF quantizer."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is None or getattr(method, "value", method) != "gguf":
+        return
+    model.hf_quantizer = None
+    for obj in (model, model.config):
+        if "quantization_config" in vars(obj):
+            delattr(obj, "quantization_config")
+    if "is_quantized" in vars(model):
+        model.is_quantized = False

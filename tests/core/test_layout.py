@@ -89,7 +89,7 @@ LAYERS: list[set[str]] = [
     {"store"},
     {"tracer", "join", "credit", "air", "lora_settings"},
     {"transitions", "prompts", "otel", "sft_export", "run_settings"},
-    {"serving", "adapters"},
+    {"serving", "adapters", "harness"},
     {"rl"},
     {"apo", "remote", "ui"},
     {"<root>"},  # the facade: its heavy names load on first use (no import statement)

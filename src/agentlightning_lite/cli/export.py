@@ -228,30 +228,15 @@ def export_adapter(adapter: Path, out: Path, base: str | None = None) -> Path:
     return out
 
 
-def _plain(model: Any) -> None:
-    """Forget that a model was read from a GGUF file: transformers de-quantised its weights on load
-    (they are plain tensors now) but refuses to save a model that still names its GGUF quantizer."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
-    if quantizer is None or getattr(method, "value", method) != "gguf":
-        return
-    model.hf_quantizer = None
-    for obj in (model, model.config):
-        if "quantization_config" in vars(obj):
-            delattr(obj, "quantization_config")
-    if "is_quantized" in vars(model):
-        model.is_quantized = False
-
-
 def export_merged(adapter: Path, out: Path, base: str) -> Path:
     """Load ``base``, apply the adapter, merge it into the weights and save the full model to ``out``."""
     from peft import PeftModel
 
-    from ..models import load_model, load_tokenizer
+    from ..models import forget_gguf_quantizer, load_model, load_tokenizer
 
     model = load_model(base, device="cpu")
     model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    _plain(model)
+    forget_gguf_quantizer(model)
     model.save_pretrained(str(out), safe_serialization=True)
     gen = getattr(model, "generation_config", None)
     if gen is not None and not (out / "generation_config.json").exists():

@@ -6,9 +6,8 @@ reply's token ids and their logprobs, so every span holds exactly the tokens the
 produced (no re-tokenisation anywhere). LoRA adapters are handed over with vLLM's runtime routes
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``, each weight version under its own name.
 
-The subset of the HTTP API used is the one vLLM 0.33 documents (read in its source:
-``vllm/entrypoints/openai/completion/protocol.py``, ``vllm/entrypoints/serve/lora/``); the
-project's own PolicyServer speaks the same subset, which is what the tests run against.
+The subset of the HTTP API used is vLLM's (0.32-0.33); the project's own PolicyServer speaks it too,
+and the ``vllm`` test group runs it against a real vLLM (its CPU build).
 """
 
 from __future__ import annotations
