@@ -2,6 +2,7 @@
 
     python examples/quickstart.py                 # the README's main command (see benchmarks/learning)
     python examples/quickstart.py --steps 2 --eval-size 8     # a quick look
+    python examples/quickstart.py --engine vllm               # the same run served by vLLM (docs/gpu.md)
 
 The agent (``examples/calc_agent.py``) is ordinary ``openai``-client code with a calculator tool.
 Every LLM call goes through the PolicyServer, lands in ``runs/quickstart/runs.db`` with its exact
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calc_agent import calc_agent, make_tasks
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import RolloutConfig
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,6 +36,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/quickstart")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument(
+        "--engine",
+        choices=["auto", "hf", "vllm"],
+        default="auto",
+        help="what serves the policy: the in-process HF engine, or a vLLM server the engine starts",
+    )
+    ap.add_argument(
+        "--vllm-url", help="with --engine vllm: attach to this running vLLM instead of starting one"
+    )
     args = ap.parse_args(argv)
 
     t0 = time.time()
@@ -45,8 +56,12 @@ def main(argv: list[str] | None = None) -> dict:
         lora=agl.LoRA(r=16, alpha=32),
         air=[agl.air.ToolStatus(success=0.1, error=-0.1)],
         credit=agl.credit.Discounted(1.0),
+        engine=args.engine,
+        engine_options={"url": args.vllm_url} if args.vllm_url else None,
         batch_size=args.batch_size,
-        rollout_timeout=1800,  # a slow or shared CPU must not turn rollouts into timeouts
+        rollout_config=RolloutConfig(
+            timeout=1800
+        ),  # a slow or shared CPU must not turn rollouts into timeouts
         output_dir=args.output_dir,
         seed=args.seed,
     )
