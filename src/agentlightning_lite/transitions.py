@@ -23,7 +23,7 @@ def is_side_call(span: Span) -> bool:
     """Whether ``span`` is a side call: its agent is :data:`SIDE_AGENT`, or it carries ``agl.side``.
 
     >>> from agentlightning_lite.types import Span
-    >>> is_side_call(Span(span_id="s", rollout_id="r", kind="llm", name="chat", agent="side"))
+    >>> is_side_call(Span(span_id="s", rollout_id="r", kind="llm", name="chat", agent="side", start_time=0.0))
     True
     """
     return span.agent == SIDE_AGENT or bool(span.attributes.get("agl.side"))

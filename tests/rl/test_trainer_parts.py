@@ -36,20 +36,17 @@ def make(engine: Any, tmp_path: Path, **kw: Any) -> agl.Trainer:
     return agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, **options)
 
 
-def test_knobs_come_as_keywords_or_as_one_group_not_both() -> None:
+def test_knobs_come_as_one_group_each_and_the_old_keywords_are_not_parameters() -> None:
     params = inspect.signature(agl.Trainer.__init__).parameters
-    keywords = {kw: params[kw].default for kw in KEYWORDS}  # the trainer's defaults
     for group in ("rollout_config", "sample_config", "update_config", "checkpoint_config", "logging_config"):
         assert params[group].default is None
-    groups = resolve({**keywords, "rollout_timeout": 5.0})
-    assert groups["rollout_config"].timeout == 5.0 and isinstance(groups["sample_config"], SampleConfig)
-    assert groups["checkpoint_config"].keep == 3  # keep_checkpoints' default
+    assert not set(KEYWORDS) & set(params)  # each default is written once, in its group
+    groups = resolve({}, {})
+    assert groups["checkpoint_config"].keep == 3 and isinstance(groups["sample_config"], SampleConfig)
     given = RolloutConfig(timeout=7.0)
-    assert resolve({**keywords, "rollout_config": given})["rollout_config"] is given
-    with pytest.raises(ValueError, match=r"give rollout_config= or rollout_timeout=, not both"):
-        resolve({**keywords, "rollout_timeout": 5.0, "rollout_config": given})
+    assert resolve({"rollout_config": given}, {})["rollout_config"] is given
     with pytest.raises(TypeError, match="update_config must be"):
-        resolve({**keywords, "update_config": {"old_logprobs": "engine"}})
+        resolve({"update_config": {"old_logprobs": "engine"}}, {})
 
 
 def test_a_group_given_as_an_object_is_the_trainers(tiny_engine: Any, tmp_path: Path) -> None:
