@@ -82,7 +82,15 @@ def test_every_call_of_a_harness_run_lands_in_its_rollout_with_token_ids(
 def test_one_grpo_step_on_opencode_rollouts_with_the_embedded_model(tmp_path: Path) -> None:
     needs_isolation()
     pytest.importorskip("peft")
-    agent = recipes()["opencode"](max_output=16, timeout=600, reward=_reward)
+    # one tool: a prompt of about 1 k tokens, not 3 k (the update's cost on a CPU grows with it)
+    agent = opencode(
+        executable=cli("opencode"),
+        system_prompt=SHORT,
+        tools=["write"],
+        max_output=16,
+        timeout=600,
+        reward=_reward,
+    )
     trainer = agl.Trainer(
         model="smollm2-135m",
         engine="hf",
@@ -91,7 +99,7 @@ def test_one_grpo_step_on_opencode_rollouts_with_the_embedded_model(tmp_path: Pa
         store=agl.SQLiteStore(tmp_path / "runs.db"),
         output_dir=tmp_path,
         batch_size=1,
-        max_seq_len=4096,
+        max_seq_len=2048,
         rollout_timeout=700,
         loggers=[],
     )
