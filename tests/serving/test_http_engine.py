@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving import PolicyServer
 from agentlightning_lite.serving.engines import BackendError, GenRequest, HTTPEngine
 
@@ -990,7 +991,7 @@ def test_trainer_on_vllm_hands_each_update_to_the_server(tmp_path: Path, monkeyp
         batch_size=2,
         store=agl.MemoryStore(),
         output_dir=tmp_path / "run",
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
     )
     try:
         engine = trainer.engine
