@@ -25,7 +25,7 @@ from ..air import AIRRule
 from ..credit import CreditRule
 from ..rl.advantages import group_advantages as _group_advantages
 from ..run_settings import recorded, rules
-from ..store.sqlite import _ROLLOUT_COLUMNS, _row_rollout
+from ..store.sqlite_schema import _ROLLOUT_COLUMNS, _row_rollout
 from ..transitions import rollout_transitions, why_not_trained
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, Transition
 
