@@ -273,7 +273,7 @@ def run(
 ) -> dict[str, Any]:
     """Evaluate, train, evaluate; write and record the results (see the module docstring).
 
-    ``trainer_options`` go to ``agl.Trainer`` (``agents``, ``credit``, ``air``, ``success_threshold``,
+    ``trainer_options`` go to ``agl.Trainer`` (``agents``, ``credit``, ``air``, ``rollout_config``,
     ...) over the defaults built from ``args``. With ``--sft-tasks N`` and a ``teacher`` (tasks ->
     engine replying with their gold solutions), the policy is first fine-tuned with ``agl.SFT`` on
     the teacher's successful runs of ``sft_train[:N]`` (through ``sft_agent``, default
@@ -282,6 +282,7 @@ def run(
     (``"policies separate"``). Returns the results dict that ``results.json`` holds.
     """
     import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import RolloutConfig, SampleConfig
 
     t0 = time.time()
     engine_options: dict[str, Any] = {}
@@ -304,11 +305,10 @@ def run(
         "engine": args.engine,
         "engine_options": engine_options,
         "batch_size": args.batch_size,
-        "concurrency": concurrency,
-        "rollout_timeout": args.rollout_timeout,
+        "rollout_config": RolloutConfig(concurrency=concurrency, timeout=args.rollout_timeout),
         "output_dir": out_dir,
         "seed": args.seed,
-        "transitions": getattr(args, "transitions", "call"),
+        "sample_config": SampleConfig(transitions=getattr(args, "transitions", "call")),
     }
     options.update(trainer_options or {})
     if getattr(args, "no_air", False):

@@ -12,6 +12,7 @@ import argparse
 
 import agentlightning_lite as agl
 from agentlightning_lite.harness import opencode
+from agentlightning_lite.rl.config import SampleConfig
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
         model=args.model,
         algorithm=agl.GRPO(group_size=2),
         batch_size=1,
-        max_seq_len=4096,
+        sample_config=SampleConfig(max_seq_len=4096),
         output_dir="runs/harness-opencode",
     )
     with trainer:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import RolloutConfig
 
 ARMS = ("apo", "grpo", "apo+grpo")
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +133,7 @@ def run_arm(
         batch_size=batch,
         algorithm=agl.GRPO(group_size=group, **setup_["grpo"]),
         engine_options=engine_options,
-        rollout_timeout=args.rollout_timeout,
+        rollout_config=RolloutConfig(timeout=args.rollout_timeout),
         **setup_["options"],
     ) as trainer:
         store = trainer.store

@@ -282,6 +282,7 @@ def run_grpo(size: str, settings: Settings, checkpointing: bool) -> dict[str, An
     import torch
 
     import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import LoggingConfig, RolloutConfig, UpdateConfig
 
     def agent(task: dict[str, str], llm: agl.LLM) -> float:
         reply = chat(llm, task["q"], settings.max_tokens)
@@ -306,10 +307,10 @@ def run_grpo(size: str, settings: Settings, checkpointing: bool) -> dict[str, An
             batch_size=settings.tasks,
             store=agl.MemoryStore(),
             output_dir=tmp,
-            loggers=[],
+            logging_config=LoggingConfig(loggers=[]),
             seed=settings.seed,
-            rollout_timeout=None,
-            gradient_checkpointing=checkpointing,
+            rollout_config=RolloutConfig(timeout=None),
+            update_config=UpdateConfig(gradient_checkpointing=checkpointing),
         )
         load_s = time.perf_counter() - t0
         phases: dict[str, dict[str, float]] = {}

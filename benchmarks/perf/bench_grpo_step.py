@@ -157,6 +157,7 @@ def run_ours(cfg: Config) -> dict[str, Any]:
 
     import agentlightning_lite as agl
     from agentlightning_lite.rl import update as trainer_mod  # where the update calls forward_logprobs
+    from agentlightning_lite.rl.config import LoggingConfig
 
     # instrumentation only: time the update's forward passes without and with gradient
     fwd_times = {"nograd": 0.0, "grad": 0.0}
@@ -197,7 +198,7 @@ def run_ours(cfg: Config) -> dict[str, Any]:
             batch_size=len(TASKS),
             store=agl.MemoryStore(),
             output_dir=tmp,
-            loggers=[],
+            logging_config=LoggingConfig(loggers=[]),
             seed=cfg.seed,
         )
         load_s = time.perf_counter() - t0
@@ -699,7 +700,8 @@ model carries transformers' `GgufHfQuantizer` marker although its weights are pl
 training"); the benchmark clears `model.hf_quantizer` / `is_quantized` before handing it to TRL.
 
 **Ours** `agl.Trainer(model="{MODEL}", algorithm=agl.GRPO(group_size={cfg.group_size}, ...), \
-lora=agl.LoRA(...), batch_size={len(TASKS)}, store=agl.MemoryStore(), loggers=[])`, otherwise defaults \
+lora=agl.LoRA(...), batch_size={len(TASKS)}, store=agl.MemoryStore(), \
+logging_config=LoggingConfig(loggers=[]))`, otherwise defaults \
 (HFEngine on CPU, a step's {n_step} rollouts run concurrently and announced to the engine with \
 `engine.expect({n_step})`, `old_logprobs="auto"`, gradient checkpointing \
 {"on" if runs["ours"][0].get("checkpointing") else "off"} and glibc's mmap threshold at \

@@ -10,7 +10,7 @@ side by side in one run:
   tokens' logprobs chunked along the positions (no full-vocabulary logits for the whole micro-batch);
 - ``full logits``: the same, with the whole micro-batch's float32 logits at once (``log_softmax`` over
   ``[2, response, 49152]``), the path the update took before the chunking;
-- ``checkpointing``: ``Trainer(gradient_checkpointing=True)``'s recomputation of each layer;
+- ``checkpointing``: ``UpdateConfig(gradient_checkpointing=True)``'s recomputation of each layer;
 - ``bf16``: ``HFEngine(autocast="bfloat16")`` (the benchmarks' ``--bf16``);
 - ``mmap 1 MiB``: ``MALLOC_MMAP_THRESHOLD_=1048576`` in the environment: glibc serves every block of
   1 MiB or more with its own mapping and unmaps it when freed;

@@ -1,4 +1,4 @@
-"""Update time and peak memory per episode: ``Trainer(transitions="call")`` vs ``transitions="trajectory"``.
+"""Update time and peak memory per episode: ``SampleConfig(transitions="call")`` vs ``"trajectory"``.
 
 A scripted multi-turn chat agent (each turn: one policy call, then a tool observation appended to the
 history) runs 2, 5, 10 and 20 turns through the real pipeline: the PolicyServer serves its calls from
@@ -57,6 +57,7 @@ def run_worker(mode: str, turns: list[int], episodes: int, threads: int | None, 
     if threads is not None:
         torch.set_num_threads(threads)
     import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import LoggingConfig, SampleConfig, UpdateConfig
     from agentlightning_lite.serving.engines import ScriptedEngine
 
     class Served(ScriptedEngine):
@@ -93,13 +94,12 @@ def run_worker(mode: str, turns: list[int], episodes: int, threads: int | None, 
             batch_size=1,
             store=agl.MemoryStore(),
             output_dir=tmp,
-            loggers=[],
+            logging_config=LoggingConfig(loggers=[]),
             seed=seed,
             # the engine's logprobs, as "auto" uses them when they agree with the model: no extra
             # no-grad pass (the scripted engine's are not the model's, which changes no cost)
-            old_logprobs="engine",
-            max_seq_len=4096,
-            transitions=mode,
+            update_config=UpdateConfig(old_logprobs="engine"),
+            sample_config=SampleConfig(max_seq_len=4096, transitions=mode),
         )
         out["load_s"] = time.perf_counter() - t0
         update = trainer.learner.learn
@@ -223,7 +223,8 @@ engineers' jobs). Benchmark wall time {minutes:.1f} min.
 (a `ScriptedEngine` with SmolLM2's tokenizer and chat template answers "Turn k: look up \
 <key>.") and a tool observation appended as a user message. Reward: random per episode (GRPO \
 needs a spread). `agl.Trainer(model="{MODEL}", algorithm=agl.GRPO(group_size={args.episodes}, lr=1e-4), \
-lora=agl.LoRA(r=16, alpha=32), batch_size=1, old_logprobs="engine", transitions=...)`: \
+lora=agl.LoRA(r=16, alpha=32), batch_size=1, update_config=UpdateConfig(old_logprobs="engine"), \
+sample_config=SampleConfig(transitions=...))`: \
 the training copy is SmolLM2-135M-Instruct in fp32 on CPU; one step = {args.episodes} episodes of the \
 same task, one optimiser step; defaults otherwise (micro-batches of at most 8 samples and 2048 padded \
 tokens, one forward + backward each). `old_logprobs="engine"` takes the importance-ratio denominator \

@@ -11,7 +11,14 @@ from .credit import CreditRule, FinalReward, Step
 from .store.base import Store
 from .types import Rollout, Span, Transition
 
-__all__ = ["SIDE_AGENT", "is_side_call", "policy_calls", "rollout_transitions", "transitions"]
+__all__ = [
+    "SIDE_AGENT",
+    "is_side_call",
+    "policy_calls",
+    "rollout_transitions",
+    "transitions",
+    "why_not_trained",
+]
 
 #: The agent name of side calls: a harness's titles, summaries and "small model" calls (a harness
 #: given the model ``<model>@side`` makes them under this agent). They are recorded like every call
@@ -41,16 +48,48 @@ def policy_calls(
     PolicyServer does not serve: :func:`transitions` warns about those).
     """
     allowed = None if models is None else set(models)
-    return [
-        s
-        for s in spans
-        if s.kind == "llm"
-        and s.status == "ok"  # a failed call has no response to learn from
-        and (allowed is None or s.model in allowed)
-        and (side_calls or not is_side_call(s))
-        and not s.attributes.get(join.DUPLICATE_OF)
-        and not (s.attributes.get(join.SOURCE) and not s.has_tokens)
-    ]
+    return [s for s in spans if s.kind == "llm" and _not_a_policy_call(s, allowed, side_calls) is None]
+
+
+def _not_a_policy_call(s: Span, models: set[str] | None, side_calls: bool) -> str | None:
+    """Why the LLM span ``s`` is not a policy-model call (``None``: it is): :func:`policy_calls`' rules."""
+    if s.status != "ok":
+        return "the call failed: no response to learn from"
+    if models is not None and s.model not in models:
+        return f"model {s.model!r} is not among the trained models"
+    if not side_calls and is_side_call(s):
+        return "a side call (titles, summaries): not trained unless asked for"
+    if s.attributes.get(join.DUPLICATE_OF):
+        return "a framework's view of a call recorded with tokens (that one is trained)"
+    if s.attributes.get(join.SOURCE) and not s.has_tokens:
+        return "recorded by a framework adapter without token ids: the agent called a model not served here"
+    return None
+
+
+def why_not_trained(
+    span: Span,
+    agents: Iterable[str] | None = None,
+    models: Iterable[str] | None = None,
+    side_calls: bool = False,
+) -> str | None:
+    """Why the LLM span ``span`` of a rollout (joined: :func:`agentlightning_lite.join.resolve`) gives
+    no transition under :func:`transitions`' arguments, in words; ``None`` when it gives one.
+
+    >>> from agentlightning_lite.types import Span
+    >>> call = Span(span_id="s", rollout_id="r", kind="llm", name="chat", agent="critic", start_time=0.0)
+    >>> why_not_trained(call, agents=["writer"])
+    "agent 'critic' is not among the trained agents"
+    >>> why_not_trained(call) is None
+    True
+    """
+    if span.kind != "llm":
+        return "not an LLM call"
+    agents = None if agents is None else list(agents)
+    side = side_calls or (agents is not None and SIDE_AGENT in agents)
+    reason = _not_a_policy_call(span, None if models is None else set(models), side)
+    if reason is None and agents is not None and span.agent not in agents:
+        return f"agent {span.agent!r} is not among the trained agents"
+    return reason
 
 
 def _warn_untokenized(skipped: dict[str, int], stacklevel: int) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.cli import build_parser, main
+from agentlightning_lite.rl.config import LoggingConfig
 
 from .helpers import DIGITS
 
@@ -62,7 +63,7 @@ def test_agl_lite_apo_writes_the_best_prompts(
 
     def trainer(**kw: Any) -> agl.Trainer:
         made.append(kw)
-        return real(**{**kw, "engine": tiny_engine(), "loggers": []})
+        return real(**{**kw, "engine": tiny_engine(), "logging_config": LoggingConfig(loggers=[])})
 
     monkeypatch.setattr(agl, "Trainer", trainer)
     server = reflector()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 
 from .helpers import DIGITS, propose_digits, system_of
 
@@ -31,7 +32,9 @@ def agent(task: dict[str, Any], llm: agl.LLM) -> float:
 
 
 def make(engine: Any, tmp_path: Path, **kw: Any) -> agl.Trainer:
-    return agl.Trainer(engine=engine, output_dir=tmp_path, loggers=[], batch_size=2, **kw)
+    return agl.Trainer(
+        engine=engine, output_dir=tmp_path, logging_config=LoggingConfig(loggers=[]), batch_size=2, **kw
+    )
 
 
 def system_prompts(store: agl.Store, ro: agl.Rollout) -> list[str]:

@@ -87,7 +87,7 @@ def test_engines_are_never_probed_for_attributes() -> None:
 LAYERS: list[set[str]] = [
     {"_compat", "_json", "_lazy", "_toolcalls", "errors", "ids", "version", "models", "agent", "types"},
     {"store"},
-    {"tracer", "join", "credit", "air", "lora_settings"},
+    {"tracer", "span_handles", "join", "credit", "air", "lora_settings"},
     {"transitions", "prompts", "otel", "sft_export", "run_settings"},
     {"serving", "adapters", "harness"},
     {"rl"},

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +73,7 @@ def test_the_js_agent_is_trained_for_one_step(js_agent: Path, tmp_path: Path) ->
             lora=agl.LoRA(r=4, alpha=8),
             batch_size=2,
             output_dir=tmp_path,
-            loggers=[],
+            logging_config=LoggingConfig(loggers=[]),
             runners=agl.RemoteRunners(port=port, api_key=key),
         ) as trainer:
             metrics = trainer.fit("js-calculator", tasks, steps=1)

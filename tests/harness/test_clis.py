@@ -17,6 +17,7 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.harness import claude_code, codex, opencode
+from agentlightning_lite.rl.config import LoggingConfig, RolloutConfig, SampleConfig
 from agentlightning_lite.serving import PolicyServer, engines
 
 from .conftest import cli, needs_isolation
@@ -99,9 +100,9 @@ def test_one_grpo_step_on_opencode_rollouts_with_the_embedded_model(tmp_path: Pa
         store=agl.SQLiteStore(tmp_path / "runs.db"),
         output_dir=tmp_path,
         batch_size=1,
-        max_seq_len=2048,
-        rollout_timeout=700,
-        loggers=[],
+        sample_config=SampleConfig(max_seq_len=2048),
+        rollout_config=RolloutConfig(timeout=700),
+        logging_config=LoggingConfig(loggers=[]),
     )
     with trainer:
         trainer.fit(agent, ["Write hello to a file named hi.txt."], steps=1)

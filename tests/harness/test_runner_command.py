@@ -86,7 +86,7 @@ def test_runner_arguments_name_exactly_one_agent() -> None:
     parser = build_parser()
     args = parser.parse_args(["runner", "--command", "echo {task}", "--network", "host"])
     assert args.command == "runner" and args.run_command == "echo {task}"
-    from agentlightning_lite.remote.runner import load_agent
+    from agentlightning_lite.remote.worker import load_agent
 
     agent = _agent_of(args, load_agent)
     assert isinstance(agent, agl.CommandAgent) and agent.command == ["echo", "{task}"]

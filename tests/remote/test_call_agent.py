@@ -171,7 +171,7 @@ def test_the_agent_module_and_the_runner_import_no_torch() -> None:
     code = (
         "import sys\n"
         "import agentlightning_lite as agl\n"
-        "import agentlightning_lite.agent, agentlightning_lite.remote.runner\n"
+        "import agentlightning_lite.agent, agentlightning_lite.remote.worker\n"
         "assert agl.LitAgent is agentlightning_lite.agent.LitAgent\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules)\n"
         "print(heavy)\n"

@@ -45,7 +45,7 @@ def test_the_package_raises_its_family_for_what_callers_do() -> None:
     assert all(issubclass(c, AGLError) for c in (UnknownRolloutError, LeaseError, ConflictError))
     from agentlightning_lite.remote import RemoteError
     from agentlightning_lite.remote.otlp import OTLPError
-    from agentlightning_lite.serving.chat import ChatFormatError
+    from agentlightning_lite.serving.chat_format import ChatFormatError
     from agentlightning_lite.serving.structured import ResponseFormatError
     from agentlightning_lite.store import NotOurDatabase
 

@@ -26,7 +26,7 @@ def test_new_names_are_public_and_documented() -> None:
 
 def test_a_runner_imports_no_training_stack() -> None:
     code = (
-        "import sys; import agentlightning_lite.remote.runner; "
+        "import sys; import agentlightning_lite.remote.worker; "
         "print(sorted(m for m in ('torch', 'transformers', 'peft', 'ray') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -58,4 +58,4 @@ def test_old_samples_are_dropped(max_staleness: int | None, kept: int) -> None:
 
 def test_max_staleness_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="max_staleness"):
-        agl.Trainer(model="x", engine=object(), max_staleness=-1)
+        agl.Trainer(model="x", engine=object(), sample_config=SampleConfig(max_staleness=-1))

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from tests._helpers import leave_after_launch, tiny_llama
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, UpdateConfig
 from agentlightning_lite.rl.distributed import DataParallel, detect
 from agentlightning_lite.serving.engines import HFEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
@@ -74,9 +75,9 @@ def main() -> None:
         batch_size=2,
         store=agl.MemoryStore(),
         output_dir=out,
-        loggers=[],
-        save_every=1,
-        old_logprobs="recompute",
+        logging_config=LoggingConfig(loggers=[]),
+        checkpoint_config=CheckpointConfig(save_every=1),
+        update_config=UpdateConfig(old_logprobs="recompute"),
     )
     if "fsdp" in extra:
         from agentlightning_lite.rl.fsdp import shard_base

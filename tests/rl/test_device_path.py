@@ -23,6 +23,7 @@ import agentlightning_lite as agl
 from agentlightning_lite.models import ResolvedModel
 from agentlightning_lite.rl._runtime import is_checkpointing as _is_checkpointing
 from agentlightning_lite.rl.batching import Sample, collate, forward_logprobs
+from agentlightning_lite.rl.config import LoggingConfig, UpdateConfig
 from agentlightning_lite.serving.engines import GenRequest, HFEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
@@ -87,9 +88,9 @@ def run_two_steps(engine: HFEngine, tmp_path: Path, gradient_checkpointing: bool
         batch_size=2,
         store=agl.MemoryStore(),
         output_dir=tmp_path,
-        loggers=[],
-        old_logprobs="recompute",  # recompute every micro-batch: the mismatch covers every sample
-        gradient_checkpointing=gradient_checkpointing,
+        logging_config=LoggingConfig(loggers=[]),
+        # old logprobs recomputed for every micro-batch: the mismatch covers every sample
+        update_config=UpdateConfig(old_logprobs="recompute", gradient_checkpointing=gradient_checkpointing),
     )
     try:
         # everything on the requested device; bf16 weights and autocast on a bf16 GPU, float32 on a CPU
@@ -185,7 +186,9 @@ def test_without_cuda_the_error_says_qlora_needs_a_gpu() -> None:
     with pytest.raises(RuntimeError, match=r"needs a CUDA GPU .*LoRA\(load_in_4bit=False\)"):
         HFEngine(tiny_llama(), tokenizer=ByteTokenizer(), lora=QLORA, dtype="float32")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        agl.Trainer(engine="hf", lora=QLORA, store=agl.MemoryStore(), loggers=[])
+        agl.Trainer(
+            engine="hf", lora=QLORA, store=agl.MemoryStore(), logging_config=LoggingConfig(loggers=[])
+        )
 
 
 def test_without_bitsandbytes_the_error_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:

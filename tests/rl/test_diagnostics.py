@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 
 pytest.importorskip("torch")
 
@@ -132,7 +133,7 @@ def test_the_trainer_says_at_once_when_no_call_reached_the_policy(
         output_dir=tmp_path,
         algorithm=agl.GRPO(group_size=2, lr=1e-3),
         batch_size=2,
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
     )
     tasks = [{"i": i} for i in range(4)]
     with trainer, caplog.at_level(logging.WARNING, logger=LOGGER):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 
 from .._helpers import lora_weights
 
@@ -56,7 +57,7 @@ def test_one_grpo_step_from_a_dialect_agent(agent: Any, tiny_llama: Any, tmp_pat
         output_dir=tmp_path,
         algorithm=agl.GRPO(group_size=4, lr=5e-3),
         batch_size=2,
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
     )
     before = lora_weights(trainer.policy)
     tasks = [{"q": f"Say {i}."} for i in range(2)]

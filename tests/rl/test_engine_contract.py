@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving import engines
 from agentlightning_lite.serving.engines import (
     AdapterRemovingEngine,
@@ -62,7 +63,7 @@ def test_trainer_refuses_policies_on_an_engine_without_add_adapter(fake_vllm: An
             policies={"a": agl.LoRA(r=2)},
             store=agl.MemoryStore(),
             output_dir=tmp_path,
-            loggers=[],
+            logging_config=LoggingConfig(loggers=[]),
         )
 
 
@@ -70,7 +71,9 @@ def test_resume_loads_the_checkpoint_through_the_engine(tiny_engine: Any, tmp_pa
     """An in-place engine gets the checkpoint through ``update_weights(fn)``: under its lock, and the
     engine (not the trainer) bumps its version."""
     engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
-    first = agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, loggers=[])
+    first = agl.Trainer(
+        engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, logging_config=LoggingConfig(loggers=[])
+    )
     first.save_checkpoint()
     first.close()
     calls: list[bool] = []
@@ -81,7 +84,9 @@ def test_resume_loads_the_checkpoint_through_the_engine(tiny_engine: Any, tmp_pa
         return update(source, adapter)
 
     engine.update_weights = spy
-    second = agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, loggers=[])
+    second = agl.Trainer(
+        engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, logging_config=LoggingConfig(loggers=[])
+    )
     second.fit(lambda task, llm: 1.0, [{"q": 0}], steps=0, resume=True)
     assert calls == [True]
     assert engine.version == 1

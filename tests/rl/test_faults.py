@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig, RolloutConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -29,7 +30,9 @@ def engine(tiny_engine: Any) -> Any:
 
 
 def make(engine: Any, tmp_path: Path, **kw: Any) -> agl.Trainer:
-    defaults: dict[str, Any] = dict(algorithm=agl.GRPO(group_size=2, lr=1e-3), batch_size=2, loggers=[])
+    defaults: dict[str, Any] = dict(
+        algorithm=agl.GRPO(group_size=2, lr=1e-3), batch_size=2, logging_config=LoggingConfig(loggers=[])
+    )
     defaults.update(kw)
     return agl.Trainer(
         engine=engine, store=agl.SQLiteStore(tmp_path / "runs.db"), output_dir=tmp_path, **defaults
@@ -122,7 +125,9 @@ def test_hung_agents_time_out_free_their_engine_slots_and_do_not_pile_up(
         return 0.5  # quick (a short call would share the long call's batch and wait for it)
 
     tasks = [{"kind": k} for k in ("sleep", "llm", "async", "ok")]
-    trainer = make(engine, tmp_path, rollout_timeout=1.5, failed_reward=0.0, batch_size=4)
+    trainer = make(
+        engine, tmp_path, rollout_config=RolloutConfig(timeout=1.5, failed_reward=0.0), batch_size=4
+    )
     try:
         t0 = time.monotonic()
         out = trainer.fit(agent, tasks, steps=2)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
 from .._helpers import lora_weights
@@ -61,7 +62,7 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
         batch_size=1,
         store=agl.MemoryStore(),
         output_dir=tmp_path,
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
         seed=0,
     )
     model = trainer.policy
@@ -179,7 +180,7 @@ def test_shared_and_frozen_adapter_policies(engine: Any, tmp_path: Path, tiny_ll
         batch_size=1,
         store=agl.MemoryStore(),
         output_dir=tmp_path / "run",
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
     )
     assert trainer.policies == {"writer": ["writer", "rewriter"]}
     assert (engine.adapter_for("rewriter"), engine.adapter_for("checker")) == ("writer", "checker")
@@ -220,7 +221,12 @@ def test_bad_policies_are_clear_errors(tmp_path: Path) -> None:
     for kwargs, exc, match in cases:
         kwargs.setdefault("engine", "hf")
         with pytest.raises(exc, match=match):
-            agl.Trainer(store=agl.MemoryStore(), output_dir=tmp_path, loggers=[], **kwargs)
+            agl.Trainer(
+                store=agl.MemoryStore(),
+                output_dir=tmp_path,
+                logging_config=LoggingConfig(loggers=[]),
+                **kwargs,
+            )
 
 
 def test_hf_engine_batches_requests_by_adapter(engine: Any) -> None:

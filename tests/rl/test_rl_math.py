@@ -10,6 +10,7 @@ import torch
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.batching import Sample, collate
+from agentlightning_lite.rl.config import LoggingConfig, UpdateConfig
 from agentlightning_lite.rl.grpo import aggregate, group_advantages, kl_penalty, policy_loss
 from agentlightning_lite.rl.ppo import gae, value_loss
 
@@ -299,7 +300,8 @@ def test_trainer_update_weighs_rollouts_equally(tiny_llama: Any, tmp_path: Any, 
     def grads(samples: list[Sample], loss_agg: str) -> dict[str, torch.Tensor]:
         algo = agl.GRPO(lr=0.0, max_grad_norm=1e9, loss_agg=loss_agg, micro_batch_size=2)  # type: ignore[arg-type]
         trainer = agl.Trainer(engine=engine, algorithm=algo, store=agl.MemoryStore(), output_dir=tmp_path,
-                              loggers=[], old_logprobs="recompute")  # fmt: skip
+                              logging_config=LoggingConfig(loggers=[]),
+                              update_config=UpdateConfig(old_logprobs="recompute"))  # fmt: skip
         trainer.transitions_mode = mode
         if mode == "trajectory":
             samples, _ = merge_trajectories(samples)

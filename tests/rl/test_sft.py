@@ -11,6 +11,7 @@ import torch
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.batching import Sample, collate, forward_logprobs
+from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.rl.sft import sft_loss
 from agentlightning_lite.serving.engines import ScriptedEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
@@ -87,7 +88,7 @@ def tiny_trainer(tmp_path: Path, tiny_llama: Any) -> Iterator[agl.Trainer]:
         store=agl.MemoryStore(),
         output_dir=tmp_path,
         batch_size=4,
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
     )
     yield trainer
     trainer.close()
@@ -161,7 +162,12 @@ def test_sft_rejects_bad_settings(tiny_llama: Any) -> None:
     with pytest.raises(ValueError, match="KL"):
         agl.SFT(kl_coef=0.1)
     with pytest.raises(TypeError, match=r"agl\.SFT"):
-        agl.Trainer(algorithm="sft", engine=tiny_engine(tiny_llama), store=agl.MemoryStore(), loggers=[])  # type: ignore[arg-type]
+        agl.Trainer(
+            algorithm="sft",
+            engine=tiny_engine(tiny_llama),
+            store=agl.MemoryStore(),
+            logging_config=LoggingConfig(loggers=[]),
+        )  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
@@ -176,7 +182,7 @@ def test_sft_one_step_on_smollm2(tmp_path: Path) -> None:
         store=agl.MemoryStore(),
         output_dir=tmp_path,
         batch_size=4,
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
     )
     try:
         check_sft_step(trainer, [{"q": q} for q in ANSWERS], wrong=None)

@@ -17,6 +17,7 @@ import torch
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.batching import Sample
+from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
 from .._helpers import tiny_llama
@@ -69,7 +70,11 @@ def run_case(name: str, tmp_path: Path) -> tuple[dict[str, list[float]], dict[st
                 if "lora_B" in n:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
         trainer = agl.Trainer(
-            engine=engine, algorithm=CASES[name](), store=agl.MemoryStore(), output_dir=tmp_path, loggers=[]
+            engine=engine,
+            algorithm=CASES[name](),
+            store=agl.MemoryStore(),
+            output_dir=tmp_path,
+            logging_config=LoggingConfig(loggers=[]),
         )
         stats = learn(trainer, fixed_samples())
         adapter = {

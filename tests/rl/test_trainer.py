@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig
 
 from .._helpers import lora_weights
 
@@ -44,7 +45,9 @@ TASKS = [{"q": f"Say something about the number {i}.", "seed": i} for i in range
 
 
 def make(engine: object, tmp_path: Path, **kw: object) -> agl.Trainer:
-    defaults: dict = dict(algorithm=agl.GRPO(group_size=4, lr=5e-3), batch_size=2, loggers=[])
+    defaults: dict = dict(
+        algorithm=agl.GRPO(group_size=4, lr=5e-3), batch_size=2, logging_config=LoggingConfig(loggers=[])
+    )
     defaults.update(kw)
     return agl.Trainer(
         engine=engine, store=agl.SQLiteStore(tmp_path / "runs.db"), output_dir=tmp_path, **defaults
@@ -109,7 +112,7 @@ def test_crashes_and_timeouts_do_not_stop_training(tiny_llama: Any, tmp_path: Pa
             raise RuntimeError("the agent crashed after its LLM call")
         return reward
 
-    trainer = make(engine, tmp_path, rollout_timeout=30, failed_reward=0.0)
+    trainer = make(engine, tmp_path, rollout_config=RolloutConfig(timeout=30, failed_reward=0.0))
     trainer.batch_size = 3
     before = lora_weights(trainer.policy)
     out = trainer.fit(agent, [TASKS[0], TASKS[1], TASKS[2]], steps=1)
@@ -150,7 +153,7 @@ def test_crashes_and_timeouts_do_not_stop_training(tiny_llama: Any, tmp_path: Pa
 
 
 def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
-    first = make(engine, tmp_path, save_every=1)
+    first = make(engine, tmp_path, checkpoint_config=CheckpointConfig(save_every=1))
     first.fit(chatty_agent, TASKS, steps=1)
     saved = lora_weights(first.policy)
     cursor = first.data_position
@@ -161,7 +164,7 @@ def test_checkpoint_and_resume(engine: object, tmp_path: Path) -> None:
         for p in first.policy.parameters():
             if p.requires_grad:
                 p.add_(1.0)
-    second = make(engine, tmp_path, save_every=1)
+    second = make(engine, tmp_path, checkpoint_config=CheckpointConfig(save_every=1))
     second.fit(chatty_agent, TASKS, steps=1, resume=True)  # already at step 1: loads, trains nothing
     assert second.step == 1 and second.data_position == cursor
     assert all(torch.equal(saved[n], w) for n, w in lora_weights(second.policy).items())
@@ -214,17 +217,17 @@ def test_fit_stops_with_the_first_error_when_every_rollout_fails(engine: object,
     trainer.close()
 
     # a configurable number of such steps in a row; None never stops
-    second = make(engine, tmp_path / "two", max_failed_steps=2)
+    second = make(engine, tmp_path / "two", rollout_config=RolloutConfig(max_failed_steps=2))
     with pytest.raises(RuntimeError, match=r"2 steps in a row \(steps 1-2\)"):
         second.fit(agent, TASKS, steps=4)
     assert second.step == 2
     second.close()
-    never = make(engine, tmp_path / "never", max_failed_steps=None)
+    never = make(engine, tmp_path / "never", rollout_config=RolloutConfig(max_failed_steps=None))
     out = never.fit(agent, TASKS, steps=2)
     assert never.step == 2 and out["train/failed_rollouts"] == 8
     never.close()
     with pytest.raises(ValueError, match="max_failed_steps"):
-        make(engine, tmp_path / "bad", max_failed_steps=0)
+        make(engine, tmp_path / "bad", rollout_config=RolloutConfig(max_failed_steps=0))
 
 
 def test_fit_goes_on_when_only_some_rollouts_fail(engine: object, tmp_path: Path) -> None:
@@ -235,7 +238,7 @@ def test_fit_goes_on_when_only_some_rollouts_fail(engine: object, tmp_path: Path
             raise ValueError(f"task {task['seed']} failed")
         return chatty_agent(task, llm)
 
-    trainer = make(engine, tmp_path, max_failed_steps=2)
+    trainer = make(engine, tmp_path, rollout_config=RolloutConfig(max_failed_steps=2))
     out = trainer.fit(agent, TASKS, steps=3)
     assert trainer.step == 3
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
-from agentlightning_lite.rl.config import KEYWORDS, RolloutConfig, SampleConfig, UpdateConfig, resolve
+from agentlightning_lite.rl.config import (
+    KEYWORDS,
+    LoggingConfig,
+    RolloutConfig,
+    SampleConfig,
+    UpdateConfig,
+    resolve,
+)
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
 from agentlightning_lite.rl.sources import InProcessRollouts, RolloutSource
 
@@ -31,7 +38,9 @@ def varied(task: dict, llm: agl.LLM) -> float:
 
 
 def make(engine: Any, tmp_path: Path, **kw: Any) -> agl.Trainer:
-    options: dict[str, Any] = dict(algorithm=agl.GRPO(group_size=2, lr=1e-3), batch_size=2, loggers=[])
+    options: dict[str, Any] = dict(
+        algorithm=agl.GRPO(group_size=2, lr=1e-3), batch_size=2, logging_config=LoggingConfig(loggers=[])
+    )
     options.update(kw)
     return agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, **options)
 
@@ -116,14 +125,20 @@ def test_the_trainer_runs_rollouts_through_the_source_it_is_given(tiny_engine: A
         batch_size=2,
         store=store,
         output_dir=tmp_path,
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
         runners=source,
     )
     out = trainer.fit(varied, TASKS, steps=2, val_dataset=TASKS[:3])
     assert source.calls == ["serve", "collect 4", "collect 4", "collect 3", "stop"]
     assert out["train/rollouts"] == 4.0 and "val/reward_mean" in out
     with pytest.raises(TypeError, match="runners must be"):
-        agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, loggers=[], runners=object())
+        agl.Trainer(
+            engine=engine,
+            store=agl.MemoryStore(),
+            output_dir=tmp_path,
+            logging_config=LoggingConfig(loggers=[]),
+            runners=object(),
+        )
     trainer.close()
 
 

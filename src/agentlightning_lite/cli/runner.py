@@ -92,7 +92,7 @@ def add_parser(sub: Any) -> None:
 
 def runner(args: argparse.Namespace) -> int:
     """Run ``agl-lite runner`` until Ctrl-C / SIGTERM (or ``--max-rollouts``)."""
-    from ..remote.runner import Runner, load_agent
+    from ..remote.worker import Runner, load_agent
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

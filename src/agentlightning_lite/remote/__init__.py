@@ -17,7 +17,7 @@ from .._lazy import lazy_getattr
 from .client import RemoteError, RunnerClient
 from .queue import RolloutQueue
 from .remote_store import RemoteStore
-from .runner import Runner, load_agent
+from .worker import Runner, load_agent
 
 if TYPE_CHECKING:
     from .ray_runners import RayRunners

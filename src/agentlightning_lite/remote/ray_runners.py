@@ -24,7 +24,7 @@ class _RunnerActor:
     def __init__(self, agent: Any, url: str, api_key: str | None, workers: int, worker_id: str) -> None:
         import logging as _logging
 
-        from .runner import Runner
+        from .worker import Runner
 
         _logging.basicConfig(level=_logging.INFO)
         self.runner = Runner(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ __all__ = [
     "prepare_update_memory",
     "progress",
     "release_cuda_cache",
+    "show_step",
 ]
 
 
@@ -26,6 +28,18 @@ def progress(total: int, desc: str, initial: int = 0) -> Any:
         return tqdm(total=total, desc=desc, initial=initial, dynamic_ncols=True, leave=True)
     except ImportError:  # pragma: no cover
         return None
+
+
+def show_step(bar: Any, last: Mapping[str, Any]) -> None:
+    """Advance a training bar (``None``: no bar) by one step, showing its reward and loss."""
+    if bar is None:
+        return
+    bar.update(1)
+    loss = last.get("train/loss")
+    bar.set_postfix(
+        reward=f"{last.get('train/reward_mean', float('nan')):.3f}",
+        loss="skipped (no reward spread)" if loss is None else f"{loss:.4f}",
+    )
 
 
 def enable_gradient_checkpointing(model: Any) -> None:

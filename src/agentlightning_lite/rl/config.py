@@ -14,6 +14,7 @@ ValueError: transitions must be 'call' or 'trajectory', got 'episode'
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ class RolloutConfig:
         limit = self.max_failed_steps
         if limit is not None and (type(limit) is not int or limit < 1):  # bool is no count
             raise ValueError(f"max_failed_steps must be an integer >= 1 or None, got {limit!r}")
+
+    def or_concurrency(self, default: int) -> RolloutConfig:
+        """A copy whose ``concurrency`` is ``default`` where this one leaves it unset."""
+        return dataclasses.replace(self, concurrency=self.concurrency or default)
 
 
 @dataclass

@@ -1,15 +1,27 @@
-"""Scoring rollouts: evaluation summaries, a step's rollout metrics, and the stop on failed steps."""
+"""Scoring rollouts: evaluation summaries, a step's metrics, and the stop on failed steps."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from ._runtime import memory_stats
 from .config import RolloutConfig
 from .rollouts import RolloutResult
+from .timing import Timer
 
-__all__ = ["FailedSteps", "evaluation_summary", "reward_of", "rollout_metrics", "success_rate"]
+if TYPE_CHECKING:
+    from .session import RolloutBatch
+
+__all__ = [
+    "FailedSteps",
+    "evaluation_summary",
+    "reward_of",
+    "rollout_metrics",
+    "step_metrics",
+    "success_rate",
+]
 
 
 def reward_of(r: RolloutResult, failed_reward: str | float) -> float | None:
@@ -47,6 +59,25 @@ def rollout_metrics(results: Sequence[RolloutResult], config: RolloutConfig) -> 
         "train/rollouts": float(len(results)),
         "train/failed_rollouts": float(sum(r.status == "failed" for r in results)),
         "train/timeout_rollouts": float(sum(r.status == "timeout" for r in results)),
+    }
+
+
+def step_metrics(
+    batch: RolloutBatch, update: Mapping[str, float], timer: Timer, config: RolloutConfig, version: int
+) -> dict[str, Any]:
+    """A training step's metrics: its rollouts' outcomes, the time of its rollouts and update
+    (``learn`` on ``timer``), the engine's policy version, memory, the samples' counts, the
+    update's metrics and the phases' timings."""
+    learn_s = timer.seconds.pop("learn")
+    return {
+        **rollout_metrics(batch.results, config),
+        "time/rollouts_s": timer.seconds["rollouts"],
+        "time/update_s": learn_s,
+        "engine/version": float(version),
+        **memory_stats(),
+        **batch.stats,
+        **update,
+        **timer.metrics(),
     }
 
 

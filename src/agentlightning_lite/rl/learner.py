@@ -27,7 +27,7 @@ from ..store.base import Store
 from ._runtime import prepare_update_memory
 from .algorithm import WeightUpdate
 from .batching import Sample
-from .checkpoint import policy_states, resume_latest, save_policies
+from .checkpoint import policy_states, resume_latest, save_checkpoint, save_policies
 from .config import SampleConfig, UpdateConfig
 from .distributed import DataParallel, TrainOnly
 from .engine_setup import build_engine, training_model, update_autocast
@@ -202,6 +202,20 @@ class Learner:
         version); returns its saved state (step, data position) or ``None`` when there is none."""
         apply = partial(self.weights.apply, adapters=[p.adapter for p in self.policies])
         return resume_latest(store, directory, self.model, self.policies, apply)
+
+    def save_checkpoint(self, directory: Path, step: int, state: dict[str, Any], keep: int | None) -> Path:
+        """Write a resumable checkpoint ``directory/step-N``: the adapter(s), optimiser(s) and value
+        head(s), with ``state`` (the data position) beside them; keep the newest ``keep``."""
+        return save_checkpoint(
+            directory,
+            step,
+            self.model,
+            self.optimizer,
+            state,
+            self.value_head,
+            keep=keep,
+            policies=self.states(),
+        )
 
     def save(self, path: str | os.PathLike[str] | None, output_dir: Path) -> Path:
         """Save the trained adapter(s) in peft format (see ``Trainer.save``)."""

@@ -23,10 +23,11 @@ __all__ = ["build_samples", "kept_rollouts", "next_tasks"]
 
 
 def next_tasks(
-    dataset: Sequence[Any], n: int, seed: int, epoch: int, cursor: int
-) -> tuple[list[tuple[int, Any]], int, int]:
+    dataset: Sequence[Any], n: int, seed: int, position: tuple[int, int]
+) -> tuple[list[tuple[int, Any]], tuple[int, int]]:
     """The next ``n`` (index, task) pairs of a seeded per-epoch shuffle, from data position
-    (``epoch``, ``cursor``); returns them and the position after them."""
+    ``position`` (epoch, index in the epoch's shuffle); returns them and the position after them."""
+    epoch, cursor = position
     out: list[tuple[int, Any]] = []
     while len(out) < n:
         order = list(range(len(dataset)))
@@ -37,7 +38,7 @@ def next_tasks(
         i = order[cursor]
         cursor += 1
         out.append((i, dataset[i]))
-    return out, epoch, cursor
+    return out, (epoch, cursor)
 
 
 def kept_rollouts(

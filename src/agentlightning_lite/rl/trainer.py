@@ -1,18 +1,13 @@
 """``agl.Trainer``: run the agent, turn its runs into samples, update the LoRA policy, repeat.
 
-The trainer composes the two halves of a step. A :class:`~.session.Rollouts` session serves the
-policy, runs ``batch_size`` tasks ``group_size`` times each through the user's agent (:mod:`.sources`:
-threads of this process, or remote runners) and builds the samples from the store's transitions
-(:mod:`.samples`). A :class:`~.learner.Learner` updates each policy on its samples as the algorithm
-says (:mod:`.algorithm`, :mod:`.update`) and hands the new weights to the engine (:mod:`.weights`).
-Between steps the trainer logs, evaluates every ``eval_every`` steps (:mod:`.evaluation`) and
-checkpoints every ``save_every`` steps (:mod:`.checkpoint`). The engine and the training model are set
-up by :mod:`.engine_setup`, the policies by :mod:`.policies`.
+A step is a :class:`~.session.Rollouts` session (serve the policy, run ``batch_size`` tasks
+``group_size`` times each through the agent, make the samples) and a :class:`~.learner.Learner`
+(update each policy as the algorithm says, hand the new weights to the engine). Between steps the
+trainer logs, evaluates every ``eval_every`` steps and checkpoints every ``save_every`` steps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -33,11 +28,10 @@ from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from . import config as cfg
 from ._memory import release_host_memory
-from ._runtime import memory_stats, progress, release_cuda_cache
+from ._runtime import progress, release_cuda_cache, show_step
 from .algorithm import Algorithm, WeightUpdate, rollout_only
-from .checkpoint import save_checkpoint
 from .distributed import DataParallel
-from .evaluation import FailedSteps, evaluation_summary, rollout_metrics
+from .evaluation import FailedSteps, evaluation_summary, step_metrics
 from .grpo import GRPO
 from .learner import Learner, check_algorithm
 from .metrics import MetricsLogger, plot_reward_curve
@@ -99,6 +93,7 @@ class Trainer:
     >>> trainer.fit(agent, [{"question": "2+2=?", "answer": "4"}], steps=2)  # doctest: +SKIP
     """
 
+    concurrency = cfg.Knob("rollout_config", "concurrency")  # default: a whole step's rollouts
     rollout_timeout = cfg.Knob("rollout_config", "timeout")
     failed_reward = cfg.Knob("rollout_config", "failed_reward")
     success_threshold = cfg.Knob("rollout_config", "success_threshold")
@@ -141,13 +136,10 @@ class Trainer:
         plan = plan_for(policies, lora, agents)
         self.lora, self.agents = plan.lora, plan.trained_agents()
         self._rollout_only = rollout_only(algorithm)  # agl.APO: fit optimises the prompts instead
-        if self._rollout_only is not None:
-            algorithm = None
-        weight_algorithm = check_algorithm(algorithm if algorithm is not None else GRPO())
-        rollouts: cfg.RolloutConfig = groups["rollout_config"]
-        self.rollout_config = dataclasses.replace(  # default concurrency: a whole step's rollouts at once
-            rollouts, concurrency=rollouts.concurrency or batch_size * weight_algorithm.group_size
-        )
+        weighted = algorithm is not None and self._rollout_only is None
+        weight_algorithm = check_algorithm(algorithm if weighted else GRPO())
+        rollouts: cfg.RolloutConfig = groups["rollout_config"]  # default concurrency: a whole step's
+        self.rollout_config = rollouts.or_concurrency(batch_size * weight_algorithm.group_size)
         self.sample_config: cfg.SampleConfig = groups["sample_config"]
         self.update_config: cfg.UpdateConfig = groups["update_config"]
         self.checkpoint_config: cfg.CheckpointConfig = groups["checkpoint_config"]
@@ -162,7 +154,7 @@ class Trainer:
         self.batch_size, self.seed, self.runners = batch_size, seed, runners
         self.server_options = dict(server_options or {})
         self._failed = FailedSteps()
-        self.step, self._epoch, self._cursor = 0, 0, 0
+        self.step, self.data_position = 0, (0, 0)  # data position: (epoch, index in its shuffle)
         random.seed(seed)
         torch.manual_seed(seed)
         # -- the learner: engine, training model, policies ---------------------------------------
@@ -199,15 +191,6 @@ class Trainer:
         self.rollouts.prompts = dict(value)
 
     @property
-    def concurrency(self) -> int:
-        """Rollouts run at once (default: a whole step's, ``batch_size * group_size``)."""
-        return int(self.rollout_config.concurrency or 1)
-
-    @concurrency.setter
-    def concurrency(self, value: int) -> None:
-        self.rollout_config.concurrency = value
-
-    @property
     def policies(self) -> dict[str, list[str] | None]:
         """The trained policies: name -> the agents whose calls train it (``None``: every agent).
 
@@ -225,15 +208,6 @@ class Trainer:
     def value_head(self) -> Any:
         """The PPO value head of a run with one policy (``None`` otherwise)."""
         return self.learner.value_head
-
-    @property
-    def data_position(self) -> tuple[int, int]:
-        """Where the data order stands: ``(epoch, index in the epoch's shuffle)`` (checkpointed)."""
-        return self._epoch, self._cursor
-
-    @data_position.setter
-    def data_position(self, value: tuple[int, int]) -> None:
-        self._epoch, self._cursor = value
 
     def use_algorithm(self, algorithm: Algorithm) -> None:
         """Train with ``algorithm`` from now on: same adapter(s), a fresh optimiser for each; an
@@ -284,14 +258,17 @@ class Trainer:
         try:
             with self.rollouts.serving():
                 while self.step < total:
-                    last = self.train_step(agent, self._next_batch(train_dataset))
+                    tasks, self.data_position = next_tasks(
+                        train_dataset, self.batch_size, self.seed, self.data_position
+                    )
+                    last = self.train_step(agent, tasks)
                     if val_dataset is not None and evaluated():
                         last.update(self._validate(agent, val_dataset))
                     self.metrics.log(self.step, last)
                     self._failed.check(self.max_failed_steps, self.step)
                     if self.save_every and self.step % self.save_every == 0:
                         self.save_checkpoint()
-                    _show(bar, last)
+                    show_step(bar, last)
                 if val_dataset is not None and not evaluated():
                     final_val = self._validate(agent, val_dataset)
                     last.update(final_val)
@@ -301,13 +278,6 @@ class Trainer:
                 bar.close()
             self.plot()
         return last
-
-    def _next_batch(self, dataset: Sequence[Any]) -> list[tuple[int, Any]]:
-        """The next ``batch_size`` (index, task) pairs of a seeded per-epoch shuffle."""
-        out, self._epoch, self._cursor = next_tasks(
-            dataset, self.batch_size, self.seed, self._epoch, self._cursor
-        )
-        return out
 
     def train_step(self, agent: Callable[..., Any], tasks: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         """One step on the given ``(index, task)`` pairs: roll out, make samples, learn (which hands
@@ -320,17 +290,7 @@ class Trainer:
         release_host_memory()  # the update's freed activations: back to the OS, not kept in the heap
         self.step += 1
         self._failed.record(batch.results)
-        learn_s = timer.seconds.pop("learn")
-        return {
-            **rollout_metrics(batch.results, self.rollout_config),
-            "time/rollouts_s": timer.seconds["rollouts"],
-            "time/update_s": learn_s,
-            "engine/version": float(self.engine.version),
-            **memory_stats(),
-            **batch.stats,
-            **update_stats,
-            **timer.metrics(),
-        }
+        return step_metrics(batch, update_stats, timer, self.rollout_config, self.engine.version)
 
     def evaluate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
         """Run ``agent`` once per task in ``mode="val"``: mean reward, success rate, failures.
@@ -351,21 +311,14 @@ class Trainer:
         """Load the newest checkpoint (through the engine, which bumps its version) and its data position."""
         state = self.learner.resume(self.output_dir / "checkpoints", self.store)
         if state is not None:
-            self.step, self._epoch, self._cursor = state["step"], state["epoch"], state["cursor"]
+            self.step, self.data_position = state["step"], (state["epoch"], state["cursor"])
 
     def save_checkpoint(self) -> Path:
         """Write a resumable checkpoint to ``output_dir/checkpoints/step-N`` (with one adapter per
         agent: each adapter, optimiser and value head under ``step-N/policies/<agent>/``)."""
-        return save_checkpoint(
-            self.output_dir / "checkpoints",
-            self.step,
-            self.policy,
-            self.optimizer,
-            {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed},
-            self.value_head,
-            keep=self.keep_checkpoints,
-            policies=self.learner.states(),
-        )
+        (epoch, cursor), directory = self.data_position, self.output_dir / "checkpoints"
+        state = {"epoch": epoch, "cursor": cursor, "seed": self.seed}
+        return self.learner.save_checkpoint(directory, self.step, state, self.keep_checkpoints)
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Save the trained adapter (peft format, safetensors) to ``path`` (default ``output_dir/adapter``).
@@ -394,15 +347,3 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _show(bar: Any, last: Mapping[str, Any]) -> None:
-    """The step's reward and loss on the progress bar."""
-    if bar is None:
-        return
-    bar.update(1)
-    loss = last.get("train/loss")
-    bar.set_postfix(
-        reward=f"{last.get('train/reward_mean', float('nan')):.3f}",
-        loss="skipped (no reward spread)" if loss is None else f"{loss:.4f}",
-    )

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chat import ChatFormatError
+from .chat_format import ChatFormatError
 
 __all__ = [
     "MessagesRequest",

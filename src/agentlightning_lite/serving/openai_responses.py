@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chat import ChatFormatError, content_text
+from .chat_format import ChatFormatError, content_text
 
 __all__ = [
     "ResponsesRequest",

@@ -15,7 +15,7 @@ from ..errors import AGLError
 from ..types import Rollout, Span
 from .base import Store
 from .rows import row_to_span
-from .sqlite import (
+from .sqlite_schema import (
     _ROLLOUT_COLUMNS,
     _SPAN_COLUMNS,
     APPLICATION_ID,

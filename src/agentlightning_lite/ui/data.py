@@ -25,8 +25,8 @@ from ..air import AIRRule
 from ..credit import CreditRule
 from ..rl.advantages import group_advantages as _group_advantages
 from ..run_settings import recorded, rules
-from ..store.sqlite import _ROLLOUT_COLUMNS, _row_rollout
-from ..transitions import rollout_transitions
+from ..store.sqlite_schema import _ROLLOUT_COLUMNS, _row_rollout
+from ..transitions import rollout_transitions, why_not_trained
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, Transition
 
 __all__ = ["RolloutQuery", "RunData", "group_advantages", "read_metrics"]
@@ -370,12 +370,13 @@ class RunData:
             advantages = dict(zip(keys, adv, strict=True))
             group_calls = len(rewards)
         by_span = {t.metadata.get("span_id"): t for t in ts}
+        joined = {s.span_id: s for s in join.resolve(spans)}  # as the transitions saw them
         calls: list[dict[str, Any]] = []
         for s in spans:
             if s.kind != "llm":
                 continue
             tr = by_span.get(s.span_id)
-            reason = None if tr is not None else _why_not_trained(s, self.agents)
+            reason = None if tr is not None else _why_not_trained(joined.get(s.span_id, s), self.agents)
             if tr is not None and not (tr.response_token_ids and tr.prompt_token_ids is not None):
                 reason = "no token ids: the call was not made through the PolicyServer"
             a = advantages.get(f"{ro.rollout_id}/{s.span_id}") if reason is None else None
@@ -497,15 +498,8 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]
 
 
 def _why_not_trained(s: Span, agents: list[str] | None) -> str:
-    if s.status == "error":
-        return "the call failed: no response to learn from"
-    if s.attributes.get(join.DUPLICATE_OF):
-        return "a framework's view of a call recorded with tokens (that one is trained)"
-    if s.attributes.get(join.SOURCE) and not s.has_tokens:
-        return "recorded by a framework adapter without token ids: the agent called a model not served here"
-    if agents is not None and s.agent not in agents:
-        return f"agent {s.agent!r} is not among the trained agents"
-    return "not a policy call"
+    """Why a call without a transition is not trained: the rules of ``agl.transitions`` themselves."""
+    return why_not_trained(s, agents) or "not a policy call"
 
 
 def _filters(q: RolloutQuery) -> tuple[list[str], list[Any]]:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..chat import render_chat
+from ..chat_format import render_chat
 from ..structured import ResponseFormat, ResponseFormatError
 
 __all__ = ["BatchingEngine", "Engine", "GenRequest", "GenResult"]

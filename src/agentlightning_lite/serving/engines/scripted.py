@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ...models import load_tokenizer
-from ..chat import format_tool_calls
+from ..chat_format import format_tool_calls
 from ..structured import ResponseFormat, ResponseFormatError, check_grammar, text_fits, tool_names
 from ..tokenizer import ByteTokenizer
 from .base import Engine, GenRequest, GenResult

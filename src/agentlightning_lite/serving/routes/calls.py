@@ -18,7 +18,7 @@ from starlette.responses import StreamingResponse
 
 from ...tracer import new_span_id
 from ...types import Span
-from ..chat import ChatFormatError, content_text
+from ..chat_format import ChatFormatError, content_text
 from ..engines.base import GenRequest, GenResult
 from ..engines.http import BackendError
 from ..errors import APIError, bad_request

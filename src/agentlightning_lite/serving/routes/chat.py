@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..chat import ChatFormatError, content_text, parse_tool_calls, select_tools
+from ..chat_format import ChatFormatError, content_text, parse_tool_calls, select_tools
 from ..engines.base import GenResult
 from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params, parse_params

@@ -21,7 +21,7 @@ from ..anthropic_messages import (
     sampling_body,
     stream_events,
 )
-from ..chat import ChatFormatError
+from ..chat_format import ChatFormatError
 from ..errors import APIError, JSONResponse, api_error_of, bad_request, internal_error
 from ..params import parse_params
 from .calls import pieces, resolve_call

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..chat import ChatFormatError
+from ..chat_format import ChatFormatError
 from ..errors import JSONResponse, bad_request
 from ..openai_responses import convert_request, new_id, output_items, response_object, stream_events, usage_of
 from ..params import parse_params

@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 def load_agent(spec: str) -> Any:
     """Import an agent given as ``module:attribute`` or ``path/to/file.py:attribute``.
 
-    >>> load_agent("agentlightning_lite.remote.runner:load_agent") is load_agent
+    >>> load_agent("agentlightning_lite.remote.worker:load_agent") is load_agent
     True
     """
     where, sep, attr = spec.rpartition(":")

@@ -1,0 +1,334 @@
+"""The handles of an open rollout and span (what ``with tracer.rollout()`` and ``tracer.span()``
+give), and the context variables that say which ones are open in this task or thread.
+
+:class:`~agentlightning_lite.tracer.Tracer` opens them and writes what they record into its store;
+both names are importable from :mod:`agentlightning_lite.tracer` too.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from ._json import dumps
+from .ids import new_span_id
+from .store.rows import SpanRow
+from .types import SPAN_KINDS, Span, SpanKind, SpanStatus, check_reward
+
+if TYPE_CHECKING:
+    from .tracer import Tracer
+
+__all__ = ["RolloutHandle", "SpanHandle"]
+
+logger = logging.getLogger("agentlightning_lite.tracer")
+
+_rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
+    "agl_rollout", default=None
+)
+_span_var: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("agl_span", default=None)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class SpanHandle:
+    """An open span. Set its output, attributes or tokens; it is written to the store on exit.
+
+    Use it through ``with tracer.span(...) as sp:``, or call ``end()`` yourself after
+    ``tracer.start_span(...)`` (callback-style integrations).
+    """
+
+    __slots__ = (
+        "_activate",
+        "_ended",
+        "_owner",
+        "_token",
+        "_tracer",
+        "agent",
+        "attributes",
+        "error",
+        "input",
+        "kind",
+        "model",
+        "name",
+        "output",
+        "parent_id",
+        "prompt_token_ids",
+        "response_logprobs",
+        "response_token_ids",
+        "rollout_id",
+        "span_id",
+        "start_time",
+        "status",
+    )
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        kind: str,
+        name: str,
+        rollout_id: str,
+        parent_id: str | None,
+        agent: str | None,
+        input: Any,
+        attributes: dict[str, Any] | None,
+        model: str | None,
+        activate: bool,
+        owner: RolloutHandle | None = None,
+        span_id: str | None = None,
+        start_time: float | None = None,
+    ) -> None:
+        if kind not in SPAN_KINDS:
+            raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+        self._tracer = tracer
+        self._token: contextvars.Token[SpanHandle | None] | None = None
+        self._ended = False
+        self._activate = activate
+        self._owner = owner  # an implicit rollout this span opened and must close
+        self.span_id = span_id or new_span_id()
+        self.rollout_id = rollout_id
+        self.parent_id = parent_id
+        self.kind = cast(SpanKind, kind)  # checked against SPAN_KINDS above
+        self.name = name
+        self.agent = agent
+        self.start_time = time.time() if start_time is None else start_time
+        self.input = input
+        self.output: Any = None
+        self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
+        self.model = model
+        self.prompt_token_ids: list[int] | None = None
+        self.response_token_ids: list[int] | None = None
+        self.response_logprobs: list[float] | None = None
+        self.status: SpanStatus = "ok"
+        self.error: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The span id."""
+        return self.span_id
+
+    def set_output(self, value: Any) -> None:
+        """Record what the span produced."""
+        self.output = value
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Record one attribute (any JSON-able value; others are stored in readable form)."""
+        self.attributes[key] = value
+
+    def set_attributes(self, values: dict[str, Any]) -> None:
+        """Record several attributes."""
+        self.attributes.update(values)
+
+    def set_tokens(
+        self,
+        prompt_token_ids: list[int] | None = None,
+        response_token_ids: list[int] | None = None,
+        response_logprobs: list[float] | None = None,
+        model: str | None = None,
+    ) -> None:
+        """Record the engine's exact token ids and logprobs of an LLM call."""
+        if prompt_token_ids is not None:
+            self.prompt_token_ids = list(prompt_token_ids)
+        if response_token_ids is not None:
+            self.response_token_ids = list(response_token_ids)
+        if response_logprobs is not None:
+            self.response_logprobs = list(response_logprobs)
+        if model is not None:
+            self.model = model
+
+    def set_error(self, error: BaseException | str) -> None:
+        """Mark the span failed with ``error`` (an exception or a message)."""
+        self.status = "error"
+        self.error = error if isinstance(error, str) else _error_text(error)
+
+    def to_span(self, end_time: float | None = None) -> Span:
+        """The span as a :class:`~agentlightning_lite.Span` record (payloads copied, JSON-safe)."""
+        return Span(
+            span_id=self.span_id,
+            rollout_id=self.rollout_id,
+            parent_id=self.parent_id,
+            kind=self.kind,
+            name=self.name,
+            agent=self.agent,
+            start_time=self.start_time,
+            end_time=end_time,
+            status=self.status,
+            error=self.error,
+            input=self.input,
+            output=self.output,
+            attributes=self.attributes,
+            model=self.model,
+            prompt_token_ids=self.prompt_token_ids,
+            response_token_ids=self.response_token_ids,
+            response_logprobs=self.response_logprobs,
+        )
+
+    def end(
+        self, output: Any = None, error: BaseException | str | None = None, end_time: float | None = None
+    ) -> None:
+        """Close the span (once) and write it to the store (``end_time``: epoch seconds, default now)."""
+        if self._ended:
+            raise RuntimeError(f"span {self.name!r} ({self.span_id}) ended twice")
+        self._ended = True
+        if output is not None:
+            self.output = output
+        if error is not None:
+            self.set_error(error)
+        # the row encodes the payloads now: later changes to the agent's objects are not recorded
+        row = (
+            self.span_id,
+            self.rollout_id,
+            self.parent_id,
+            self.kind,
+            self.name,
+            self.agent,
+            self.start_time,
+            time.time() if end_time is None else end_time,
+            self.status,
+            self.error,
+            dumps(self.input),
+            dumps(self.output),
+            dumps(self.attributes) if self.attributes else "{}",
+            self.model,
+            self.prompt_token_ids,
+            self.response_token_ids,
+            self.response_logprobs,
+        )
+        self._tracer.store._add_rows([row])
+        if self._token is not None:
+            try:
+                _span_var.reset(self._token)
+            except ValueError:  # ended from another context: nothing to restore there
+                pass
+            self._token = None
+        if self._owner is not None:
+            self._owner._finish(None if self.status == "ok" else self.error)
+
+    def __enter__(self) -> SpanHandle:
+        if self._activate:
+            self._token = _span_var.set(self)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self.set_error(exc)
+        if not self._ended:
+            self.end()
+
+    async def __aenter__(self) -> SpanHandle:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<SpanHandle {self.kind}:{self.name} {self.span_id}>"
+
+
+class RolloutHandle:
+    """An open rollout: its ``id``, and ``reward(value)`` to set the episode's final reward.
+
+    On a normal exit the rollout is marked ``succeeded``; if an exception escapes, it is marked
+    ``failed`` with the error recorded, and the exception is re-raised.
+    """
+
+    def __init__(self, tracer: Tracer, rollout_id: str, created: bool) -> None:
+        self.tracer = tracer
+        self.id = rollout_id
+        self._created = created
+        self._token: contextvars.Token[RolloutHandle | None] | None = None
+        self._span_token: contextvars.Token[SpanHandle | None] | None = None
+        self._lock = threading.Lock()
+        self._final: float | None = None
+        self._last_reward: tuple[float, SpanRow] | None = None  # (value, row)
+        self._finished = False  # finished here, or ended from outside (_give_up)
+        self._warned = False
+
+    def reward(self, value: float, name: str | None = None) -> None:
+        """Set the final reward of this rollout (raises ``ValueError`` for NaN/inf)."""
+        value = check_reward(value)  # type: ignore[assignment]
+        self.tracer._record_reward(self, value, name, final=True)
+
+    @property
+    def final_reward(self) -> float | None:
+        """The final reward set so far (explicitly, or the last one emitted)."""
+        with self._lock:
+            if self._final is not None:
+                return self._final
+            return None if self._last_reward is None else self._last_reward[0]
+
+    def _give_up(self) -> bool:
+        """The rollout was ended from outside (timed out): this handle writes nothing more to it.
+
+        Rewards and signals recorded through it afterwards are dropped, and leaving it neither
+        finishes the rollout nor marks an emitted reward final. Returns whether it was still open
+        (``False``: the agent finished it first).
+        """
+        with self._lock:
+            was_open, self._finished = not self._finished, True
+        return was_open
+
+    def _closed(self, what: str) -> bool:
+        """Whether the rollout has ended, so ``what`` is dropped (logged once per handle)."""
+        with self._lock:
+            if not self._finished:
+                return False
+            first, self._warned = not self._warned, True
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "dropped %s for rollout %s: the rollout has ended (an agent that goes on past its "
+            "rollout writes nothing into it)",
+            what,
+            self.id,
+        )
+        return True
+
+    def _finish(self, error: str | None, status: str | None = None) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            final, last = self._final, self._last_reward
+        if final is None and last is not None:
+            # no explicit final reward: the last emitted reward is the episode's reward
+            final, row = last
+            attrs = dumps({"reward": final, "final": True})
+            self.tracer.store._add_rows([(*row[:12], attrs, *row[13:])])
+        if status is None:
+            status = "succeeded" if error is None else "failed"
+        # a rollout marked timeout by a trainer while this agent ran on stays as it was
+        self.tracer.store.finish_rollout(
+            self.id, status=status, reward=final, error=error, only_if_running=not self._created
+        )
+
+    def __enter__(self) -> RolloutHandle:
+        self._token = _rollout_var.set(self)
+        self._span_token = _span_var.set(None)  # spans inside start a fresh tree
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc is None:
+                self._finish(None)
+            elif isinstance(exc, TimeoutError):
+                self._finish(_error_text(exc), status="timeout")
+            else:
+                self._finish(_error_text(exc))
+        finally:
+            if self._span_token is not None:
+                _span_var.reset(self._span_token)
+            if self._token is not None:
+                _rollout_var.reset(self._token)
+
+    async def __aenter__(self) -> RolloutHandle:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<RolloutHandle {self.id}>"

@@ -1,0 +1,150 @@
+"""The SQLite store's file format: its schema and marks, and the rows of rollouts and spans.
+
+What a reader of the file needs (:class:`~.readonly.ReadOnlyStore`, the web view) without the writer:
+:class:`~.sqlite.SQLiteStore` writes these rows; :func:`check_schema` refuses a file that is not
+this package's or is newer than it reads.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from array import array
+from typing import Any
+
+from .._json import dumps, loads, utf8_safe
+from ..errors import InvalidRequestError
+from ..types import TRUSTED, Rollout
+from .rows import SpanRow, floats_to_blob, ids_to_blob
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "NotOurDatabase", "check_schema"]
+
+#: ``PRAGMA application_id`` of files written by this package ("AGLL").
+APPLICATION_ID = 0x41474C4C
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id TEXT PRIMARY KEY,
+    task       TEXT,            -- JSON
+    mode       TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    start_time REAL NOT NULL,
+    end_time   REAL,
+    reward     REAL,
+    metadata   TEXT NOT NULL,   -- JSON object
+    error      TEXT
+);
+CREATE INDEX IF NOT EXISTS rollouts_mode_status ON rollouts(mode, status);
+CREATE TABLE IF NOT EXISTS spans (
+    seq                INTEGER PRIMARY KEY,  -- insertion order
+    span_id            TEXT NOT NULL UNIQUE,
+    rollout_id         TEXT NOT NULL,
+    parent_id          TEXT,
+    kind               TEXT NOT NULL,
+    name               TEXT NOT NULL,
+    agent              TEXT,
+    start_time         REAL NOT NULL,
+    end_time           REAL,
+    status             TEXT NOT NULL,
+    error              TEXT,
+    input              TEXT,    -- JSON
+    output             TEXT,    -- JSON
+    attributes         TEXT NOT NULL,  -- JSON object
+    model              TEXT,
+    prompt_token_ids   BLOB,    -- little-endian int32, 4 bytes a token
+    response_token_ids BLOB,    -- little-endian int32
+    response_logprobs  BLOB     -- little-endian float64, one per response token
+);
+CREATE INDEX IF NOT EXISTS spans_rollout ON spans(rollout_id, start_time);
+"""
+
+_SPAN_COLUMNS = (
+    "span_id, rollout_id, parent_id, kind, name, agent, start_time, end_time, status, error, "
+    "input, output, attributes, model, prompt_token_ids, response_token_ids, response_logprobs"
+)
+# A span id stored under another rollout is not replaced (the WHERE of DO UPDATE): such a row
+# changes nothing, which the flush notices (see Store for the rules).
+_SPAN_UPSERT = (
+    f"INSERT INTO spans ({_SPAN_COLUMNS}) VALUES ({', '.join('?' * 17)}) "
+    "ON CONFLICT(span_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _SPAN_COLUMNS.split(", ")[1:])
+    + " WHERE spans.rollout_id = excluded.rollout_id"
+)
+_ROLLOUT_COLUMNS = "rollout_id, task, mode, status, start_time, end_time, reward, metadata, error"
+_ROLLOUT_INSERT = (
+    f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * 9)}) "
+    "ON CONFLICT(rollout_id) DO NOTHING"
+)
+# task, mode and start_time are fixed when a rollout starts; the rest may change (metadata too: a
+# timed-out rollout's late result is kept in it)
+_ROLLOUT_UPDATE = (
+    "UPDATE rollouts SET status = ?, end_time = ?, reward = ?, error = ?, metadata = ? WHERE rollout_id = ?"
+)
+
+
+class NotOurDatabase(InvalidRequestError):
+    """The file is a SQLite database written by something else, or not a database at all."""
+
+
+def check_schema(conn: sqlite3.Connection, path: Any) -> None:
+    """Raise :class:`NotOurDatabase` when a store was written by a newer schema than this one reads."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise NotOurDatabase(
+            f"{path} was written by a newer agentlightning-lite (store schema {version}; this version "
+            f"reads schema {SCHEMA_VERSION} and older): upgrade agentlightning-lite to open it"
+        )
+
+
+def _text_columns(r: SpanRow) -> tuple[Any, ...]:
+    """The row's first 14 columns, with text that SQLite's UTF-8 cannot hold escaped."""
+    return tuple(utf8_safe(v) if type(v) is str else v for v in r[:14])
+
+
+if sys.byteorder == "little":
+
+    def _db_row(r: SpanRow) -> SpanRow:
+        p, q, lp = r[14], r[15], r[16]
+        return (
+            *_text_columns(r),
+            None if p is None else array("i", p).tobytes(),
+            None if q is None else array("i", q).tobytes(),
+            None if lp is None else array("d", lp).tobytes(),
+        )
+
+else:  # pragma: no cover - big-endian machines
+
+    def _db_row(r: SpanRow) -> SpanRow:
+        return (*_text_columns(r), ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
+
+
+def _rollout_row(r: Rollout) -> tuple[Any, ...]:
+    return (
+        utf8_safe(r.rollout_id),
+        dumps(r.task),
+        r.mode,
+        r.status,
+        r.start_time,
+        r.end_time,
+        r.reward,
+        dumps(r.metadata),
+        None if r.error is None else utf8_safe(r.error),
+    )
+
+
+def _row_rollout(r: tuple[Any, ...]) -> Rollout:
+    return Rollout.model_validate(
+        {
+            "rollout_id": r[0],
+            "task": loads(r[1]),
+            "mode": r[2],
+            "status": r[3],
+            "start_time": r[4],
+            "end_time": r[5],
+            "reward": r[6],
+            "metadata": loads(r[7]),
+            "error": r[8],
+        },
+        context=TRUSTED,
+    )
