@@ -35,6 +35,7 @@ from . import config as cfg
 from ._memory import release_host_memory
 from ._runtime import memory_stats, progress, release_cuda_cache
 from .algorithm import Algorithm, WeightUpdate, rollout_only
+from .async_rollouts import fit_async
 from .checkpoint import save_checkpoint
 from .distributed import DataParallel
 from .evaluation import FailedSteps, evaluation_summary, rollout_metrics
@@ -283,6 +284,8 @@ class Trainer:
         evaluated = lambda: bool(self.eval_every and self.step % self.eval_every == 0)  # noqa: E731
         try:
             with self.rollouts.serving():
+                if self.rollout_config.async_rollouts:  # rollouts run ahead in a producer thread
+                    last = fit_async(self, agent, train_dataset, val_dataset, total, bar)
                 while self.step < total:
                     last = self.train_step(agent, self._next_batch(train_dataset))
                     if val_dataset is not None and evaluated():
