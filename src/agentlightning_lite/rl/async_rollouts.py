@@ -197,16 +197,21 @@ class RequestGate:
         self._forward: dict[concurrent.futures.Future[Any], concurrent.futures.Future[Any]] = {}
         self._submit: Callable[[Any], concurrent.futures.Future[Any]] = engine.submit
         self._cancel: Callable[[concurrent.futures.Future[Any]], bool] = engine.cancel
+        self._before: dict[str, Any] = {}
 
     def install(self) -> RequestGate:
         self._submit, self._cancel = self.engine.submit, self.engine.cancel
+        self._before = {n: self.engine.__dict__.get(n) for n in ("submit", "cancel")}
         setattr(self.engine, "submit", self.submit)  # noqa: B010  (an instance attribute, removed later)
         setattr(self.engine, "cancel", self.cancel)  # noqa: B010
         return self
 
     def remove(self) -> None:
-        for name in ("submit", "cancel"):
-            self.engine.__dict__.pop(name, None)
+        for name, before in self._before.items():
+            if before is None:
+                self.engine.__dict__.pop(name, None)
+            else:
+                setattr(self.engine, name, before)
 
     def submit(self, request: Any) -> concurrent.futures.Future[Any]:
         with self._cond:
