@@ -46,14 +46,14 @@ def make_agent(kind: str, tool_s: float) -> Any:
     def agent(task: dict[str, Any], llm: agl.LLM) -> float:
         client = llm.openai_client()
         messages = [{"role": "user", "content": task["q"]}]
-        first = client.chat.completions.create(model=llm.model, max_tokens=12, messages=messages)
+        first = client.chat.completions.create(model=llm.model, max_tokens=8, messages=messages)
         if kind == "tool":
             time.sleep(tool_s)  # the tool: a lookup that waits on the network
         messages += [
             {"role": "assistant", "content": first.choices[0].message.content or ""},
             {"role": "user", "content": "And one more."},
         ]
-        second = client.chat.completions.create(model=llm.model, max_tokens=12, messages=messages)
+        second = client.chat.completions.create(model=llm.model, max_tokens=8, messages=messages)
         return len(set(second.choices[0].message.content or "")) / 16.0
 
     return agent
@@ -152,7 +152,7 @@ def main() -> None:
         "2-core CPU shared with other people's jobs: the numbers are noisy (a few tens of percent from "
         "run to run).\n\n"
         f"**Setup.** {__doc__.split(chr(10) + chr(10))[1]} The tool sleeps {args.tool_s:g} s; each "
-        f"call asks for at most 12 tokens. {args.steps} timed steps per run.\n\n" + table(results)
+        f"call asks for at most 8 tokens. {args.steps} timed steps per run.\n\n" + table(results)
     )
     args.out.write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")

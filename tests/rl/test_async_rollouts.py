@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
 import threading
 import time
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.async_rollouts import RequestGate
 from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig, SampleConfig
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
 from agentlightning_lite.rl.sources import InProcessRollouts
@@ -258,3 +260,48 @@ def test_async_training_resumes_from_its_checkpoint(tiny_engine: Any, tmp_path: 
 def test_handover_is_checked() -> None:
     with pytest.raises(ValueError, match="handover must be"):
         RolloutConfig(handover="pause")
+
+
+class SlowEngine:
+    """An engine whose requests finish when the test says so."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.pending: list[concurrent.futures.Future[Any]] = []
+
+    def submit(self, request: Any) -> concurrent.futures.Future[Any]:
+        f: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        f.set_running_or_notify_cancel()
+        self.pending.append(f)
+        return f
+
+    def cancel(self, future: concurrent.futures.Future[Any]) -> bool:
+        return False
+
+
+def test_the_gate_waits_for_requests_in_flight_and_holds_new_ones() -> None:
+    engine = SlowEngine()
+    gate = RequestGate(engine).install()
+    first = engine.submit("a")  # in flight on version 0
+    switched = threading.Event()
+
+    def switch() -> None:
+        with gate.closed():
+            engine.version = 1
+            switched.set()
+
+    t = threading.Thread(target=switch)
+    t.start()
+    time.sleep(0.1)
+    assert not switched.is_set()  # the switch waits for the request in flight
+    held = engine.submit("b")  # arrives meanwhile: held, not yet at the engine
+    dropped = engine.submit("c")
+    assert len(engine.pending) == 1 and engine.cancel(dropped) and dropped.cancelled()
+    engine.pending[0].set_result("a done")
+    t.join(5)
+    assert switched.is_set() and first.result() == "a done"
+    assert len(engine.pending) == 2  # the held request went on after the switch, the cancelled one not
+    engine.pending[1].set_result("b done")
+    assert held.result(1) == "b done" and len(gate.switches) == 1
+    gate.remove()
+    assert "submit" not in vars(engine) and "cancel" not in vars(engine)

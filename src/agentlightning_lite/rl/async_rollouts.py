@@ -277,7 +277,7 @@ class RequestGate:
             if f.cancelled():
                 outer.set_exception(concurrent.futures.CancelledError())
             elif f.exception() is not None:
-                outer.set_exception(f.exception())  # type: ignore[arg-type]
+                outer.set_exception(f.exception())
             else:
                 outer.set_result(f.result())
 
