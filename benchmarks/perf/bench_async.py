@@ -1,7 +1,9 @@
 """Synchronous vs asynchronous rollouts: steps per hour and the learner's idle share.
 
-``agl.Trainer`` on the embedded model (``smollm2-135m``, fp32, CPU, LoRA r=8), GRPO with 2 tasks x 2
-samples per step, trains the same agent three ways: alternating (``async_rollouts=False``), and with
+``agl.Trainer`` on a small model on the CPU (``--model tiny``, the default: a random-init 4-layer
+Llama, hidden size 256, over a byte tokenizer, so that a run takes seconds on a shared CPU; or
+``--model smollm2-135m``), fp32, LoRA r=8, GRPO with 2 tasks x 2 samples per step, trains the same
+agent three ways: alternating (``async_rollouts=False``), and with
 a producer thread rolling out ahead with ``max_staleness`` 1 and 2. Two agents: (a) ``tool``: one
 policy call, a tool that sleeps ``--tool-s`` seconds, a second call (rollouts dominated by waiting);
 (b) ``compute``: two policy calls back to back (rollouts dominated by generation, which shares the
@@ -33,12 +35,12 @@ from benchmarks._harness import cpu_model, load_average
 from benchmarks.perf.bench_grpo_step import _git_state, _versions
 
 HERE = Path(__file__).resolve().parent
-MODEL = "smollm2-135m"
 MODES: list[tuple[str, bool, int | None]] = [
     ("sync", False, None),
     ("async k=1", True, 1),
     ("async k=2", True, 2),
 ]
+TOKENS = 16
 TASKS = [{"q": f"Name a fact about the number {i}."} for i in range(16)]
 
 
@@ -46,14 +48,14 @@ def make_agent(kind: str, tool_s: float) -> Any:
     def agent(task: dict[str, Any], llm: agl.LLM) -> float:
         client = llm.openai_client()
         messages = [{"role": "user", "content": task["q"]}]
-        first = client.chat.completions.create(model=llm.model, max_tokens=8, messages=messages)
+        first = client.chat.completions.create(model=llm.model, max_tokens=TOKENS, messages=messages)
         if kind == "tool":
             time.sleep(tool_s)  # the tool: a lookup that waits on the network
         messages += [
             {"role": "assistant", "content": first.choices[0].message.content or ""},
             {"role": "user", "content": "And one more."},
         ]
-        second = client.chat.completions.create(model=llm.model, max_tokens=8, messages=messages)
+        second = client.chat.completions.create(model=llm.model, max_tokens=TOKENS, messages=messages)
         return len(set(second.choices[0].message.content or "")) / 16.0
 
     return agent
@@ -122,13 +124,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="timed steps per run (after a warm-up step)")
     ap.add_argument("--tool-s", type=float, default=2.0, help="seconds the tool agent's tool sleeps")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    ap.add_argument("--model", default="tiny", help="'tiny' (random-init, byte tokenizer) or a model name")
     ap.add_argument("--out", type=Path, default=HERE / "async_results.md")
     args = ap.parse_args()
     from agentlightning_lite.serving.engines import HFEngine
 
     load0 = load_average()
     started = time.perf_counter()
-    engine = HFEngine(MODEL, lora=agl.LoRA(r=8, alpha=16), seed=0, num_threads=args.threads)
+    lora = agl.LoRA(r=8, alpha=16)
+    if args.model == "tiny":
+        from tests._helpers import tiny_llama
+
+        from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+        model = tiny_llama(
+            hidden_size=256, intermediate_size=512, num_hidden_layers=4, max_position_embeddings=4096
+        )
+        engine = HFEngine(
+            model, tokenizer=ByteTokenizer(), model_name="tiny", lora=lora, seed=0, num_threads=args.threads
+        )
+    else:
+        engine = HFEngine(args.model, lora=lora, seed=0, num_threads=args.threads)
     results = []
     for kind in ("tool", "compute"):
         for mode in MODES:
@@ -152,7 +168,7 @@ def main() -> None:
         "2-core CPU shared with other people's jobs: the numbers are noisy (a few tens of percent from "
         "run to run).\n\n"
         f"**Setup.** {__doc__.split(chr(10) + chr(10))[1]} The tool sleeps {args.tool_s:g} s; each "
-        f"call asks for at most 8 tokens. {args.steps} timed steps per run.\n\n" + table(results)
+        f"call asks for at most {TOKENS} tokens. {args.steps} timed steps per run.\n\n" + table(results)
     )
     args.out.write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
