@@ -18,6 +18,7 @@ import agentlightning_lite as agl
 from agentlightning_lite.rl.async_rollouts import RequestGate
 from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig, SampleConfig
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
+from agentlightning_lite.rl.samples import next_tasks
 from agentlightning_lite.rl.sources import InProcessRollouts
 
 from .._helpers import lora_weights
@@ -74,15 +75,12 @@ def test_async_k1_trains_overlaps_the_update_and_records_versions_call_by_call(
     random.seed(0)
     engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
     trainer = make(engine, tmp_path, k=1)
-    order, lock = Counter(), threading.Lock()
+    step_1 = [t["q"] for _, t in next_tasks(TASKS, 4, 0, 0, 0)[0][2:]]  # the tasks of step 1
     first_calls_of_step_1 = threading.Semaphore(0)
 
     def agent(task: dict, llm: agl.LLM) -> float:
-        with lock:
-            n = order["started"]
-            order["started"] += 1
         call(llm, task["q"])
-        if n >= 4:  # a rollout of step 1: its second call waits for the update of step 0
+        if task["q"] in step_1:  # a rollout of step 1: its second call waits for the update of step 0
             first_calls_of_step_1.release()
             deadline = time.time() + 10
             while engine.version < 1 and time.time() < deadline:

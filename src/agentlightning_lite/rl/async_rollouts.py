@@ -1,10 +1,10 @@
 """Asynchronous training: a producer thread rolls out the next steps while the learner updates.
 
 With ``RolloutConfig(async_rollouts=True)``, ``Trainer.fit`` runs this loop instead of alternating.
-A :class:`Producer` thread draws the next steps' tasks and runs them through the session's rollout
-source (threads of this process, remote runners, Ray) one step's batch at a time; it starts the
-batch of step ``j`` only once the update of step ``j - k - 1`` is done (``k``: the staleness bound),
-so it never runs more than ``k`` steps ahead. The learner takes each finished batch, drops the GRPO
+A :class:`Producer` thread draws the next steps' tasks and runs each step's batch, in a thread of
+its own, through the session's rollout source (threads of this process, remote runners, Ray); it
+starts the batch of step ``j`` once the update of step ``j - k - 1`` is done (``k``: the staleness
+bound), so it never runs more than ``k`` steps ahead. The learner takes each finished batch, drops the GRPO
 groups with a call made by weights more than ``k`` versions older than the ones it trains
 (:func:`split_stale`: a group is kept or dropped whole), updates, and hands the weights over. Every
 call keeps the version that served it (the span's ``weights_version``), so a rollout whose calls
@@ -60,13 +60,15 @@ class Produced:
 
 
 class Producer:
-    """A background thread running the rollouts of steps ``first_step .. last_step - 1`` in order.
+    """Background threads running the rollouts of steps ``first_step .. last_step - 1``.
 
     ``run_step(step, tasks)`` runs one step's tasks to their results; ``draw(position)`` gives the
-    next tasks and the position after them. The batch of step ``j`` starts once :meth:`updated` has
-    been called for step ``j - ahead - 1`` (``ahead = 0``: the rollouts of a step wait for the
-    previous update, as without a producer). :meth:`take` returns the batches in order and raises
-    the producer's error; :meth:`stop` ends the thread (after the batch it is running).
+    next tasks and the position after them (drawn in step order). The batch of step ``j`` starts, in
+    a thread of its own, once :meth:`updated` has been called for step ``j - ahead - 1`` (``ahead =
+    0``: each step's rollouts wait for the previous update, as without a producer), so with
+    ``ahead >= 1`` the next step's rollouts start while the learner still waits for the current
+    ones. :meth:`take` returns the batches in step order and raises the first error; :meth:`stop`
+    starts nothing more and joins every thread (each finishes the batch it runs).
     """
 
     def __init__(
@@ -81,50 +83,72 @@ class Producer:
         self._run_step, self._draw = run_step, draw
         self.next_step, self.last_step, self.position, self.ahead = first_step, last_step, position, ahead
         self.updated_through = first_step - 1  #: the last step whose update is done
-        self._ready: list[Produced] = []
+        self._want = first_step  #: the step :meth:`take` returns next
+        self._ready: dict[int, Produced] = {}
         self._error: BaseException | None = None
         self._stopping = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="agl-rollout-producer", daemon=True)
+        self._workers: list[threading.Thread] = []
 
     def start(self) -> Producer:
         self._thread.start()
         return self
 
     def _may_start(self) -> bool:
-        return self._stopping or self.next_step - self.ahead - 1 <= self.updated_through
+        return (
+            self._stopping
+            or self._error is not None
+            or self.next_step - self.ahead - 1 <= self.updated_through
+        )
 
     def _loop(self) -> None:
         try:
             while True:
                 with self._cond:
                     self._cond.wait_for(self._may_start)
-                    if self._stopping or self.next_step >= self.last_step:
+                    if self._stopping or self._error is not None or self.next_step >= self.last_step:
                         return
                     step = self.next_step
                 tasks, position = self._draw(self.position)
-                started, t0 = time.time(), time.perf_counter()
-                results = self._run_step(step, tasks)
-                done = Produced(step, results, position, time.perf_counter() - t0, started)
+                worker = threading.Thread(
+                    target=self._batch, args=(step, tasks, position), name="agl-rollout-producer", daemon=True
+                )
                 with self._cond:
                     self.position, self.next_step = position, step + 1
-                    self._ready.append(done)
-                    self._cond.notify_all()
+                    self._workers.append(worker)
+                worker.start()
         except BaseException as exc:  # surfaced by take()
+            self._fail(exc)
+
+    def _batch(self, step: int, tasks: list[tuple[int, Any]], position: tuple[int, int]) -> None:
+        try:
+            started, t0 = time.time(), time.perf_counter()
+            results = self._run_step(step, tasks)
+            done = Produced(step, results, position, time.perf_counter() - t0, started)
             with self._cond:
-                self._error = exc
+                self._ready[step] = done
                 self._cond.notify_all()
+        except BaseException as exc:  # surfaced by take()
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
 
     def take(self, poll_s: float = 0.2) -> Produced:
         """The next step's batch (waiting for it); the producer's error if it failed."""
         with self._cond:
-            while not self._ready:
+            while self._want not in self._ready:
                 if self._error is not None:
                     raise RuntimeError(f"the rollout producer failed: {self._error!r}") from self._error
-                if not self._thread.is_alive():
+                if not self._thread.is_alive() and self._want >= self.next_step:
                     raise RuntimeError("the rollout producer stopped without a batch")
                 self._cond.wait(poll_s)  # a timeout, so that Ctrl-C reaches the main thread
-            return self._ready.pop(0)
+            self._want += 1
+            return self._ready.pop(self._want - 1)
 
     def updated(self, step: int) -> None:
         """The update of ``step`` is done (the weights are handed over): later batches may start."""
@@ -133,14 +157,15 @@ class Producer:
             self._cond.notify_all()
 
     def stop(self) -> list[Produced]:
-        """Stop the thread (it finishes the batch it runs) and return the batches never taken."""
+        """Start nothing more, join the threads (each finishes its batch); the batches never taken."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+        for thread in [self._thread, *self._workers]:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join()
         with self._cond:
-            left, self._ready = self._ready, []
+            left, self._ready = sorted(self._ready.values(), key=lambda b: b.step), {}
         return left
 
 
