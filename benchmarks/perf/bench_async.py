@@ -158,16 +158,17 @@ def main() -> None:
         + (f" --steps {args.steps}" if args.steps != 6 else "")
         + (f" --tool-s {args.tool_s:g}" if args.tool_s != 2.0 else "")
     )
+    setup = " ".join(__doc__.split("\n\n")[1].split()).replace("``", "`")
     text = (
         "# Asynchronous rollouts: steps per hour and learner idle share\n\n"
         f"Command (from the repository root): `{cmd}`\n\n"
-        f"Date {dt.date.today()}; machine: {cpu_model()}, {platform.python_version()}, torch "
+        f"Date {dt.date.today()}; machine: {cpu_model()}, 2 CPU cores, no GPU; Python {platform.python_version()}, torch "
         f"{versions['torch']} ({args.threads} thread), transformers {versions['transformers']}, peft "
         f"{versions['peft']}; agentlightning-lite at {_git_state()}. Load average (1/5/15 min) at start: "
         f"{load0}; at end: {load_average()}. Benchmark wall time {minutes:.1f} min. The machine is a "
         "2-core CPU shared with other people's jobs: the numbers are noisy (a few tens of percent from "
         "run to run).\n\n"
-        f"**Setup.** {__doc__.split(chr(10) + chr(10))[1]} The tool sleeps {args.tool_s:g} s; each "
+        f"**Setup.** {setup} The tool sleeps {args.tool_s:g} s; each "
         f"call asks for at most {TOKENS} tokens. {args.steps} timed steps per run.\n\n" + table(results)
     )
     args.out.write_text(text)
