@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import random
 import tempfile
@@ -162,12 +163,13 @@ def main() -> None:
     text = (
         "# Asynchronous rollouts: steps per hour and learner idle share\n\n"
         f"Command (from the repository root): `{cmd}`\n\n"
-        f"Date {dt.date.today()}; machine: {cpu_model()}, 2 CPU cores, no GPU; Python {platform.python_version()}, torch "
+        f"Date {dt.date.today()}; machine: {cpu_model()}, {os.cpu_count()} CPU cores, no GPU; Python "
+        f"{platform.python_version()}, torch "
         f"{versions['torch']} ({args.threads} thread), transformers {versions['transformers']}, peft "
         f"{versions['peft']}; agentlightning-lite at {_git_state()}. Load average (1/5/15 min) at start: "
         f"{load0}; at end: {load_average()}. Benchmark wall time {minutes:.1f} min. The machine is a "
-        "2-core CPU shared with other people's jobs: the numbers are noisy (a few tens of percent from "
-        "run to run).\n\n"
+        f"{os.cpu_count()}-core CPU shared with other people's jobs: the numbers are noisy "
+        "(a few tens of percent from run to run).\n\n"
         f"**Setup.** {setup} The tool sleeps {args.tool_s:g} s; each "
         f"call asks for at most {TOKENS} tokens. {args.steps} timed steps per run.\n\n" + table(results)
     )
