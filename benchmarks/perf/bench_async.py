@@ -168,8 +168,7 @@ def main() -> None:
         f"{versions['torch']} ({args.threads} thread), transformers {versions['transformers']}, peft "
         f"{versions['peft']}; agentlightning-lite at {_git_state()}. Load average (1/5/15 min) at start: "
         f"{load0}; at end: {load_average()}. Benchmark wall time {minutes:.1f} min. The machine is a "
-        f"{os.cpu_count()}-core CPU shared with other people's jobs: the numbers are noisy "
-        "(a few tens of percent from run to run).\n\n"
+        f"{os.cpu_count()}-core CPU shared with other people's jobs: the numbers are noisy.\n\n"
         f"**Setup.** {setup} The tool sleeps {args.tool_s:g} s; each "
         f"call asks for at most {TOKENS} tokens. {args.steps} timed steps per run.\n\n" + table(results)
     )
