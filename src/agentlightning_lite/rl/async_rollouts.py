@@ -27,7 +27,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..store.base import Store
@@ -328,14 +328,6 @@ class DrainingHandOver(WeightHandOver):
             return
         with self.gate.closed():
             super().push(adapters)
-
-
-@dataclass
-class AsyncStats:
-    """What the loop counted over ``fit``: dropped rollouts, and the batches never trained."""
-
-    dropped_stale: int = 0
-    unused: list[Produced] = field(default_factory=list)
 
 
 def fit_async(
