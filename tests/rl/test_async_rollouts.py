@@ -244,7 +244,8 @@ def test_async_training_resumes_from_its_checkpoint(tiny_engine: Any, tmp_path: 
     random.seed(3)
     save = CheckpointConfig(save_every=1)
     trainer = make(tiny_engine(lora=agl.LoRA(r=2, alpha=4)), tmp_path, k=2, checkpoint_config=save)
-    trainer.fit(varied, TASKS, steps=2)
+    out = trainer.fit(varied, TASKS, steps=2, val_dataset=TASKS[:2])
+    assert "val/reward_mean" in out and out["engine/version"] == 2.0
     assert trainer.data_position == (0, 4)  # the position of the steps trained, not of those rolled out
     trainer.close()
     again = make(tiny_engine(lora=agl.LoRA(r=2, alpha=4)), tmp_path, k=2, checkpoint_config=save)
