@@ -43,6 +43,15 @@ class RolloutConfig:
             out): an agent that cannot run (a missing package, a wrong URL) is reported at once
             instead of training on nothing. ``None`` never stops. A step where some rollouts
             succeed resets the count.
+        async_rollouts: ``fit`` runs the rollouts of the next steps in a background thread while the
+            learner updates, instead of alternating (docs/training.md, "Asynchronous training"). A
+            rollout is trained only when its oldest call was made by weights at most
+            ``SampleConfig.max_staleness`` versions older than the policy being trained (``None``
+            means 1 here); a GRPO group is kept or dropped whole (``async/dropped_stale``).
+        handover: how new weights reach the engine while rollouts run (``async_rollouts`` only):
+            ``"finish"`` (requests in flight finish on the weights they started with; new requests
+            get the new ones) or ``"drain"`` (new requests wait and the ones in flight finish before
+            the switch, so no request spans two versions).
     """
 
     concurrency: int | None = None
@@ -50,8 +59,12 @@ class RolloutConfig:
     failed_reward: str | float = "drop"
     success_threshold: float = 1.0
     max_failed_steps: int | None = 1
+    async_rollouts: bool = False
+    handover: str = "finish"
 
     def __post_init__(self) -> None:
+        if self.handover not in ("finish", "drain"):
+            raise ValueError(f"handover must be 'finish' or 'drain', got {self.handover!r}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.failed_reward != "drop" and not isinstance(self.failed_reward, (int, float)):

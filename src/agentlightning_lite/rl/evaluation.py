@@ -21,6 +21,7 @@ __all__ = [
     "rollout_metrics",
     "step_metrics",
     "success_rate",
+    "validation_metrics",
 ]
 
 
@@ -107,3 +108,8 @@ class FailedSteps:
             f"(max_failed_steps={limit}; None never stops). The last step's first rollout ended "
             f"{status!r} with: {error or 'no error recorded'}"
         )
+
+
+def validation_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The ``val/*`` metrics ``fit`` logs from an :func:`evaluation_summary`."""
+    return {"val/reward_mean": summary["mean_reward"], "val/success_rate": summary["success_rate"]}

@@ -163,18 +163,26 @@ class Rollouts:
         """Run each ``(index, task)`` ``algorithm.group_size`` times (``mode="train"``) and make the
         samples (``timing/rollouts``, ``timing/samples`` on ``timer``)."""
         timer = timer if timer is not None else Timer()
+        version = int(self.engine.version)
+        with timer.phase("rollouts"):
+            results = self.step_results(agent, tasks, step, algorithm)
+        with timer.phase("samples"):
+            samples, stats = self.samples(results, algorithm.min_reward)
+        return RolloutBatch(results, samples, stats, version)
+
+    def step_results(
+        self, agent: Callable[..., Any], tasks: Sequence[tuple[int, Any]], step: int, algorithm: Algorithm
+    ) -> list[RolloutResult]:
+        """Run each ``(index, task)`` ``algorithm.group_size`` times (``mode="train"``); the results
+        in order (what :meth:`step` and the asynchronous producer run)."""
         settings = describe(self.credit, self.air, type(algorithm).__name__)  # read back by agl-lite ui
         specs = [
             RolloutSpec(task, "train", {"step": step, "task_index": idx, "sample": k, KEY: settings})
             for idx, task in tasks
             for k in range(algorithm.group_size)
         ]
-        version = int(self.engine.version)
-        with self.serving(), timer.phase("rollouts"):
-            results = self.run(agent, specs, engine=algorithm.rollout_engine())
-        with timer.phase("samples"):
-            samples, stats = self.samples(results, algorithm.min_reward)
-        return RolloutBatch(results, samples, stats, version)
+        with self.serving():
+            return self.run(agent, specs, engine=algorithm.rollout_engine())
 
     def evaluate(
         self, agent: Callable[..., Any], dataset: Sequence[Any], step: int = 0

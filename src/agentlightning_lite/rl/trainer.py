@@ -30,8 +30,9 @@ from . import config as cfg
 from ._memory import release_host_memory
 from ._runtime import progress, release_cuda_cache, show_step
 from .algorithm import Algorithm, WeightUpdate, rollout_only
+from .async_rollouts import fit_async
 from .distributed import DataParallel
-from .evaluation import FailedSteps, evaluation_summary, step_metrics
+from .evaluation import FailedSteps, evaluation_summary, step_metrics, validation_metrics
 from .grpo import GRPO
 from .learner import Learner, check_algorithm
 from .metrics import MetricsLogger, plot_reward_curve
@@ -155,11 +156,9 @@ class Trainer:
         self.server_options = dict(server_options or {})
         self._failed = FailedSteps()
         self.step, self.data_position = 0, (0, 0)  # data position: (epoch, index in its shuffle)
-        random.seed(seed)
-        torch.manual_seed(seed)
+        random.seed(seed), torch.manual_seed(seed)
         # -- the learner: engine, training model, policies ---------------------------------------
-        self._owns_engine = isinstance(engine, str)
-        self.engine_options = dict(engine_options or {})
+        self._owns_engine, self.engine_options = isinstance(engine, str), dict(engine_options or {})
         self.learner = learner = Learner.build(
             engine, model, plan, weight_algorithm, self.update_config, self.sample_config,
             seed=seed, concurrency=self.concurrency, engine_options=self.engine_options,
@@ -249,30 +248,37 @@ class Trainer:
         total = steps if steps is not None else math.ceil(len(train_dataset) / self.batch_size) * epochs
         dp = DataParallel.start(self.learner, self._resume if resume else None)
         if dp is not None and not dp.is_main:  # a rank other than 0: its share of each step's update
-            followed = dp.follow(self.learner, self.step, total)
-            self.step = max(self.step, total)
+            followed, self.step = dp.follow(self.learner, self.step, total), max(self.step, total)
             return followed
         last: dict[str, Any] = {}
         bar = progress(total, "training", initial=min(self.step, total))
         evaluated = lambda: bool(self.eval_every and self.step % self.eval_every == 0)  # noqa: E731
+        validate = lambda: validation_metrics(self.evaluate(agent, val_dataset or []))  # noqa: E731
+
+        def end_step(metrics: dict[str, Any], results: Sequence[Any] = ()) -> None:
+            """After a step: count failed rollouts (``train_step`` counts its own), validate, log,
+            stop after too many failed steps, checkpoint, show progress."""
+            self._failed.record(results)
+            if val_dataset is not None and evaluated():
+                metrics.update(validate())
+            self.metrics.log(self.step, metrics)
+            self._failed.check(self.max_failed_steps, self.step)
+            if self.save_every and self.step % self.save_every == 0:
+                self.save_checkpoint()
+            show_step(bar, metrics)
+
         try:
             with self.rollouts.serving():
+                if self.rollout_config.async_rollouts:  # rollouts run ahead in a producer thread
+                    last = fit_async(self, agent, train_dataset, total, end_step)
                 while self.step < total:
                     tasks, self.data_position = next_tasks(
                         train_dataset, self.batch_size, self.seed, self.data_position
                     )
-                    last = self.train_step(agent, tasks)
-                    if val_dataset is not None and evaluated():
-                        last.update(self._validate(agent, val_dataset))
-                    self.metrics.log(self.step, last)
-                    self._failed.check(self.max_failed_steps, self.step)
-                    if self.save_every and self.step % self.save_every == 0:
-                        self.save_checkpoint()
-                    show_step(bar, last)
+                    end_step(last := self.train_step(agent, tasks))
                 if val_dataset is not None and not evaluated():
-                    final_val = self._validate(agent, val_dataset)
-                    last.update(final_val)
-                    self.metrics.log(self.step, final_val)
+                    last.update(final := validate())
+                    self.metrics.log(self.step, final)
         finally:
             if bar is not None:
                 bar.close()
@@ -302,10 +308,6 @@ class Trainer:
         release_host_memory()
         return evaluation_summary(results, self.rollout_config)
 
-    def _validate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
-        res = self.evaluate(agent, dataset)
-        return {"val/reward_mean": res["mean_reward"], "val/success_rate": res["success_rate"]}
-
     # -- saving ---------------------------------------------------------------------------
     def _resume(self) -> None:
         """Load the newest checkpoint (through the engine, which bumps its version) and its data position."""
@@ -331,8 +333,9 @@ class Trainer:
 
     def plot(self) -> Path | None:
         """Draw ``output_dir/reward_curve.png`` from the logged metrics."""
-        path = self.output_dir / "reward_curve.png"
-        return plot_reward_curve(self.metrics.rows(), path, title=str(self.model_name))
+        return plot_reward_curve(
+            self.metrics.rows(), self.output_dir / "reward_curve.png", str(self.model_name)
+        )
 
     def close(self) -> None:
         """Stop the server, close the store, the loggers and the engine (if the trainer made it)."""
