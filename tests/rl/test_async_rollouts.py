@@ -75,7 +75,7 @@ def test_async_k1_trains_overlaps_the_update_and_records_versions_call_by_call(
     random.seed(0)
     engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
     trainer = make(engine, tmp_path, k=1)
-    step_1 = [t["q"] for _, t in next_tasks(TASKS, 4, 0, 0, 0)[0][2:]]  # the tasks of step 1
+    step_1 = [t["q"] for _, t in next_tasks(TASKS, 4, 0, (0, 0))[0][2:]]  # the tasks of step 1
     first_calls_of_step_1 = threading.Semaphore(0)
 
     def agent(task: dict, llm: agl.LLM) -> float:
