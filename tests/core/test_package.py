@@ -157,7 +157,10 @@ def test_ci_checks_each_documented_extra_alone() -> None:
     markers = _pyproject()["tool"]["pytest"]["ini_options"]["markers"]
     assert any(m.startswith("vllm:") for m in markers)
     ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    first = {cmd: next(i for i, line in enumerate(ci) if line.startswith(cmd)) for cmd in ("make test", "make envs")}
+    first = {
+        cmd: next(i for i, line in enumerate(ci) if line.startswith(cmd))
+        for cmd in ("make test", "make envs")
+    }
     assert "set -euo pipefail" in ci and first["make test"] < first["make envs"]
     make = (root / "Makefile").read_text(encoding="utf-8")
     assert re.search(r"^envs: \$\(STAMP\)\n\t\$\(BIN\)/nox ", make, re.M)

@@ -88,8 +88,10 @@ def parse_correction(value: Any) -> tuple[Correction, ...]:
     if value is None:
         return ()
     items = (value,) if isinstance(value, (TIS, MaskedIS)) else value
-    if not isinstance(items, Sequence) or isinstance(items, str) or not all(
-        isinstance(c, (TIS, MaskedIS)) for c in items
+    if (
+        not isinstance(items, Sequence)
+        or isinstance(items, str)
+        or not all(isinstance(c, (TIS, MaskedIS)) for c in items)
     ):
         raise TypeError(
             f"correction must be None, agl.TIS(...), agl.MaskedIS(...) or a tuple of them, got {value!r}"
@@ -159,7 +161,9 @@ def mismatch_metrics(log_rhos: Sequence[torch.Tensor]) -> dict[str, float]:
     rho = torch.exp(d)
     q = torch.quantile(rho, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
     return {
-        "mismatch/kl_k3": float((rho - 1.0 - d).mean()),  # k3: E_engine[rho - 1 - log rho], rho = pi_old/pi_engine
+        "mismatch/kl_k3": float(
+            (rho - 1.0 - d).mean()
+        ),  # k3: E_engine[rho - 1 - log rho], rho = pi_old/pi_engine
         "mismatch/ratio_mean": float(rho.mean()),
         "mismatch/ratio_p5": float(q[0]),
         "mismatch/ratio_p50": float(q[1]),
