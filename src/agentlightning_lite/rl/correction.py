@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +76,7 @@ class MaskedIS:
             raise ValueError(f"MaskedIS: level must be 'token' or 'sequence', got {self.level!r}")
 
 
-Correction = Union[TIS, MaskedIS]
+Correction = TIS | MaskedIS
 
 
 def parse_correction(value: Any) -> tuple[Correction, ...]:
