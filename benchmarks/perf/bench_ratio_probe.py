@@ -213,7 +213,8 @@ def main() -> None:
     lines = [_line(r) for r in data["rows"]]
     (HERE / "ratio_probe_results.md").write_text(
         "# Trainer/engine ratio under truncated sampling\n\n"
-        f"`python -m benchmarks.perf.bench_ratio_probe --vllm` ({data['date']}, {data['machine']}; "
+        f"`python -m benchmarks.perf.bench_ratio_probe` (add `--vllm` for the vllm rows; `--no-hf --vllm` "
+        f"keeps the hf rows of the last run) ({data['date']}, {data['machine']}; "
         f"SmolLM2-135M float32, {args.prompts} prompts x {args.tokens} sampled tokens per row, the first "
         "micro-batch rescored by the trainer before any update). `keep`: the old behaviour (the engine "
         "samples the truncated distribution); `ignore`: the default now (training rollouts sample the full "
