@@ -40,6 +40,8 @@ _LAZY = {
     "remote": ".remote",
     "RemoteRunners": ".remote",
     "RayRunners": ".remote",
+    "TIS": ".rl.correction",
+    "MaskedIS": ".rl.correction",
 }
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from .lora_settings import LoRA
     from .remote import RayRunners, RemoteRunners
     from .rl import GRPO, PPO, SFT, Trainer
+    from .rl.correction import TIS, MaskedIS
     from .serving import LLM, PolicyServer, engines
 
 
@@ -72,6 +75,7 @@ __all__ = [
     "PPO",
     "LitAgent",
     "LoRA",
+    "MaskedIS",
     "MemoryStore",
     "PolicyServer",
     "RayRunners",
@@ -81,6 +85,7 @@ __all__ = [
     "SQLiteStore",
     "Span",
     "Store",
+    "TIS",
     "Tracer",
     "Trainer",
     "Transition",

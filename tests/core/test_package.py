@@ -57,6 +57,8 @@ ADDED = {
     "load_prompts": "the prompts an APO run wrote, for a later run or an agent",
     "CommandAgent": "any program launched per rollout as the agent (a harness CLI or a script)",
     "harness": "CommandAgent and its recipes for Claude Code, Codex and opencode",
+    "TIS": "truncated importance sampling, an off-policy correction (UpdateConfig(correction=...))",
+    "MaskedIS": "masked importance sampling (token or sequence level), an off-policy correction",
 }
 
 

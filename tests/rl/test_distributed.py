@@ -464,9 +464,9 @@ def test_under_a_launcher_only_rank_0_starts_the_vllm_server(tmp_path: Path) -> 
 
 def test_each_rank_computes_the_old_logprobs_of_its_own_micro_batches_only(monkeypatch: Any) -> None:
     """Under a data-parallel GRPO update a rank runs the no-grad passes (old and reference logprobs)
-    for the micro-batches whose loss it computes, not for every one; with old_logprobs="auto" every
-    rank also checks the engine's logprobs on the first micro-batch that has them (so all ranks
-    decide alike), and only its owner counts it in the mismatch metrics. PPO (its advantages need
+    for the micro-batches whose loss it computes, not for every one; with old_logprobs="auto" each
+    rank checks the engine's logprobs of those micro-batches' calls (the decision is per call, so
+    the ranks need not agree on one). PPO (its advantages need
     every old value) and sharded layers run them all."""
     import contextlib
     from types import SimpleNamespace
@@ -504,15 +504,14 @@ def test_each_rank_computes_the_old_logprobs_of_its_own_micro_batches_only(monke
     assert [lp is not None for lp in ref.old_lp] == [i in (0, 1, 5, 7) for i in range(8)]
     run(grpo, 1)
     assert sorted(set(calls)) == [2, 3, 4, 6]
-    # engine logprobs from micro-batch 3 on: both ranks check them there (rank 0 without the
-    # reference pass, and without counting it), then trust them (no old-logprob pass)
+    # engine logprobs from micro-batch 3 on: each rank checks the calls of its own micro-batches
+    # (every one recomputed) and keeps the engine's where they agree
     r0 = run(grpo, 0, engine_from=3)
-    assert calls == [0, 0, 1, 1, 3, 5, 7]
-    assert r0.used_engine and r0.ref[3] is None and r0.mismatch_n == 0
+    assert calls == [0, 0, 1, 1, 5, 5, 7, 7]
+    assert r0.engine_share == 0.5 and r0.ref[3] is None and r0.mismatch_n == 6 and r0.fallbacks == 0
     r1 = run(grpo, 1, engine_from=3)
-    assert calls == [2, 2, 3, 3, 4, 6]
-    assert r1.used_engine and r1.mismatch_n == 3
-    assert sorted(set(calls)) == [2, 3, 4, 6]
+    assert calls == [2, 2, 3, 3, 4, 4, 6, 6]
+    assert r1.engine_share == 0.75 and r1.mismatch_n == 9
     run(agl.PPO(micro_batch_size=1, mini_batch_size=4), 1)
     assert sorted(set(calls)) == list(range(8))
     run(grpo, 1, lockstep=lambda: None)

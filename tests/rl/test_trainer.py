@@ -75,7 +75,10 @@ def test_two_real_grpo_steps_change_the_lora_weights(engine: object, tmp_path: P
         assert r["train/rollouts"] == 8 and r["train/samples"] == 8
         # the engine's logprobs agree with the training forward pass (same fp32 model)
         assert r["train/logprob_mismatch_mean"] < 1e-3
-        assert r["train/ratio_from_engine_logprobs"] == 1.0
+        assert r["train/ratio_from_engine_logprobs"] == 1.0 and r["train/old_logprobs_fallback"] == 0.0
+        # the train/inference mismatch per step: every call checked, ratio quantiles around 1
+        assert r["mismatch/kl_k3"] < 1e-6 and r["mismatch/tokens"] == r["train/response_tokens"]
+        assert 0.999 < r["mismatch/ratio_p5"] <= r["mismatch/ratio_p50"] <= r["mismatch/ratio_p95"] < 1.001
         assert r["memory/peak_rss_mib"] >= r["memory/rss_mib"] > 50  # this process's real resident size
 
     # the samples came from the store: 16 train rollouts, each one policy call with exact tokens

@@ -149,6 +149,20 @@ def test_vllm_token_ids_rescored_by_the_trainer_give_vllms_logprobs(stack: Stack
     assert max(diffs) < MAX_ABS_DIFF and mean < MEAN_ABS_DIFF
 
 
+def test_a_training_rollouts_top_p_gives_ratio_one_against_the_trainer(stack: Stack) -> None:
+    """An agent asks for top_p=0.8 in a training rollout: vLLM samples the full tempered distribution
+    (the server ignores the truncation), so the trainer's rescoring of the first micro-batch, before any
+    update, matches vLLM's logprobs; with the old behaviour (``truncated_sampling="keep"``) vLLM's
+    renormalised truncated logprobs put the ratio well under 1."""
+    from benchmarks.perf.bench_ratio_probe import probe
+
+    model = stack.hf_with("a0")  # the zero adapter: the base model, as vLLM serves unrouted agents
+    after = probe(stack.engine, model, top_p=0.8, prompts=4, tokens=12)
+    assert abs(after["mismatch/ratio_mean"] - 1.0) <= 0.02
+    before = probe(stack.engine, model, top_p=0.8, truncated_sampling="keep", prompts=4, tokens=12)
+    assert before["mismatch/ratio_mean"] < 0.98
+
+
 def test_after_a_lora_hand_over_vllm_serves_the_adapter(stack: Stack) -> None:
     """(b) After update_weights, vLLM's logprobs match the HF model carrying that adapter, and differ
     from the base model's: an adapter vLLM silently did not apply fails here."""

@@ -114,9 +114,16 @@ class UpdateConfig:
     Args:
         old_logprobs: importance-ratio denominator: ``"engine"`` (the logprobs the engine
             sampled with), ``"recompute"`` (a no-grad forward pass of the training model), or
-            ``"auto"``: the engine's when they agree with a recomputation of the first micro-batch
-            within ``logprob_tolerance`` (mean absolute difference per token; the other micro-batches
-            are then not recomputed), else every micro-batch is recomputed. The mismatch is logged.
+            ``"auto"``: every micro-batch is recomputed and each call keeps the engine's logprobs
+            when they agree with the recomputation within ``logprob_tolerance`` (mean absolute
+            difference over its tokens), else the recomputed ones; the share of calls that fell back
+            is logged (``train/old_logprobs_fallback``). The mismatch is logged.
+        correction: off-policy correction of the policy-gradient loss for the gap between the
+            engine and the trainer: ``None`` (default), :class:`~.correction.TIS`,
+            :class:`~.correction.MaskedIS`, or a tuple of them (their weights multiply). With a
+            correction the PPO ratio is taken against the trainer's recomputed logprobs (whatever
+            ``old_logprobs`` says) and each token's loss is weighted by the correction of
+            ``pi_old / pi_engine``; see docs/training.md, "Off-policy correction".
         gradient_checkpointing: recompute each decoder layer's activations in the backward pass
             instead of keeping them (transformers' gradient checkpointing, non-reentrant, so it
             works with peft's frozen base): activation memory of the update falls from one set per
@@ -141,8 +148,12 @@ class UpdateConfig:
     logprob_tolerance: float = 1e-3
     gradient_checkpointing: bool | None = None
     host_mmap_threshold_mib: float | None = 1.0
+    correction: Any = None
 
     def __post_init__(self) -> None:
+        from .correction import parse_correction
+
+        self.correction = parse_correction(self.correction)
         if self.old_logprobs not in ("auto", "engine", "recompute"):
             raise ValueError("old_logprobs must be 'auto', 'engine' or 'recompute'")
         if self.host_mmap_threshold_mib is not None and not 0 < self.host_mmap_threshold_mib <= 32:

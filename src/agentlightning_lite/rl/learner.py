@@ -163,6 +163,7 @@ class Learner:
             pad_id=self.pad_id,
             old_logprobs=self.update_config.old_logprobs,
             logprob_tolerance=self.update_config.logprob_tolerance,
+            correction=self.update_config.correction,
             merged=self.merged,
             step=self.step,
             timer=self.timer,

@@ -12,6 +12,7 @@ of a step), the way verl reports ``timing_s/...``.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from .batching import Sample, TokenBatch, collate, forward_logprobs, micro_batches
+from .correction import correction_weights, mismatch_metrics
 from .distributed import partition_by_tokens
 from .grpo import aggregate, kl_penalty, policy_loss
 from .policies import Policy
@@ -31,6 +33,8 @@ from .timing import Timer
 from .weights import WeightHandOver
 
 __all__ = ["Timer", "UpdateSettings", "micro_batches", "optimise", "train_policy", "update_policies"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +46,8 @@ class UpdateSettings:
     pad_id: int = 0
     old_logprobs: str = "auto"
     logprob_tolerance: float = 1e-3
+    #: the off-policy corrections (:mod:`.correction`); empty: none
+    correction: tuple[Any, ...] = ()
     merged: bool = False  # samples are merged trajectories (one sequence per episode)
     step: int = 0
     timer: Timer = field(default_factory=Timer)
@@ -56,10 +62,22 @@ class _Reference:
     old_v: list[torch.Tensor | None]
     mismatch_mean: float
     mismatch_max: float
-    used_engine: bool
+    engine_share: float  # the share of calls whose ratio is taken against the engine's logprobs
     mismatch_sum: float = 0.0  # over this rank's micro-batches (all of them in one process)
     mismatch_n: int = 0
     per_rank: bool = False  # each rank computed its own micro-batches' only (see _shares)
+    #: per micro-batch, the correction's token weights (``None``: no correction there)
+    weights: list[torch.Tensor | None] = field(default_factory=list)
+    #: log(pi_old / pi_engine) of every trained token where both are known (for the mismatch metrics)
+    log_rhos: list[torch.Tensor] = field(default_factory=list)
+    masked_n: float = 0.0
+    clipped_n: float = 0.0
+    calls: int = 0  # calls whose engine logprobs were checked ("auto")
+    fallbacks: int = 0  # ... and disagreed: their ratio is taken against the recomputation
+    engine_calls: int = 0  # calls whose ratio is taken against the engine's logprobs
+
+
+_warned_fallback = False
 
 
 def _engine_logprobs(chunk: list[Sample], batch: TokenBatch, device: torch.device) -> torch.Tensor | None:
@@ -82,48 +100,77 @@ def _reference(
     cfg: UpdateSettings,
 ) -> _Reference:
     """Phase 1, no gradient. The engine's logprobs are the behaviour policy's; a no-grad forward pass
-    checks them. In "auto" mode, once the first micro-batch agrees within tolerance the rest are not
-    recomputed (same weights, same numerics), which saves a forward pass per sample."""
+    recomputes them with the weights the update starts from (``pi_old``), unless ``old_logprobs=
+    "engine"`` without a correction. In "auto" mode every call is checked: it keeps the engine's
+    logprobs when they agree with the recomputation within tolerance, else takes the recomputed ones.
+    With a correction the ratio is always taken against ``pi_old`` and the correction weighs each token
+    by ``pi_old / pi_engine``."""
+    global _warned_fallback
     model.eval()
-    out = _Reference([], [], [], float("nan"), 0.0, False)
-    agree: bool | None = None  # unknown until a micro-batch has been checked
-    owned, decides = _shares(chunks, batches, algo, cfg)
+    out = _Reference([], [], [], float("nan"), 0.0, 0.0)
+    owned = _shares(chunks, batches, algo, cfg)
     out.per_rank = owned is not None
+    corrected = bool(cfg.correction)
     with torch.no_grad():
         for i, (c, b) in enumerate(zip(chunks, batches, strict=True)):
-            mine = owned is None or i in owned
-            if not mine and i != decides:  # another rank's: never read on this one
+            if owned is not None and i not in owned:  # another rank's: never read on this one
                 out.old_lp.append(None)  # type: ignore[arg-type]
                 out.old_v.append(None)
+                out.weights.append(None)
                 if algo.kl_coef > 0:
                     out.ref.append(None)  # type: ignore[arg-type]
                 continue
             with cfg.timer.phase("old_logprobs"):
                 eng = _engine_logprobs(c, b, cfg.device)
-                trust = eng is not None and (cfg.old_logprobs == "engine" or agree is True)
+                trust = eng is not None and cfg.old_logprobs == "engine" and not corrected
                 lp = v = None
                 if not trust or algo.needs_values:
                     lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
+                old, weight = lp, None
                 if eng is not None and lp is not None:
-                    diff = (eng - lp).abs() * b.response_mask
-                    chunk_sum, chunk_n = float(diff.sum()), int(b.response_mask.sum())
-                    if cfg.old_logprobs == "auto" and agree is None:
-                        agree = chunk_sum / max(chunk_n, 1) <= cfg.logprob_tolerance
-                    if mine:  # each micro-batch counted once across ranks
-                        out.mismatch_sum += chunk_sum
-                        out.mismatch_n += chunk_n
-                        out.mismatch_max = max(out.mismatch_max, float(diff.max()))
-                use_eng = eng is not None and (cfg.old_logprobs == "engine" or agree is True)
-                out.old_lp.append(eng if use_eng else lp)  # type: ignore[arg-type]
+                    m = b.response_mask
+                    diff = (eng - lp).abs() * m
+                    out.mismatch_sum += float(diff.sum())
+                    out.mismatch_n += int(m.sum())
+                    out.mismatch_max = max(out.mismatch_max, float(diff.max()))
+                    out.log_rhos.append((lp - eng)[m > 0].cpu())
+                    if corrected:
+                        weight, cstats = correction_weights(cfg.correction, lp, eng, m)
+                        out.masked_n += cstats["masked_n"]
+                        out.clipped_n += cstats["clipped_n"]
+                    elif cfg.old_logprobs == "engine":
+                        old = eng
+                        out.engine_calls += len(c)
+                    elif cfg.old_logprobs == "auto":  # per call: the engine's where they agree
+                        per_call = diff.sum(dim=1) / m.sum(dim=1).clamp(min=1)
+                        agree = per_call <= cfg.logprob_tolerance
+                        old = torch.where(agree[:, None], eng, lp)
+                        out.calls += len(c)
+                        out.fallbacks += int((~agree).sum())
+                        out.engine_calls += int(agree.sum())
+                elif trust:
+                    old = eng
+                    out.engine_calls += len(c)
+                out.old_lp.append(old)  # type: ignore[arg-type]
                 out.old_v.append(v)
+                out.weights.append(weight)
             if algo.kl_coef > 0:
-                if mine:
-                    with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
-                        out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
-                else:
-                    out.ref.append(None)  # type: ignore[arg-type]
+                with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
+                    out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
     out.mismatch_mean = out.mismatch_sum / out.mismatch_n if out.mismatch_n else float("nan")
-    out.used_engine = cfg.old_logprobs == "engine" or agree is True
+    n_calls = sum(len(c) for k, c in enumerate(chunks) if owned is None or k in owned)
+    out.engine_share = out.engine_calls / n_calls if n_calls else 0.0
+    if out.fallbacks:
+        log = logger.info if _warned_fallback else logger.warning
+        _warned_fallback = True
+        log(
+            "step %d: the engine's logprobs of %d of %d calls disagree with the trainer's recomputation "
+            "(mean |difference| > %g): their ratio is taken against the recomputation",
+            cfg.step,
+            out.fallbacks,
+            out.calls,
+            cfg.logprob_tolerance,
+        )
     return out
 
 
@@ -137,24 +184,19 @@ def _groups(chunks: list[list[Sample]], algo: PolicyGradient) -> list[list[int]]
 
 def _shares(
     chunks: list[list[Sample]], batches: list[TokenBatch], algo: PolicyGradient, cfg: UpdateSettings
-) -> tuple[set[int] | None, int | None]:
+) -> set[int] | None:
     """Under a data-parallel update: the micro-batches this rank computes the loss of (so it needs
-    their old and reference logprobs), and the one where ``old_logprobs="auto"`` compares the engine's
-    logprobs with its own (the first that has them all: every rank checks that one, so they all decide
-    alike). ``(None, None)``: this rank needs them all (one process; PPO, whose advantages need every
-    old value; sharded layers, whose forward passes every rank must run)."""
+    their old and reference logprobs; "auto" checks each call on the rank that owns it). ``None``: this
+    rank needs them all (one process; PPO, whose advantages need every old value; sharded layers,
+    whose forward passes every rank must run)."""
     dp = cfg.data_parallel
     if dp is None or algo.needs_values or dp.lockstep is not None:
-        return None, None
+        return None
     owned: set[int] = set()
     for group in _groups(chunks, algo):
         split = partition_by_tokens([batches[j].input_ids.numel() for j in group], dp.world_size)
         owned.update(group[k] for k in split[dp.rank])
-    decides = None
-    if cfg.old_logprobs == "auto":
-        has_engine = (all(s.token_engine_logprobs() is not None for s in c) for c in chunks)
-        decides = next((i for i, ok in enumerate(has_engine) if ok), None)
-    return owned, decides
+    return owned
 
 
 def _epochs(
@@ -192,6 +234,8 @@ def _epochs(
                 segs = b.segment_ids if cfg.merged else None
                 lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
                 pg, pstats = policy_loss(lp, old_lp[j], advs[j], b.response_mask, algo.clip, clip_high)
+                if (is_w := reference.weights[j]) is not None:
+                    pg = pg * is_w  # the off-policy correction: loss_t * w_t (TIS / masked IS, no gradient)
                 tok_loss = pg
                 if algo.kl_coef > 0:
                     kl = kl_penalty(lp, ref[j], algo.kl_estimator)
@@ -251,7 +295,17 @@ def optimise(
     out = {k: statistics.fmean(v) for k, v in logs.items()}
     out["train/logprob_mismatch_mean"] = mismatch_mean
     out["train/logprob_mismatch_max"] = mismatch_max
-    out["train/ratio_from_engine_logprobs"] = 1.0 if reference.used_engine else 0.0
+    out["train/ratio_from_engine_logprobs"] = reference.engine_share
+    if cfg.old_logprobs == "auto" and not cfg.correction:
+        out["train/old_logprobs_fallback"] = reference.fallbacks / reference.calls if reference.calls else 0.0
+    out.update(mismatch_metrics(reference.log_rhos))
+    if cfg.correction:
+        n_tok = sum(int(x.numel()) for x in reference.log_rhos)
+        masked, clipped = reference.masked_n, reference.clipped_n
+        if (dp := cfg.data_parallel) is not None and reference.per_rank:
+            masked, clipped, n_tok = dp.sum_across([masked, clipped, float(n_tok)])
+        out["mismatch/masked_frac"] = masked / n_tok if n_tok else 0.0
+        out["mismatch/clipped_frac"] = clipped / n_tok if n_tok else 0.0
     out["train/response_tokens"] = float(sum(sum(s.token_mask()) for s in samples))
     out["train/sequences"] = float(len(samples))
     out["train/sequence_tokens"] = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))

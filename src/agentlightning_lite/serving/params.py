@@ -31,10 +31,28 @@ class Params:
     top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
+    #: the truncation settings a training rollout's request asked for and the server ignored
+    #: (``PolicyServer(truncated_sampling="ignore")``), e.g. ``{"top_p": 0.8}``; ``None``: none
+    truncation_ignored: dict[str, Any] | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the request cuts off part of the distribution (top-p, top-k or min-p).
+
+        >>> Params(top_p=0.8).truncated, Params(top_k=0).truncated
+        (True, False)
+        """
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+
+    def truncation(self) -> dict[str, Any]:
+        """The truncation settings that are not neutral (``{"top_p": 0.8}``)."""
+        neutral = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
+        return {k: getattr(self, k) for k, v in neutral.items() if getattr(self, k) != v}
 
     def record(self) -> dict[str, Any]:
         """What the ``llm`` span keeps in ``attributes["params"]``."""
-        return {
+        ignored = {"truncation_ignored": self.truncation_ignored} if self.truncation_ignored else {}
+        return ignored | {
             "n": self.n,
             "temperature": self.temperature,
             "top_p": self.top_p,

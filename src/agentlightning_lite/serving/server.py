@@ -121,7 +121,13 @@ class PolicyServer(ThreadedUvicorn):
     400/413/422 of the inference server to the generation reaches the agent as that status, and a
     server that failed as a 502). Sampling: ``temperature``, ``top_p``, ``presence_penalty`` and
     ``frequency_penalty`` (OpenAI's), and vLLM's ``top_k``, ``min_p`` and ``repetition_penalty``,
-    applied by the engine; which logprobs are recorded is the engine's ``logprobs_mode``. Streaming
+    applied by the engine; which logprobs are recorded is the engine's ``logprobs_mode``. A training
+    rollout's (mode ``train``) request for truncated sampling (``top_p < 1``, ``top_k``, ``min_p``)
+    is served from the full tempered distribution, the one the trainer scores, and records what it
+    asked for as ``params.truncation_ignored`` (``truncated_sampling="ignore"``, the default; a warning
+    the first time); ``"refuse"`` answers it with a 400 instead, ``"keep"`` samples as asked (the
+    recorded logprobs are then not those of the distribution sampled from, see docs/training.md).
+    Evaluation (``val``), ``trace`` and unrouted calls always sample as asked. Streaming
     (``stream=true``) sends OpenAI chunks once the engine has produced the whole reply, then
     ``data: [DONE]``.
 
@@ -171,6 +177,7 @@ class PolicyServer(ThreadedUvicorn):
         max_body_bytes: int = 32 * 2**20,
         loop: str = "auto",
         clamp_max_tokens: bool | None = None,
+        truncated_sampling: str = "ignore",
     ) -> None:
         super().__init__(host, port, log_level)
         self.engine = engine
@@ -187,6 +194,13 @@ class PolicyServer(ThreadedUvicorn):
             raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
         self.loop = loop
         self.clamp_max_tokens = clamp_max_tokens
+        if truncated_sampling not in ("ignore", "refuse", "keep"):
+            raise ValueError(
+                f"truncated_sampling must be 'ignore', 'refuse' or 'keep', got {truncated_sampling!r}"
+            )
+        self.truncated_sampling = truncated_sampling
+        self._rollout_modes: _RecentDict = _RecentDict(10_000)  # rollout id -> mode (train, val, trace)
+        self._warned_truncation = False
         #: Responses API: the conversations of responses kept for ``previous_response_id`` (the last 1,000)
         self.responses: _RecentDict = _RecentDict(1000)
         self._rollout_key_secret = secrets.token_bytes(32)  # rollout keys are valid for this server only

@@ -100,6 +100,46 @@ async def rollout_of(server: PolicyServer, request: Request) -> str | None:
     return rid
 
 
+async def for_training(server: PolicyServer, call: Call, p: Params) -> None:
+    """Apply the server's ``truncated_sampling`` policy to a request of a training rollout (mode
+    ``train``) that asks for truncated sampling (``top_p < 1``, ``top_k > 0`` or ``min_p > 0``):
+    ``"ignore"`` samples from the full tempered distribution instead (``p`` is changed in place and
+    records what it asked for in ``params.truncation_ignored``; the first time, a warning is logged),
+    ``"refuse"`` answers 400. The trainer scores the full vocabulary, so the logprob the engine
+    reports and the one the ratio divides by are of the same distribution only without truncation.
+    Other rollouts (``val``, ``trace``) and unrouted calls keep their settings."""
+    policy = server.truncated_sampling
+    if policy == "keep" or not p.truncated or call.rollout_id is None:
+        return
+    mode = server._rollout_modes.get(call.rollout_id)
+    if mode is None:
+        found = await run_in_threadpool(server.store.get_rollout, call.rollout_id)
+        mode = found.mode if found is not None else "trace"
+        server._rollout_modes[call.rollout_id] = mode
+    if mode != "train":
+        return
+    asked = p.truncation()
+    if policy == "refuse":
+        names = ", ".join(f"{k}={v}" for k, v in asked.items())
+        raise bad_request(
+            f"Truncated sampling ({names}) is refused on training rollouts: the trainer scores the full "
+            "distribution, so the recorded logprobs would not be the behaviour policy's. Leave top_p, "
+            "top_k and min_p at their defaults (or serve with truncated_sampling='ignore').",
+            next(iter(asked)),
+            code="truncated_sampling_refused",
+        )
+    p.top_p, p.top_k, p.min_p = 1.0, 0, 0.0
+    p.truncation_ignored = asked
+    if not server._warned_truncation:
+        server._warned_truncation = True
+        logger.warning(
+            "a training rollout asked for truncated sampling (%s): ignored, its calls sample from the full "
+            "tempered distribution so that the recorded logprobs are the behaviour policy's (recorded "
+            "as params.truncation_ignored; PolicyServer(truncated_sampling='refuse') answers 400 instead)",
+            ", ".join(f"{k}={v}" for k, v in asked.items()),
+        )
+
+
 def call_leases(request: Request) -> list[str]:
     """The lease tokens a call carries: from its URL (``/rollout/<id>/lease/<token>/v1``) and from
     the ``X-AGL-Lease`` header (comma-separated)."""

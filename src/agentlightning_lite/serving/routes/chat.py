@@ -20,6 +20,7 @@ from .calls import (
     Call,
     budget,
     engine_failed,
+    for_training,
     gen_requests,
     generate,
     llm_span,
@@ -117,6 +118,7 @@ async def run_chat(
     start = time.time()
     engine = server.engine
     merged = False
+    await for_training(server, call, p)
     try:
         offered, _ = select_tools(tools, tool_choice)
         try:

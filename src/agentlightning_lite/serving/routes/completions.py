@@ -17,6 +17,7 @@ from ..structured import ResponseFormatError
 from .calls import (
     budget,
     engine_failed,
+    for_training,
     gen_requests,
     generate,
     llm_span,
@@ -38,6 +39,7 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     call = await resolve_call(server, request)
     body = call.body
     p = parse_params(body, chat=False, max_n=server.max_n)
+    await for_training(server, call, p)
     engine = server.engine
     encoded = [
         (text, ids if ids is not None else engine.encode(text or "", add_special_tokens=True))
