@@ -174,7 +174,6 @@ class Trainer:
             credit=credit, air=self.air, agents=self.agents, agent_policy=plan.agent_policy(),
         )  # fmt: skip
 
-    # -- set-up ---------------------------------------------------------------------------
     @property
     def algorithm(self) -> WeightUpdate:
         """The algorithm that updates the weights (``agl.GRPO`` by default)."""
@@ -308,7 +307,6 @@ class Trainer:
         release_host_memory()
         return evaluation_summary(results, self.rollout_config)
 
-    # -- saving ---------------------------------------------------------------------------
     def _resume(self) -> None:
         """Load the newest checkpoint (through the engine, which bumps its version) and its data position."""
         state = self.learner.resume(self.output_dir / "checkpoints", self.store)
