@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
