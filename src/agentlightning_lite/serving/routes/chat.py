@@ -89,6 +89,39 @@ async def chat_completions(server: PolicyServer, request: Request) -> Response:
     )
 
 
+async def run_converted(
+    server: PolicyServer,
+    request: Request,
+    call: Call,
+    req: Any,
+    p: Params,
+    *,
+    api: str,
+    request_id: str,
+    parallel_tool_calls: bool,
+    response_format: Any = None,
+) -> ChatRun:
+    """:func:`run_chat` for a request another dialect was converted into (``req``: its ``messages``,
+    ``tools``, ``tool_choice`` and ``dropped_tools``): ``max_tokens`` clamped as the server says for
+    ``api``, late system messages merged, the dropped tools recorded on the span."""
+    return await run_chat(
+        server,
+        request,
+        call,
+        req.messages,
+        req.tools or None,
+        req.tool_choice,
+        p,
+        api=api,
+        request_id=request_id,
+        response_format=response_format,
+        clamp=server.clamps(api),
+        parallel_tool_calls=parallel_tool_calls,
+        merge_system=True,
+        extra={"dropped_tools": req.dropped_tools} if req.dropped_tools else {},
+    )
+
+
 async def run_chat(
     server: PolicyServer,
     request: Request,

@@ -25,7 +25,7 @@ from ..chat_format import ChatFormatError
 from ..errors import APIError, JSONResponse, api_error_of, bad_request, internal_error
 from ..params import parse_params
 from .calls import pieces, resolve_call
-from .chat import has_late_system, merge_system_messages, run_chat
+from .chat import has_late_system, merge_system_messages, run_converted
 
 if TYPE_CHECKING:
     from ..server import PolicyServer
@@ -73,24 +73,10 @@ async def messages(server: PolicyServer, request: Request) -> Response:
     p = parse_params(sampling_body(body), chat=True, max_n=1)
     req = _convert(body)
     message_id = new_id("msg")
-    extra: dict[str, Any] = {}
-    if req.dropped_tools:
-        extra["dropped_tools"] = req.dropped_tools
-    run = await run_chat(
-        server,
-        request,
-        call,
-        req.messages,
-        req.tools or None,
-        req.tool_choice,
-        p,
-        api="messages",
-        request_id=message_id,
-        clamp=server.clamps("messages"),
+    run = await run_converted(
+        server, request, call, req, p, api="messages", request_id=message_id,
         parallel_tool_calls=req.parallel_tool_calls,
-        merge_system=True,
-        extra=extra,
-    )
+    )  # fmt: skip
     choice, result = run.choices[0], run.results[0]
     message = message_object(
         message_id,

@@ -15,7 +15,7 @@ from ..errors import JSONResponse, bad_request
 from ..openai_responses import convert_request, new_id, output_items, response_object, stream_events, usage_of
 from ..params import parse_params
 from .calls import pieces, resolve_call
-from .chat import run_chat
+from .chat import run_converted
 
 if TYPE_CHECKING:
     from ..server import PolicyServer
@@ -63,25 +63,10 @@ async def responses(server: PolicyServer, request: Request) -> Response:
     except ChatFormatError as exc:
         raise bad_request(str(exc), exc.param) from None
     response_id = new_id("resp")
-    extra: dict[str, Any] = {}
-    if req.dropped_tools:
-        extra["dropped_tools"] = req.dropped_tools
-    run = await run_chat(
-        server,
-        request,
-        call,
-        req.messages,
-        req.tools or None,
-        req.tool_choice,
-        p,
-        api="responses",
-        request_id=response_id,
-        response_format=req.response_format,
-        clamp=server.clamps("responses"),
-        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
-        merge_system=True,
-        extra=extra,
-    )
+    run = await run_converted(
+        server, request, call, req, p, api="responses", request_id=response_id,
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False, response_format=req.response_format,
+    )  # fmt: skip
     choice, result = run.choices[0], run.results[0]
     output = output_items(choice["message"], req.custom_tools)
     response = response_object(
