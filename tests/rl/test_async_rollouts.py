@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import socket
 import threading
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
+from agentlightning_lite.remote import Runner
 from agentlightning_lite.rl.async_rollouts import RequestGate
 from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig, SampleConfig
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
@@ -202,6 +204,28 @@ class FailingSource:
 def varied(task: dict, llm: agl.LLM) -> float:
     call(llm, task["q"])
     return random.random()
+
+
+def test_async_rollouts_through_remote_runners(tiny_engine: Any, tmp_path: Path) -> None:
+    """Two steps' batches in flight at once through one RemoteRunners queue and a runner process's
+    workers (in-process here): every rollout comes back to its own step, all of them train."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    trainer = make(engine, tmp_path, runners=agl.RemoteRunners(port=port))
+    before = {k: v.clone() for k, v in lora_weights(trainer.policy).items()}
+    with Runner(varied, f"http://127.0.0.1:{port}", workers=4):
+        out = trainer.fit(varied, TASKS, steps=3)
+    store = trainer.store
+    ros = store.rollouts(mode="train")
+    trainer.close()
+    assert not producers()
+    assert trainer.step == 3 and out["train/rollouts"] == 4.0
+    steps = Counter(r.metadata["step"] for r in ros)
+    assert all(steps[s] == 4 for s in range(3)) and all(r.status == "succeeded" for r in ros), steps
+    after = lora_weights(trainer.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_a_producer_error_surfaces_and_leaves_no_thread(tiny_engine: Any, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ goes on once every rollout has its one outcome (see :mod:`agentlightning_lite.re
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,6 +73,7 @@ class RemoteRunners:
         self.advertise_url = advertise_url
         self.queue: RolloutQueue | None = None
         self.server: Any = None
+        self._starting = threading.Lock()  # asynchronous training collects from several threads
         if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
             logger.warning(
                 "RemoteRunners on %s without an api_key: anyone who reaches the port can use it", host
@@ -145,8 +147,10 @@ class RemoteRunners:
     ) -> list[RolloutResult]:
         """The trainer's side of a step (``agentlightning_lite.rl.sources.RolloutSource``): start the
         workers the trainer owns, queue one rollout per spec and wait; one result per spec, in order
-        (a rollout no runner took has no ``rollout_id``)."""
-        self.start_workers(agent)
+        (a rollout no runner took has no ``rollout_id``). Safe to call from several threads at once
+        (asynchronous training runs a step ahead): each call waits for its own rollouts."""
+        with self._starting:
+            self.start_workers(agent)
         jobs = self.run(
             [(s.task, s.mode, s.metadata) for s in specs],
             on_done=(lambda _j: progress()) if progress is not None else None,
