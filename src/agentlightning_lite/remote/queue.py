@@ -25,17 +25,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConflictError, InvalidRequestError, LeaseError, UnknownRolloutError
+from ..errors import InvalidRequestError, UnknownRolloutError
 from ..store.base import Store
 from ..types import check_reward
+from .leases import Attempt, EndedAttempt, Job, LeaseLost, LeaseMismatch, OutcomeCounted, lease_ok
 
 __all__ = ["Attempt", "Job", "LeaseLost", "LeaseMismatch", "OutcomeCounted", "RolloutQueue"]
 
@@ -43,86 +42,6 @@ logger = logging.getLogger(__name__)
 
 _FINISHED = ("succeeded", "failed", "timeout")
 _NOT_OURS = "rollout {!r} was not handed out by this queue (or it ended long ago)"
-
-
-class LeaseLost(LeaseError):
-    """A heartbeat or result for an attempt whose lease is no longer held (expired, timed out, done)."""
-
-
-class LeaseMismatch(LeaseError):
-    """A request for a claimed rollout that does not carry that claim's lease token."""
-
-
-class OutcomeCounted(ConflictError):
-    """A change to a rollout whose outcome is counted already (succeeded, failed or timed out)."""
-
-
-@dataclass
-class Job:
-    """One rollout the trainer asked for, and what became of it."""
-
-    job_id: int
-    task: Any
-    mode: str
-    metadata: dict[str, Any]
-    attempts: int = 0
-    rollout_id: str | None = None  # the current (or last) attempt's rollout
-    status: str | None = None  # None while queued or running; then succeeded / failed / timeout
-    reward: float | None = None
-    error: str | None = None
-    queued_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None
-    finished_at: float | None = None
-
-    @property
-    def done(self) -> bool:
-        """Whether the job has its one outcome."""
-        return self.status is not None
-
-
-@dataclass
-class Attempt:
-    """One claim of a job by one runner worker: a rollout in the store, under a lease."""
-
-    rollout_id: str
-    job: Job
-    worker: str
-    weights_version: int
-    claimed_at: float
-    lease_expires: float
-    deadline: float | None
-    state: str = "running"  # running, done, expired, timeout
-    lease: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
-
-    def public(self) -> dict[str, Any]:
-        """What the runner gets back from a claim."""
-        return {
-            "rollout_id": self.rollout_id,
-            "task": self.job.task,
-            "mode": self.job.mode,
-            "metadata": self.job.metadata,
-            "attempt": self.job.attempts,
-            "weights_version": self.weights_version,
-            "timeout": None if self.deadline is None else max(0.0, self.deadline - self.claimed_at),
-            "lease": self.lease,
-        }
-
-
-@dataclass(slots=True)
-class _Ended:
-    """What is kept of an attempt that ended: enough for a late result or a retried call."""
-
-    lease: str
-    weights_version: int
-    state: str  # done, expired, timeout
-    status: str | None  # the job's outcome when this attempt's result was counted (state done)
-
-
-def lease_ok(lease: str, leases: Collection[str] | None) -> bool:
-    """Whether ``leases`` (the tokens a request carries; ``None``: an in-process caller) hold ``lease``."""
-    if leases is None:
-        return True
-    return any(isinstance(t, str) and secrets.compare_digest(t, lease) for t in leases)
 
 
 class RolloutQueue:
@@ -170,7 +89,7 @@ class RolloutQueue:
         self._changed = threading.Condition(self._lock)
         self._pending: deque[Job] = deque()
         self._attempts: dict[str, Attempt] = {}  # rollout id -> running attempt
-        self._ended: OrderedDict[str, _Ended] = OrderedDict()  # the last keep_ended ended attempts
+        self._ended: OrderedDict[str, EndedAttempt] = OrderedDict()  # the last keep_ended ended attempts
         self._ids = itertools.count()
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
         self._workers: dict[str, float] = {}  # worker id -> last seen (monotonic), recent ones
@@ -420,7 +339,7 @@ class RolloutQueue:
 
     def _leased(
         self, rollout_id: str, leases: Collection[str] | None, what: str
-    ) -> tuple[Attempt | None, _Ended | None]:
+    ) -> tuple[Attempt | None, EndedAttempt | None]:
         """The running attempt or the record of the ended one (exactly one is set), its lease checked.
 
         Call under the lock. Raises :class:`UnknownRolloutError` or :class:`LeaseMismatch`.
@@ -512,7 +431,7 @@ class RolloutQueue:
         self._attempts.pop(a.rollout_id, None)
         if self.keep_ended:
             status = a.job.status if state == "done" else None
-            self._ended[a.rollout_id] = _Ended(a.lease, a.weights_version, state, status)
+            self._ended[a.rollout_id] = EndedAttempt(a.lease, a.weights_version, state, status)
             while len(self._ended) > self.keep_ended:
                 self._ended.popitem(last=False)
 

@@ -17,64 +17,27 @@ import concurrent.futures
 import json
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Engine, GenRequest, GenResult
+from .http_backend import (
+    Backend,
+    BackendError,
+    adapter_directory,
+    check_answer,
+    completion_result,
+    sampling_settings,
+    write_adapter,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BackendError", "HTTPEngine"]
-
-
-def sampling_settings(req: GenRequest) -> dict[str, Any]:
-    """Every sampling setting of ``req``, named in each request, so that a server's defaults (vLLM takes
-    them from the model's ``generation_config.json``: Qwen2.5 asks for top_k 20 and repetition_penalty
-    1.05) do not change the distribution sampled from: the request's own values, neutral unless the
-    agent asked otherwise, shape it, as on the HF engine.
-
-    >>> sampling_settings(GenRequest([1], temperature=0.7))["top_k"]  # vLLM: 0 (or -1) disables top-k
-    0
-    """
-    return {
-        "temperature": float(req.temperature),
-        "top_p": float(req.top_p),
-        "top_k": int(req.top_k),
-        "min_p": float(req.min_p),
-        "repetition_penalty": float(req.repetition_penalty),
-        "presence_penalty": float(req.presence_penalty),
-        "frequency_penalty": float(req.frequency_penalty),
-    }
-
-
-class BackendError(RuntimeError):
-    """An inference server failed a request: unreachable, dead, or it answered with an error
-    (``status``: its HTTP status, ``None`` when it did not answer; ``path``: the route asked; ``reason``:
-    the server's own words, when it answered with an error)."""
-
-    def __init__(
-        self, message: str, status: int | None = None, path: str | None = None, reason: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.path = path
-        self.reason = reason
-
-
-@dataclass
-class _Backend:
-    url: str
-    in_flight: int = 0
-    dead_since: float | None = None
-    error: str = ""
-    loaded: set[str] = field(default_factory=set)  # adapter version names loaded on this server
-    lock: asyncio.Lock | None = None  # serialises adapter loading (created on the engine's loop)
 
 
 class HTTPEngine(Engine):
@@ -130,7 +93,7 @@ class HTTPEngine(Engine):
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("HTTPEngine needs at least one server URL")
-        self.backends = [_Backend(u.rstrip("/").removesuffix("/v1")) for u in urls]
+        self.backends = [Backend(u.rstrip("/").removesuffix("/v1")) for u in urls]
         if isinstance(tokenizer, (str, os.PathLike)):
             from ..tokenizer import ByteTokenizer
 
@@ -151,7 +114,7 @@ class HTTPEngine(Engine):
         self._current: dict[str, str] = {}  # adapter name -> its current version name
         self._uses: dict[str, int] = {}  # version name -> requests in flight with it
         self._retired: set[str] = set()  # replaced versions, unloaded after their last request
-        self._sessions: OrderedDict[str, _Backend] = OrderedDict()  # session -> its server (LRU)
+        self._sessions: OrderedDict[str, Backend] = OrderedDict()  # session -> its server (LRU)
         self._select_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agl-http-engine", daemon=True)
@@ -221,12 +184,12 @@ class HTTPEngine(Engine):
                     b.dead_since = None
                     logger.warning("inference server %s answers again", b.url)
 
-    async def _get(self, b: _Backend, path: str) -> Any:
+    async def _get(self, b: Backend, path: str) -> Any:
         r = await self._client.get(b.url + path)
-        self._check(b, path, r)
+        check_answer(b, path, r)
         return r.json()
 
-    async def _post(self, b: _Backend, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, b: Backend, path: str, body: dict[str, Any]) -> Any:
         try:
             r = await self._client.post(b.url + path, json=body)
         except self._httpx.TimeoutException as exc:  # slow, not dead: this request alone fails
@@ -238,25 +201,10 @@ class HTTPEngine(Engine):
             b.dead_since, b.error = time.monotonic(), f"{type(exc).__name__}: {exc}"
             logger.warning("inference server %s failed: %s", b.url, b.error)
             raise BackendError(f"inference server {b.url} is unreachable ({b.error}); {path} failed") from exc
-        self._check(b, path, r)
+        check_answer(b, path, r)
         return r
 
-    @staticmethod
-    def _check(b: _Backend, path: str, r: Any) -> None:
-        if r.status_code >= 400:
-            try:
-                err = r.json().get("error")
-                detail = err.get("message") if isinstance(err, dict) else err
-            except (ValueError, AttributeError):
-                detail = r.text[:500]
-            raise BackendError(
-                f"inference server {b.url} answered {r.status_code} to {path}: {detail}",
-                r.status_code,
-                path,
-                str(detail),
-            )
-
-    def _pick(self, session: str | None) -> _Backend:
+    def _pick(self, session: str | None) -> Backend:
         """The server for a request: its session's, else the live one with the fewest in flight."""
         with self._select_lock:
             if session is not None:
@@ -314,14 +262,7 @@ class HTTPEngine(Engine):
         with self.lock:
             if name in self._current:
                 raise ValueError(f"adapter {name!r} already exists")
-            self._set_version(name, self._checked(str(lora)))
-
-    @staticmethod
-    def _checked(path: str) -> str:
-        path = os.path.abspath(path)
-        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
-            raise FileNotFoundError(f"{path} is not a peft adapter directory (no adapter_config.json)")
-        return path
+            self._set_version(name, adapter_directory(str(lora)))
 
     def _set_version(self, name: str, path: str) -> None:
         vname = f"{name}-v{self.version}"
@@ -349,18 +290,9 @@ class HTTPEngine(Engine):
                 logger.warning("unloading %s: %s", vname, exc)
 
     def _write_adapter(self, state: Mapping[str, Any], name: str) -> str:
-        from safetensors.torch import save_file
-
-        root = os.path.abspath(self._adapter_dir or tempfile.mkdtemp(prefix="agl-http-lora-"))
-        self._adapter_dir = root
-        path = os.path.join(root, name, f"v{self.version + 1}")
-        os.makedirs(path, exist_ok=True)
-        shutil.copy(os.path.join(self._paths[self._current[name]], "adapter_config.json"), path)
-        save_file(
-            {k: v.detach().contiguous().cpu() for k, v in state.items()},
-            os.path.join(path, "adapter_model.safetensors"),
-        )
-        return path
+        self._adapter_dir = os.path.abspath(self._adapter_dir or tempfile.mkdtemp(prefix="agl-http-lora-"))
+        path = os.path.join(self._adapter_dir, name, f"v{self.version + 1}")
+        return write_adapter(state, path, self._paths[self._current[name]])
 
     def update_weights(self, source: Any, adapter: str | None = None) -> int:
         """Serve new adapter weights from the next request on; returns the new ``version``.
@@ -383,7 +315,7 @@ class HTTPEngine(Engine):
                     )
                 path = self._write_adapter(source, name)
             elif isinstance(source, (str, os.PathLike)):
-                path = self._checked(str(source))
+                path = adapter_directory(str(source))
             else:
                 raise TypeError(
                     f"{type(self).__name__}.update_weights takes an adapter directory or a state dict"
@@ -399,7 +331,7 @@ class HTTPEngine(Engine):
                     logger.warning("%s (it loads %s before its next request)", exc, vname)
         return self.version
 
-    async def _ensure(self, b: _Backend, vname: str, path: str) -> None:
+    async def _ensure(self, b: Backend, vname: str, path: str) -> None:
         if vname in b.loaded:
             return
         assert b.lock is not None
@@ -457,7 +389,7 @@ class HTTPEngine(Engine):
         fut.add_done_callback(lambda _: self._done(b, vname))  # also when cancelled before it started
         return fut
 
-    def _done(self, b: _Backend, vname: str | None) -> None:
+    def _done(self, b: Backend, vname: str | None) -> None:
         with self._select_lock:
             b.in_flight -= 1
         self._release(vname)
@@ -474,7 +406,7 @@ class HTTPEngine(Engine):
 
     async def _generate(
         self,
-        b: _Backend,
+        b: Backend,
         req: GenRequest,
         name: str | None,
         vname: str | None,
@@ -506,49 +438,9 @@ class HTTPEngine(Engine):
                     {} if fmt.strict is None else {"strict": fmt.strict}
                 )
         r = await self._post(b, "/v1/completions", body)
-        result = self._result(b, req, r.json(), version, name)
+        result = completion_result(b, req, r.json(), version, name)
         self._record_batch([req], [result], time.perf_counter() - t0)
         return result
-
-    @staticmethod
-    def _result(
-        b: _Backend, req: GenRequest, data: dict[str, Any], version: int, adapter: str | None
-    ) -> GenResult:
-        try:
-            c = data["choices"][0]
-            token_ids = [int(t) for t in c["token_ids"]]
-            lp = c.get("logprobs") or {}
-            logprobs = [float(x) for x in lp.get("token_logprobs") or []]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise BackendError(
-                f"inference server {b.url} answered /v1/completions without token ids and logprobs "
-                f"(does it support return_token_ids? vLLM 0.10.2 or later does): {exc!r}"
-            ) from None
-        if len(logprobs) != len(token_ids):
-            raise BackendError(
-                f"inference server {b.url} returned {len(logprobs)} logprobs for {len(token_ids)} tokens"
-            )
-        tops = None
-        if req.top_logprobs:
-            tops = [
-                sorted(
-                    ((int(str(t).removeprefix("token_id:")), float(v)) for t, v in (row or {}).items()),
-                    key=lambda kv: -kv[1],
-                )[: req.top_logprobs]
-                for row in lp.get("top_logprobs") or []
-            ]
-        finish = c.get("finish_reason")
-        return GenResult(
-            prompt_token_ids=[int(t) for t in c.get("prompt_token_ids") or req.prompt_token_ids],
-            token_ids=token_ids,
-            logprobs=logprobs,
-            text=c.get("text") or "",
-            finish_reason=finish if finish in ("stop", "length", "abort") else "stop",
-            top_logprobs=tops,
-            stop_reason=c.get("stop_reason"),
-            weights_version=version,
-            adapter=adapter,
-        )
 
     def check_response_format(self, fmt: Any, tools: Sequence[dict[str, Any]] | None = None) -> None:
         """Accepted: the server enforces it (an error it answers fails that request). With tools offered,
@@ -561,7 +453,7 @@ class HTTPEngine(Engine):
     def health(self) -> dict[str, str]:
         """``GET /health`` of every server: ``"ok"`` or what failed."""
 
-        async def one(b: _Backend) -> str:
+        async def one(b: Backend) -> str:
             try:
                 r = await self._client.get(b.url + "/health", timeout=10)
                 return "ok" if r.status_code == 200 else f"HTTP {r.status_code}"
