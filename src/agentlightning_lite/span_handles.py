@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RolloutHandle", "SpanHandle"]
 
-logger = logging.getLogger("agentlightning_lite.tracer")
+logger = logging.getLogger(__name__)
 
 _rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
     "agl_rollout", default=None
