@@ -36,7 +36,7 @@ from ._runtime import release_cuda_cache
 from .distributed import DataParallel
 from .evaluation import rollout_metrics
 from .rollouts import RolloutResult
-from .samples import next_tasks
+from .samples import next_tasks, too_stale
 from .timing import Timer
 from .weights import WeightHandOver
 
@@ -193,12 +193,12 @@ def split_stale(
     dropped: list[RolloutResult] = []
     ages: list[int] = []
     for members in groups.values():
-        mine = [version - v for r in members if r.rollout_id for v in call_versions(store, r.rollout_id)]
-        if mine and max(mine) > max_staleness:
+        made_by = [v for r in members if r.rollout_id for v in call_versions(store, r.rollout_id)]
+        if any(too_stale(version, v, max_staleness) for v in made_by):
             dropped.extend(members)
         else:
             kept.extend(members)
-            ages.extend(mine)
+            ages.extend(version - v for v in made_by)
     order = {id(r): i for i, r in enumerate(results)}
     kept.sort(key=lambda r: order[id(r)])
     return kept, dropped, ages

@@ -19,7 +19,7 @@ from .batching import Sample
 from .diagnostics import step_diagnostics
 from .rollouts import RolloutResult
 
-__all__ = ["build_samples", "kept_rollouts", "next_tasks"]
+__all__ = ["build_samples", "kept_rollouts", "next_tasks", "too_stale"]
 
 
 def next_tasks(
@@ -39,6 +39,16 @@ def next_tasks(
         cursor += 1
         out.append((i, dataset[i]))
     return out, (epoch, cursor)
+
+
+def too_stale(version: int, made_by: int | None, max_staleness: int | None) -> bool:
+    """Whether a call made by weights ``made_by`` is more than ``max_staleness`` updates behind
+    ``version`` (the rule both the sample filter and asynchronous training's group drop apply).
+
+    >>> too_stale(5, 3, 1), too_stale(5, 4, 1), too_stale(5, None, 1), too_stale(5, 0, None)
+    (True, False, False, False)
+    """
+    return max_staleness is not None and made_by is not None and version - made_by > max_staleness
 
 
 def kept_rollouts(
@@ -96,8 +106,7 @@ def build_samples(
         assert t.prompt_token_ids is not None and t.response_token_ids is not None
         if not t.response_token_ids or t.reward is None:
             continue
-        made_by = t.metadata.get("weights_version")
-        if max_staleness is not None and made_by is not None and version - made_by > max_staleness:
+        if too_stale(version, t.metadata.get("weights_version"), max_staleness):
             stale += 1  # off-policy beyond the limit: made by weights too old
             continue
         if len(t.prompt_token_ids) + len(t.response_token_ids) > max_seq_len:
