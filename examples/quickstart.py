@@ -3,6 +3,7 @@
     python examples/quickstart.py                 # the README's main command (see benchmarks/learning)
     python examples/quickstart.py --steps 2 --eval-size 8     # a quick look
     python examples/quickstart.py --engine vllm               # the same run served by vLLM (docs/gpu.md)
+    python examples/quickstart.py --async-rollouts            # rollouts run ahead of the update (k=1)
 
 The agent (``examples/calc_agent.py``) is ordinary ``openai``-client code with a calculator tool.
 Every LLM call goes through the PolicyServer, lands in ``runs/quickstart/runs.db`` with its exact
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calc_agent import calc_agent, make_tasks
 
 import agentlightning_lite as agl
-from agentlightning_lite.rl.config import RolloutConfig
+from agentlightning_lite.rl.config import RolloutConfig, SampleConfig
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -45,6 +46,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--vllm-url", help="with --engine vllm: attach to this running vLLM instead of starting one"
     )
+    ap.add_argument(
+        "--async-rollouts",
+        action="store_true",
+        help="roll out the next steps while the learner updates (docs/training.md)",
+    )
+    ap.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        help="with --async-rollouts: train on rollouts at most this many versions old (default 1)",
+    )
     args = ap.parse_args(argv)
 
     t0 = time.time()
@@ -59,9 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
         engine=args.engine,
         engine_options={"url": args.vllm_url} if args.vllm_url else None,
         batch_size=args.batch_size,
-        rollout_config=RolloutConfig(
-            timeout=1800
-        ),  # a slow or shared CPU must not turn rollouts into timeouts
+        # a slow or shared CPU must not turn rollouts into timeouts
+        rollout_config=RolloutConfig(timeout=1800, async_rollouts=args.async_rollouts),
+        sample_config=SampleConfig(max_staleness=args.max_staleness),
         output_dir=args.output_dir,
         seed=args.seed,
     )
@@ -78,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {
         "seed": args.seed,
         "steps": args.steps,
+        "async_rollouts": args.async_rollouts,
         "before": before,
         "after": after,
         "wall_s": round(time.time() - t0, 1),

@@ -1,6 +1,11 @@
 """Does training help? The calc agent on SmolLM2-135M: held-out success before vs after, per seed.
 
     python -m benchmarks.learning --seeds 0 1 2           # ~10 minutes a seed on a 2-core CPU
+    python -m benchmarks.learning --modes sync async      # the same seeds alternating vs rollouts ahead
+
+With ``--modes sync async`` each seed is trained twice, alternating and with asynchronous rollouts
+(``--async-rollouts``, staleness bound ``--max-staleness``, default 1), and the comparison goes to
+``benchmarks/learning/async_results.md`` with one plot of the training reward per step.
 
 Each seed is a separate, seeded run of ``examples/quickstart.py`` (fresh adapter, its own train tasks,
 its own held-out tasks). Writes ``benchmarks/learning/results.md`` (per-seed table, mean gain with a
@@ -46,8 +51,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--eval-size", type=int, default=32)
     ap.add_argument("--work-dir", default="runs/learning")
-    ap.add_argument("--out", type=Path, default=HERE / "results.md")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync"])
+    ap.add_argument("--max-staleness", type=int, default=1)
     args = ap.parse_args()
+    if args.modes != ["sync"]:
+        compare_modes(args)
+        return
+    args.out = args.out or HERE / "results.md"
 
     rows = []
     for seed in args.seeds:
@@ -117,6 +128,103 @@ def main() -> None:
         "",
     ]
     args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def _curve(run: dict, key: str = "train/reward_mean") -> list[float]:
+    lines = (Path(run["store"]).parent / "metrics.jsonl").read_text().splitlines()
+    return [m[key] for m in map(json.loads, lines) if key in m]
+
+
+def compare_modes(args: argparse.Namespace) -> None:
+    """Each seed alternating and asynchronous, one after the other on the same machine."""
+    runs: dict[tuple[int, str], dict] = {}
+    for seed in args.seeds:
+        for mode in args.modes:
+            out_dir = Path(args.work_dir) / f"{mode}-seed{seed}"
+            shutil.rmtree(out_dir, ignore_errors=True)
+            argv = ["--seed", str(seed), "--steps", str(args.steps), "--eval-size", str(args.eval_size)]
+            argv += ["--output-dir", str(out_dir), "--json", str(out_dir.parent / f"{mode}-seed{seed}.json")]
+            if mode == "async":
+                argv += ["--async-rollouts", "--max-staleness", str(args.max_staleness)]
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            runs[seed, mode] = quickstart.main(argv)
+    n = args.eval_size
+    k = args.max_staleness
+    lines = [
+        f"# Learning, alternating vs asynchronous rollouts (max_staleness={k}): calc agent, SmolLM2-135M",
+        "",
+        f"Command: `python -m benchmarks.learning --modes {' '.join(args.modes)} --seeds "
+        f"{' '.join(map(str, args.seeds))} --steps {args.steps} --eval-size {n} --max-staleness {k}`  ",
+        f"Date: {dt.date.today()}; machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; "
+        f"Python {platform.python_version()}; load average at the end "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}.  ",
+        "Each seed is `examples/quickstart.py` (the README's `make demo`) with `--seed N`, once as is "
+        f"(alternating) and once with `--async-rollouts --max-staleness {k}`: the same training tasks, the "
+        f"same number of updates ({args.steps}), the same {n} held-out tasks, measured greedily.",
+        "",
+        "| seed | held-out before | after, sync | after, async | async - sync | train reward per step, sync "
+        "| train reward per step, async | staleness mean (async) | dropped stale (async) | wall, sync "
+        "| wall, async |",
+        "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    diffs = []
+    for seed in args.seeds:
+        s, a = runs[seed, "sync"], runs[seed, "async"]
+        d = a["after"]["success_rate"] - s["after"]["success_rate"]
+        diffs.append(d)
+        stale = _curve(a, "async/staleness_mean")
+        dropped = sum(_curve(a, "async/dropped_stale"))
+        lines.append(
+            f"| {seed} | {s['before']['success_rate']:.1%} | {s['after']['success_rate']:.1%} | "
+            f"{a['after']['success_rate']:.1%} | {d:+.1%} | "
+            f"{' '.join(f'{x:.2f}' for x in _curve(s))} | {' '.join(f'{x:.2f}' for x in _curve(a))} | "
+            f"{statistics.fmean(stale) if stale else float('nan'):.2f} | {dropped:.0f} | "
+            f"{s['wall_s'] / 60:.1f} min | {a['wall_s'] / 60:.1f} min |"
+        )
+    mean_d = statistics.fmean(diffs)
+    half = (
+        T95.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+        if len(diffs) > 1 and statistics.stdev(diffs) > 0
+        else 0.0
+    )
+    ks = sum(round(runs[x, "sync"]["after"]["success_rate"] * n) for x in args.seeds)
+    ka = sum(round(runs[x, "async"]["after"]["success_rate"] * n) for x in args.seeds)
+    total = n * len(args.seeds)
+    ws, wa = wilson(ks, total), wilson(ka, total)
+    lines += [
+        "",
+        f"Mean held-out difference, async - sync, over {len(diffs)} seeds: **{mean_d:+.1%}** "
+        f"(95% t-interval over seeds: {mean_d - half:+.1%} to {mean_d + half:+.1%}).  ",
+        f"Pooled held-out success after training: sync {ks}/{total} = {ks / total:.1%} (Wilson 95%: "
+        f"{ws[0]:.1%}-{ws[1]:.1%}); async {ka}/{total} = {ka / total:.1%} (Wilson 95%: "
+        f"{wa[0]:.1%}-{wa[1]:.1%}).",
+        "",
+        "![training reward per step](async_reward_curves.png)",
+        "",
+    ]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(args.seeds), figsize=(4 * len(args.seeds), 3), squeeze=False)
+        for ax, seed in zip(axes[0], args.seeds, strict=True):
+            for mode, style in (("sync", "o-"), ("async", "s--")):
+                c = _curve(runs[seed, mode])
+                ax.plot(range(1, len(c) + 1), c, style, label=mode)
+            ax.set_title(f"seed {seed}")
+            ax.set_xlabel("update")
+            ax.set_ylim(0, 1.05)
+        axes[0][0].set_ylabel("train reward (mean)")
+        axes[0][0].legend()
+        fig.tight_layout()
+        fig.savefig(HERE / "async_reward_curves.png", dpi=100)
+    except ImportError:
+        lines[-3] = "(matplotlib missing: no plot)"
+    out = args.out or HERE / "async_results.md"
+    out.write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -4,7 +4,8 @@
 [served=URL,MODEL_DIR | served=launch,MODEL_DIR] [fsdp]``: GRPO
 (or SFT on the policy's own replies) on the tiny Llama served in-process, a checkpoint every step
 into ``OUT``; writes ``OUT/fit-rank<r>.json`` (the step reached, the adapter's checksum, the last
-metrics).
+metrics). It ends as a user's script does, with no call to end the process: ``Trainer.fit`` under a
+launcher makes a successful run end with status 0 (``distributed.end_cleanly_at_exit``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests._helpers
 
-from tests._helpers import leave_after_launch, tiny_llama
+from tests._helpers import tiny_llama
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, UpdateConfig
@@ -110,5 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    leave_after_launch()
+    main()  # a bare script: Trainer.fit under the launcher makes the process end with status 0

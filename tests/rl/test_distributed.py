@@ -524,9 +524,9 @@ def test_a_successful_run_under_a_launcher_ends_with_status_0() -> None:
     import subprocess
 
     code = (
-        "import sys, atexit\n"
+        "import os, sys, atexit\n"
         "from agentlightning_lite.rl.distributed import leave_after_launch\n"
-        "atexit.register(lambda: sys.exit(7))  # a teardown that would fail the run: never reached\n"
+        "atexit.register(lambda: os._exit(7))  # a teardown that fails the run (as gloo's abort): not reached\n"
         "print('written', end='')\n"
         "leave_after_launch()\n"
         "raise SystemExit(3)\n"
@@ -536,4 +536,37 @@ def test_a_successful_run_under_a_launcher_ends_with_status_0() -> None:
     assert (out.returncode, out.stdout) == (0, "written"), out.stderr
     env.pop("WORLD_SIZE")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 3  # not under a launcher: nothing changes
+    assert out.returncode == 7  # not under a launcher: nothing changes, the teardown runs
+
+
+def test_a_script_that_trains_under_a_launcher_ends_with_status_0_without_asking(tmp_path: Path) -> None:
+    """``Trainer.fit`` under a launcher installs ``end_cleanly_at_exit``: a script that just returns
+    ends with status 0 even when a later part of the teardown would fail, with its store flushed;
+    a script whose exception escapes keeps the interpreter's failure status."""
+    import subprocess
+
+    import agentlightning_lite as agl
+
+    code = (
+        "import os, sys, atexit, pathlib\n"
+        "import agentlightning_lite as agl\n"
+        "from agentlightning_lite.rl.distributed import end_cleanly_at_exit\n"
+        "atexit.register(lambda: os._exit(7))  # a teardown that fails the run (as gloo's abort): not reached\n"
+        "db = pathlib.Path(sys.argv[1])\n"
+        "store = agl.SQLiteStore(db)\n"
+        "store.start_rollout({'q': 1}, rollout_id='r1')\n"
+        "end_cleanly_at_exit()\n"
+        "print('written', end='')\n"
+        "if sys.argv[2] == 'fail':\n"
+        "    raise RuntimeError('the run failed')\n"
+    )
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    db = tmp_path / "runs.db"
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code, *a], env=env, capture_output=True, text=True, timeout=120
+    )
+    out = run(str(db), "ok")
+    assert (out.returncode, out.stdout) == (0, "written"), out.stderr
+    assert [r.rollout_id for r in agl.SQLiteStore(db).rollouts()] == ["r1"]  # the store was closed
+    out = run(str(tmp_path / "failed.db"), "fail")
+    assert out.returncode == 7 and "the run failed" in out.stderr, out.stderr  # the usual teardown ran

@@ -17,6 +17,7 @@ launcher's variables say there are several ranks (:func:`detect`).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import hashlib
@@ -40,6 +41,8 @@ __all__ = [
     "Launch",
     "TrainOnly",
     "detect",
+    "end_cleanly_at_exit",
+    "leave_after_launch",
     "partition_by_tokens",
     "samples_from_json",
     "samples_to_json",
@@ -68,6 +71,43 @@ def leave_after_launch() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+_EXIT_HOOK: list[bool] = []  # [failed?] once the hook below is installed
+
+
+def end_cleanly_at_exit() -> None:
+    """Under a launcher, make a successful run's process end with status 0 at the interpreter's exit,
+    as :func:`leave_after_launch` does, without the script calling it. ``Trainer.fit`` installs it
+    when it starts a data-parallel run. At exit, unless an exception escaped the script (then the
+    interpreter's own exit and status stand), it closes the SQLite stores still open, leaves the
+    process group together with the other ranks, flushes the logs and the output and ends the
+    process with status 0. A script that must end with another status after a run calls
+    ``os._exit(status)`` itself: ``sys.exit(n)`` does not reach this hook. Outside a launcher it
+    does nothing.
+
+    >>> end_cleanly_at_exit()  # not under a launcher: returns
+    """
+    if detect() is None or _EXIT_HOOK:
+        return
+    _EXIT_HOOK.append(False)
+    previous = sys.excepthook
+
+    def record(kind: Any, value: Any, tb: Any) -> None:
+        _EXIT_HOOK[0] = True
+        previous(kind, value, tb)
+
+    sys.excepthook = record
+    atexit.register(_leave_at_exit)  # registered last, so run first, while the interpreter is whole
+
+
+def _leave_at_exit() -> None:
+    if _EXIT_HOOK and _EXIT_HOOK[0]:
+        return
+    from ..store.sqlite import _flush_all_at_exit
+
+    _flush_all_at_exit()
+    leave_after_launch()
 
 
 class DistributedError(AGLError, RuntimeError):
@@ -250,6 +290,7 @@ class DataParallel:
         hand-over, checkpoints, evaluation), every other rank :meth:`follow`."""
         dp = DataParallel.active() or DataParallel.from_env()
         if dp is not None:
+            end_cleanly_at_exit()
             dp.check_learner(learner)
             if not dp.is_main:  # only rank 0 hands new weights to a separate engine
                 learner.train_only()
