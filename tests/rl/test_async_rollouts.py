@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import random
 import socket
 import threading
@@ -328,3 +329,66 @@ def test_the_gate_waits_for_requests_in_flight_and_holds_new_ones() -> None:
     assert held.result(1) == "b done" and len(gate.switches) == 1
     gate.remove()
     assert "submit" not in vars(engine) and "cancel" not in vars(engine)
+
+
+@pytest.mark.parametrize("handover", ["finish", "drain"])
+def test_async_rollouts_on_the_vllm_engine_over_http(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handover: str
+) -> None:
+    """engine="vllm" (a stand-in ``vllm`` process serving the model over HTTP with the HF engine):
+    rollouts run ahead of the update, each update reaches the server as a new adapter version while
+    the next step's rollouts call it, every call records the version that served it, and the trained
+    adapter is the one served at the end."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from .._helpers import SRC, fake_vllm, tiny_smol_dir
+
+    monkeypatch.setenv("PATH", f"{fake_vllm(tmp_path)}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(SRC))
+    random.seed(4)
+    trainer = agl.Trainer(
+        model=str(tiny_smol_dir(tmp_path / "tiny-smol")),
+        engine="vllm",
+        engine_options={"max_model_len": 512, "check_version": False, "log_dir": str(tmp_path / "logs")},
+        algorithm=agl.GRPO(group_size=2, lr=5e-2),
+        lora=agl.LoRA(r=4, alpha=8),
+        batch_size=2,
+        store=agl.MemoryStore(),
+        output_dir=tmp_path / "run",
+        logging_config=LoggingConfig(loggers=[]),
+        rollout_config=RolloutConfig(async_rollouts=True, handover=handover),
+        sample_config=SampleConfig(max_staleness=1),
+    )
+    try:
+
+        def agent(task: dict, llm: agl.LLM) -> float:
+            call(llm, task["q"])
+            time.sleep(0.2)  # a tool: the update runs meanwhile
+            call(llm, task["q"] + " Again.")
+            return random.random()
+
+        updates = timed_learn(trainer)
+        out = trainer.fit(agent, TASKS, steps=3)
+        engine = trainer.engine
+        assert trainer.step == 3 and engine.version == 3
+        assert engine.adapter_version("policy") == "policy-v3"
+        served = load_file(Path(engine._paths["policy-v3"]) / "adapter_model.safetensors")
+        trained = get_peft_model_state_dict(trainer.policy)
+        assert all(torch.equal(served[k], trained[k].cpu()) for k in trained)
+        ros = trainer.store.rollouts(mode="train")
+        assert len(ros) == 12 and all(r.status == "succeeded" for r in ros)
+        # the overlap: step 1's rollouts started before update 0 ended
+        assert any(r.start_time < updates[0][1] for r in ros if r.metadata["step"] == 1)
+        for r in ros:  # every call names the version that served it: at most one behind its step
+            versions = [
+                s.attributes["weights_version"] for s in trainer.store.spans(r.rollout_id) if s.kind == "llm"
+            ]
+            assert len(versions) == 2 and all(
+                r.metadata["step"] - 1 <= v <= r.metadata["step"] for v in versions
+            )
+        assert out["async/staleness_max"] <= 1 and out["async/dropped_stale"] == 0
+        assert out["train/samples"] == 8 and math.isfinite(out["train/loss"])
+        assert not producers()
+    finally:
+        trainer.close()
