@@ -526,7 +526,7 @@ def test_a_successful_run_under_a_launcher_ends_with_status_0() -> None:
     code = (
         "import os, sys, atexit\n"
         "from agentlightning_lite.rl.distributed import leave_after_launch\n"
-        "atexit.register(lambda: os._exit(7))  # a teardown that fails the run (as gloo's abort): not reached\n"
+        "atexit.register(lambda: os._exit(7))  # a failing teardown (as gloo's abort)\n"
         "print('written', end='')\n"
         "leave_after_launch()\n"
         "raise SystemExit(3)\n"
@@ -551,7 +551,7 @@ def test_a_script_that_trains_under_a_launcher_ends_with_status_0_without_asking
         "import os, sys, atexit, pathlib\n"
         "import agentlightning_lite as agl\n"
         "from agentlightning_lite.rl.distributed import end_cleanly_at_exit\n"
-        "atexit.register(lambda: os._exit(7))  # a teardown that fails the run (as gloo's abort): not reached\n"
+        "atexit.register(lambda: os._exit(7))  # a failing teardown (as gloo's abort)\n"
         "db = pathlib.Path(sys.argv[1])\n"
         "store = agl.SQLiteStore(db)\n"
         "store.start_rollout({'q': 1}, rollout_id='r1')\n"

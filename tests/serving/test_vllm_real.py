@@ -10,6 +10,7 @@ On vLLM's CPU build, LoRA runs PyTorch's fallback kernels (a few tokens/s): repl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -376,6 +377,39 @@ def test_trainer_fit_on_vllm_started_by_the_engine_with_a_relative_output_dir(
         if s.kind == "llm"
     )
     assert versions == [0] * 4 + [1] * 4  # step 2's calls ran on the first update
+
+
+def test_asynchronous_rollouts_on_vllm_hand_over_while_the_next_step_runs(
+    trained: tuple[agl.Trainer, Path],
+) -> None:
+    """Asynchronous rollouts (``max_staleness`` 1) on the real vLLM: two more steps, the next step's
+    rollouts running while the learner updates; each update reaches vLLM as a new version, no rollout
+    fails, every call records the version that served it (at most one behind its step)."""
+    trainer, root = trained
+    start_step, start_version = trainer.step, trainer.engine.version
+    sync_config = trainer.rollout_config
+    trainer.rollout_config = dataclasses.replace(sync_config, async_rollouts=True)
+    try:
+        out = trainer.fit(
+            SpreadAgent(), [{"q": f"Say a word about {w}."} for w in ("owls", "snow", "kites", "jam")],
+            steps=start_step + 2,
+        )  # fmt: skip
+    finally:
+        trainer.rollout_config = sync_config
+    assert trainer.step == start_step + 2 and trainer.engine.version == start_version + 2
+    rows = [json.loads(x) for x in (root / "runs/fit/metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "train/rollouts" in r and r["step"] > start_step]
+    assert [r["step"] for r in rows] == [start_step + 1, start_step + 2], rows
+    assert all(r["train/failed_rollouts"] == 0 and math.isfinite(r["train/loss"]) for r in rows), rows
+    assert out["async/staleness_max"] <= 1 and out["async/dropped_stale"] == 0
+    for r in trainer.store.rollouts(mode="train"):
+        step = r.metadata["step"]
+        if step < start_step:
+            continue
+        versions = [
+            s.attributes["weights_version"] for s in trainer.store.spans(r.rollout_id) if s.kind == "llm"
+        ]
+        assert versions and all(step - 1 <= v <= step for v in versions), (step, versions)
 
 
 def test_vllm_killed_mid_step_stops_the_trainer_with_a_clear_error(trained: tuple[agl.Trainer, Path]) -> None:
