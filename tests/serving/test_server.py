@@ -90,10 +90,12 @@ def test_chat_completion_records_exact_tokens(
     assert reply.usage.prompt_tokens == len(span.prompt_token_ids)
     assert a["params"]["temperature"] == 0.7 and a["params"]["seed"] == 3
     assert a["params"]["max_tokens"] == 50
-    # a training rollout samples untruncated (the distribution the trainer scores) and records what it asked
-    assert a["params"]["top_p"] == 1.0 and a["params"]["truncation_ignored"] == {"top_p": 0.9, "top_k": 20}
+    # a training rollout samples untruncated and unpenalised (the distribution the trainer scores) and
+    # records what it asked
+    asked = {"top_p": 0.9, "top_k": 20, "presence_penalty": 0.5}
+    assert a["params"]["top_p"] == 1.0 and a["params"]["truncation_ignored"] == asked
     # the settings that shape the distribution are recorded when set (neutral ones are left out)
-    assert a["params"]["presence_penalty"] == 0.5 and "top_k" not in a["params"]
+    assert "presence_penalty" not in a["params"] and "top_k" not in a["params"]
     assert "frequency_penalty" not in a["params"] and "min_p" not in a["params"]
     assert span.end_time >= span.start_time
 

@@ -60,6 +60,27 @@ def test_a_training_rollout_samples_untruncated_and_records_what_it_asked(
     assert len(warned) == 1  # once per server
 
 
+def test_a_training_rollouts_penalties_are_neutralised_and_recorded(serve: Any, store: Any) -> None:
+    """Penalties reshape the sampled distribution as truncation does (the trainer scores neither):
+    a training rollout's call samples without them and records what it asked for; "refuse" names them."""
+    engine = Recording()
+    server = serve(engine, store)
+    train = store.start_rollout("t", mode="train")
+    asked = {"presence_penalty": 0.5, "frequency_penalty": -0.2, "repetition_penalty": 1.3}
+    assert _chat(server.llm(train.rollout_id).base_url, top_p=0.9, **asked).status_code == 200
+    (req,) = engine.seen
+    assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty, req.top_p) == (0, 0, 1, 1)
+    params = _params(store, train.rollout_id)
+    assert params["truncation_ignored"] == {"top_p": 0.9, **asked}
+    assert not {"presence_penalty", "frequency_penalty", "repetition_penalty"} & set(params)
+    val = store.start_rollout("v", mode="val")  # evaluation keeps them
+    assert _chat(server.llm(val.rollout_id).base_url, repetition_penalty=1.3).status_code == 200
+    assert engine.seen[-1].repetition_penalty == 1.3
+    refusing = serve(engine, store, truncated_sampling="refuse")
+    r = _chat(refusing.llm(train.rollout_id).base_url, repetition_penalty=1.3)
+    assert r.status_code == 400 and "repetition_penalty=1.3" in r.json()["error"]["message"]
+
+
 def test_evaluation_and_unrouted_calls_keep_their_truncation(serve: Any, store: Any) -> None:
     engine = Recording()
     server = serve(engine, store)

@@ -31,8 +31,8 @@ class Params:
     top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
-    #: the truncation settings a training rollout's request asked for and the server ignored
-    #: (``PolicyServer(truncated_sampling="ignore")``), e.g. ``{"top_p": 0.8}``; ``None``: none
+    #: the truncation and penalty settings a training rollout's request asked for and the server
+    #: ignored (``PolicyServer(truncated_sampling="ignore")``), e.g. ``{"top_p": 0.8}``; ``None``: none
     truncation_ignored: dict[str, Any] | None = None
 
     @property
@@ -48,6 +48,24 @@ class Params:
         """The truncation settings that are not neutral (``{"top_p": 0.8}``)."""
         neutral = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
         return {k: getattr(self, k) for k, v in neutral.items() if getattr(self, k) != v}
+
+    def reshaping(self) -> dict[str, Any]:
+        """The settings that are not neutral and make the sampled distribution differ from the
+        tempered softmax the trainer scores: truncation (top-p, top-k, min-p) and the penalties.
+
+        >>> Params(top_p=0.8, repetition_penalty=1.1, temperature=0.7).reshaping()
+        {'top_p': 0.8, 'repetition_penalty': 1.1}
+        """
+        neutral = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, **_PENALTIES}
+        return {k: getattr(self, k) for k, v in neutral.items() if getattr(self, k) != v}
+
+    def unshape(self) -> dict[str, Any]:
+        """Set :meth:`reshaping`'s settings to their neutral values; returns what they were."""
+        asked = self.reshaping()
+        self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        for k, v in _PENALTIES.items():
+            setattr(self, k, v)
+        return asked
 
     def record(self) -> dict[str, Any]:
         """What the ``llm`` span keeps in ``attributes["params"]``."""
@@ -70,6 +88,8 @@ class Params:
         penalties, temperature, min-p, top-k, top-p); neutral values change nothing."""
         return {k: getattr(self, k) for k in _NEUTRAL}
 
+
+_PENALTIES: dict[str, float] = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 #: the values of :meth:`Params.shaping`'s settings that leave the distribution as it is
 _NEUTRAL: dict[str, Any] = {

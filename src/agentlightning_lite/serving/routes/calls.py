@@ -102,14 +102,15 @@ async def rollout_of(server: PolicyServer, request: Request) -> str | None:
 
 async def for_training(server: PolicyServer, call: Call, p: Params) -> None:
     """Apply the server's ``truncated_sampling`` policy to a request of a training rollout (mode
-    ``train``) that asks for truncated sampling (``top_p < 1``, ``top_k > 0`` or ``min_p > 0``):
-    ``"ignore"`` samples from the full tempered distribution instead (``p`` is changed in place and
-    records what it asked for in ``params.truncation_ignored``; the first time, a warning is logged),
-    ``"refuse"`` answers 400. The trainer scores the full vocabulary, so the logprob the engine
-    reports and the one the ratio divides by are of the same distribution only without truncation.
-    Other rollouts (``val``, ``trace``) and unrouted calls keep their settings."""
+    ``train``) that asks for truncated sampling (``top_p < 1``, ``top_k > 0`` or ``min_p > 0``) or a
+    penalty (``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``): ``"ignore"``
+    samples from the full tempered distribution instead (``p`` is changed in place and records what
+    it asked for in ``params.truncation_ignored``; the first time, a warning is logged), ``"refuse"``
+    answers 400. The trainer scores the full vocabulary at the call's temperature, so the logprob
+    the engine reports and the one the ratio divides by are of the same distribution only without
+    truncation or penalties. Other rollouts (``val``, ``trace``) and unrouted calls keep their settings."""
     policy = server.truncated_sampling
-    if policy == "keep" or not p.truncated or call.rollout_id is None:
+    if policy == "keep" or not p.reshaping() or call.rollout_id is None:
         return
     mode = server._rollout_modes.get(call.rollout_id)
     if mode is None:
@@ -118,25 +119,25 @@ async def for_training(server: PolicyServer, call: Call, p: Params) -> None:
         server._rollout_modes[call.rollout_id] = mode
     if mode != "train":
         return
-    asked = p.truncation()
+    names = ", ".join(f"{k}={v}" for k, v in p.reshaping().items())
     if policy == "refuse":
-        names = ", ".join(f"{k}={v}" for k, v in asked.items())
         raise bad_request(
-            f"Truncated sampling ({names}) is refused on training rollouts: the trainer scores the full "
-            "distribution, so the recorded logprobs would not be the behaviour policy's. Leave top_p, "
-            "top_k and min_p at their defaults (or serve with truncated_sampling='ignore').",
-            next(iter(asked)),
+            f"Truncated or penalised sampling ({names}) is refused on training rollouts: the trainer "
+            "scores the full tempered distribution, so the recorded logprobs would not be the behaviour "
+            "policy's. Leave top_p, top_k, min_p and the penalties at their defaults (or serve with "
+            "truncated_sampling='ignore').",
+            next(iter(p.reshaping())),
             code="truncated_sampling_refused",
         )
-    p.top_p, p.top_k, p.min_p = 1.0, 0, 0.0
-    p.truncation_ignored = asked
+    p.truncation_ignored = p.unshape()
     if not server._warned_truncation:
         server._warned_truncation = True
         logger.warning(
-            "a training rollout asked for truncated sampling (%s): ignored, its calls sample from the full "
-            "tempered distribution so that the recorded logprobs are the behaviour policy's (recorded "
-            "as params.truncation_ignored; PolicyServer(truncated_sampling='refuse') answers 400 instead)",
-            ", ".join(f"{k}={v}" for k, v in asked.items()),
+            "a training rollout asked for truncated sampling or a penalty (%s): ignored, its calls sample "
+            "from the full tempered distribution so that the recorded logprobs are the behaviour policy's "
+            "(recorded as params.truncation_ignored; PolicyServer(truncated_sampling='refuse') answers "
+            "400 instead)",
+            names,
         )
 
 
