@@ -15,6 +15,17 @@ if TYPE_CHECKING:
 __all__ = ["decode_batch"]
 
 
+def _cache_name() -> str:
+    """The name of the KV cache in a model's arguments and outputs: ``cache`` in the transformers
+    releases that deprecate ``past_key_values`` (5.24 and later), ``past_key_values`` before."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+_CACHE = _cache_name()
+
+
 def decode_batch(
     engine: HFEngine, requests: Sequence[GenRequest], version: int, adapter: str | None = None
 ) -> list[GenResult]:
@@ -49,7 +60,7 @@ def decode_batch(
         input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
     )
     logits = out.logits[:, -1, :].float()
-    past = out.past_key_values
+    past = getattr(out, _CACHE)
     next_pos = positions[:, -1:] + 1
 
     tokens: list[list[int]] = [[] for _ in requests]
@@ -121,11 +132,11 @@ def decode_batch(
             input_ids=step_tok.unsqueeze(1),
             attention_mask=mask,
             position_ids=next_pos,
-            past_key_values=past,
             use_cache=True,
+            **{_CACHE: past},
         )
         logits = out.logits[:, -1, :].float()
-        past = out.past_key_values
+        past = getattr(out, _CACHE)
         next_pos = next_pos + 1
 
     # row i's k-th token was sampled at step k: its logprob is column k
