@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync"])
     ap.add_argument("--max-staleness", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=4, help="tasks per step (the demo's: 4)")
     args = ap.parse_args()
     if args.modes != ["sync"]:
         compare_modes(args)
@@ -144,6 +145,7 @@ def compare_modes(args: argparse.Namespace) -> None:
             out_dir = Path(args.work_dir) / f"{mode}-seed{seed}"
             shutil.rmtree(out_dir, ignore_errors=True)
             argv = ["--seed", str(seed), "--steps", str(args.steps), "--eval-size", str(args.eval_size)]
+            argv += ["--batch-size", str(args.batch_size)]
             argv += ["--output-dir", str(out_dir), "--json", str(out_dir.parent / f"{mode}-seed{seed}.json")]
             if mode == "async":
                 argv += ["--async-rollouts", "--max-staleness", str(args.max_staleness)]
@@ -155,13 +157,15 @@ def compare_modes(args: argparse.Namespace) -> None:
         f"# Learning, alternating vs asynchronous rollouts (max_staleness={k}): calc agent, SmolLM2-135M",
         "",
         f"Command: `python -m benchmarks.learning --modes {' '.join(args.modes)} --seeds "
-        f"{' '.join(map(str, args.seeds))} --steps {args.steps} --eval-size {n} --max-staleness {k}`  ",
+        f"{' '.join(map(str, args.seeds))} --steps {args.steps} --eval-size {n} --max-staleness {k} "
+        f"--batch-size {args.batch_size}`  ",
         f"Date: {dt.date.today()}; machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; "
         f"Python {platform.python_version()}; load average at the end "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}.  ",
         "Each seed is `examples/quickstart.py` (the README's `make demo`) with `--seed N`, once as is "
-        f"(alternating) and once with `--async-rollouts --max-staleness {k}`: the same training tasks, the "
-        f"same number of updates ({args.steps}), the same {n} held-out tasks, measured greedily.",
+        f"(alternating) and once with `--async-rollouts --max-staleness {k}`: the same training tasks "
+        f"({args.batch_size} a step x 8 rollouts each), the same number of updates ({args.steps}), the same "
+        f"{n} held-out tasks, measured greedily.",
         "",
         "| seed | held-out before | after, sync | after, async | async - sync | train reward per step, sync "
         "| train reward per step, async | staleness mean (async) | dropped stale (async) | wall, sync "

@@ -3,6 +3,7 @@ request sampled with its own settings, seed, stop strings, grammar and token bud
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,15 +16,14 @@ if TYPE_CHECKING:
 __all__ = ["decode_batch"]
 
 
+@functools.cache
 def _cache_name() -> str:
     """The name of the KV cache in a model's arguments and outputs: ``cache`` in the transformers
-    releases that deprecate ``past_key_values`` (5.24 and later), ``past_key_values`` before."""
+    releases that deprecate ``past_key_values`` (5.24 and later), ``past_key_values`` before. Looked
+    up on first use: importing this module must not import transformers (runners import the engines)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-_CACHE = _cache_name()
 
 
 def decode_batch(
@@ -60,7 +60,8 @@ def decode_batch(
         input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
     )
     logits = out.logits[:, -1, :].float()
-    past = getattr(out, _CACHE)
+    cache = _cache_name()
+    past = getattr(out, cache)
     next_pos = positions[:, -1:] + 1
 
     tokens: list[list[int]] = [[] for _ in requests]
@@ -133,10 +134,10 @@ def decode_batch(
             attention_mask=mask,
             position_ids=next_pos,
             use_cache=True,
-            **{_CACHE: past},
+            **{cache: past},
         )
         logits = out.logits[:, -1, :].float()
-        past = getattr(out, _CACHE)
+        past = getattr(out, cache)
         next_pos = next_pos + 1
 
     # row i's k-th token was sampled at step k: its logprob is column k
