@@ -220,6 +220,7 @@ def compare_modes(args: argparse.Namespace) -> None:
                 ax.plot(range(1, len(c) + 1), c, style, label=mode)
             ax.set_title(f"seed {seed}")
             ax.set_xlabel("update")
+            ax.set_xticks(range(1, args.steps + 1))
             ax.set_ylim(0, 1.05)
         axes[0][0].set_ylabel("train reward (mean)")
         axes[0][0].legend()
