@@ -121,3 +121,29 @@ def fake_vllm(tmp_path: Path, body: str | None = None) -> Path:
     exe.write_text(f"#!{sys.executable}\nimport sys, os, json\n{body}\n")
     exe.chmod(0o755)
     return bin_dir
+
+
+def standin_vllm_trainer(tmp_path: Path, monkeypatch: Any, **options: Any) -> Any:
+    """``agl.Trainer(engine="vllm")`` on the tiny Llama over SmolLM2's tokenizer (``tmp_path/tiny-smol``),
+    its server a stand-in ``vllm`` (:func:`fake_vllm`) found first on ``PATH``: GRPO groups of 2,
+    2 tasks a step, LoRA r=4, a memory store, output in ``tmp_path/run``, no loggers; ``options``
+    add to or replace these."""
+    import os
+
+    import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import LoggingConfig
+
+    monkeypatch.setenv("PATH", f"{fake_vllm(tmp_path)}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", SRC)
+    settings: dict[str, Any] = {
+        "model": str(tiny_smol_dir(tmp_path / "tiny-smol")),
+        "engine": "vllm",
+        "engine_options": {"max_model_len": 512, "check_version": False, "log_dir": str(tmp_path / "logs")},
+        "algorithm": agl.GRPO(group_size=2, lr=5e-2),
+        "lora": agl.LoRA(r=4, alpha=8),
+        "batch_size": 2,
+        "store": agl.MemoryStore(),
+        "output_dir": tmp_path / "run",
+        "logging_config": LoggingConfig(loggers=[]),
+    }
+    return agl.Trainer(**(settings | options))

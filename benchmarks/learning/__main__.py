@@ -109,10 +109,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for r, d in zip(rows, deltas, strict=True):
-        metrics = [
-            json.loads(x) for x in (Path(r["store"]).parent / "metrics.jsonl").read_text().splitlines()
-        ]
-        rw = [m["train/reward_mean"] for m in metrics if "train/reward_mean" in m]
+        rw = _curve(r)
         lines.append(
             f"| {r['seed']} | {r['before']['success_rate']:.1%} | {r['after']['success_rate']:.1%} | "
             f"{d:+.1%} | {rw[0]:.2f} -> {rw[-1]:.2f} | {r['wall_s'] / 60:.1f} min |"

@@ -342,21 +342,12 @@ def test_async_rollouts_on_the_vllm_engine_over_http(
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from .._helpers import SRC, fake_vllm, tiny_smol_dir
+    from .._helpers import standin_vllm_trainer
 
-    monkeypatch.setenv("PATH", f"{fake_vllm(tmp_path)}:{__import__('os').environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", str(SRC))
     random.seed(4)
-    trainer = agl.Trainer(
-        model=str(tiny_smol_dir(tmp_path / "tiny-smol")),
-        engine="vllm",
-        engine_options={"max_model_len": 512, "check_version": False, "log_dir": str(tmp_path / "logs")},
-        algorithm=agl.GRPO(group_size=2, lr=5e-2),
-        lora=agl.LoRA(r=4, alpha=8),
-        batch_size=2,
-        store=agl.MemoryStore(),
-        output_dir=tmp_path / "run",
-        logging_config=LoggingConfig(loggers=[]),
+    trainer = standin_vllm_trainer(
+        tmp_path,
+        monkeypatch,
         rollout_config=RolloutConfig(async_rollouts=True, handover=handover),
         sample_config=SampleConfig(max_staleness=1),
     )

@@ -19,11 +19,10 @@ import httpx
 import pytest
 
 import agentlightning_lite as agl
-from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving import PolicyServer
 from agentlightning_lite.serving.engines import BackendError, GenRequest, HTTPEngine
 
-from .._helpers import fake_vllm, tiny_smol_dir
+from .._helpers import fake_vllm, standin_vllm_trainer
 from ..conftest import tiny_hf_engine
 
 pytest.importorskip("peft")
@@ -979,21 +978,8 @@ def test_trainer_on_vllm_hands_each_update_to_the_server(tmp_path: Path, monkeyp
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
 
-    model_dir = tiny_smol_dir(tmp_path / "tiny-smol")
-    bin_dir = fake_vllm(tmp_path)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT / "src"))
-    trainer = agl.Trainer(
-        model=str(model_dir),
-        engine="vllm",
-        engine_options={"max_model_len": 512, "check_version": False, "log_dir": str(tmp_path / "logs")},
-        algorithm=agl.GRPO(group_size=2, lr=5e-2),
-        lora=agl.LoRA(r=4, alpha=8),
-        batch_size=2,
-        store=agl.MemoryStore(),
-        output_dir=tmp_path / "run",
-        logging_config=LoggingConfig(loggers=[]),
-    )
+    trainer = standin_vllm_trainer(tmp_path, monkeypatch)
+    model_dir = tmp_path / "tiny-smol"
     try:
         engine = trainer.engine
         (command,) = engine.commands

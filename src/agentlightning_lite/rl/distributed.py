@@ -56,15 +56,19 @@ _ACTIVE: DataParallel | None = None  # this process's rank, while its process gr
 
 def leave_after_launch() -> None:
     """End a process that a launcher started (``torchrun``, ``accelerate launch``) after a successful
-    run, with status 0: leave the process group together with the other ranks, flush the logs and the
-    output, and skip the interpreter's teardown, where a gloo rank sometimes aborts after its work is
-    done ("terminate called without an active exception"), which the launcher reports as a failed run.
+    run, with status 0: close the SQLite stores still open, leave the process group together with the
+    other ranks, flush the logs and the output, and skip the interpreter's teardown, where a gloo rank
+    sometimes aborts after its work is done ("terminate called without an active exception"), which
+    the launcher reports as a failed run.
     Outside a launcher it does nothing. ``agl-lite train`` calls it; a training script can end with it.
 
     >>> leave_after_launch()  # not under a launcher: returns
     """
     if detect() is None:
         return
+    from ..store.sqlite import close_open_stores  # what the skipped teardown would have closed
+
+    close_open_stores()
     if (dp := DataParallel.active()) is not None:
         dp.close()
     logging.shutdown()
@@ -102,12 +106,8 @@ def end_cleanly_at_exit() -> None:
 
 
 def _leave_at_exit() -> None:
-    if _EXIT_HOOK and _EXIT_HOOK[0]:
-        return
-    from ..store.sqlite import _flush_all_at_exit
-
-    _flush_all_at_exit()
-    leave_after_launch()
+    if not _EXIT_HOOK[0]:  # nothing escaped the script
+        leave_after_launch()
 
 
 class DistributedError(AGLError, RuntimeError):

@@ -35,20 +35,6 @@ class Params:
     #: ignored (``PolicyServer(truncated_sampling="ignore")``), e.g. ``{"top_p": 0.8}``; ``None``: none
     truncation_ignored: dict[str, Any] | None = None
 
-    @property
-    def truncated(self) -> bool:
-        """Whether the request cuts off part of the distribution (top-p, top-k or min-p).
-
-        >>> Params(top_p=0.8).truncated, Params(top_k=0).truncated
-        (True, False)
-        """
-        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
-
-    def truncation(self) -> dict[str, Any]:
-        """The truncation settings that are not neutral (``{"top_p": 0.8}``)."""
-        neutral = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
-        return {k: getattr(self, k) for k, v in neutral.items() if getattr(self, k) != v}
-
     def reshaping(self) -> dict[str, Any]:
         """The settings that are not neutral and make the sampled distribution differ from the
         tempered softmax the trainer scores: truncation (top-p, top-k, min-p) and the penalties.
@@ -56,14 +42,12 @@ class Params:
         >>> Params(top_p=0.8, repetition_penalty=1.1, temperature=0.7).reshaping()
         {'top_p': 0.8, 'repetition_penalty': 1.1}
         """
-        neutral = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, **_PENALTIES}
-        return {k: getattr(self, k) for k, v in neutral.items() if getattr(self, k) != v}
+        return {k: getattr(self, k) for k, v in _UNSHAPED.items() if getattr(self, k) != v}
 
     def unshape(self) -> dict[str, Any]:
         """Set :meth:`reshaping`'s settings to their neutral values; returns what they were."""
         asked = self.reshaping()
-        self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-        for k, v in _PENALTIES.items():
+        for k, v in _UNSHAPED.items():
             setattr(self, k, v)
         return asked
 
@@ -89,8 +73,6 @@ class Params:
         return {k: getattr(self, k) for k in _NEUTRAL}
 
 
-_PENALTIES: dict[str, float] = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-
 #: the values of :meth:`Params.shaping`'s settings that leave the distribution as it is
 _NEUTRAL: dict[str, Any] = {
     "top_k": 0,
@@ -99,6 +81,8 @@ _NEUTRAL: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "repetition_penalty": 1.0,
 }
+#: every setting that reshapes the tempered distribution, at its neutral value
+_UNSHAPED: dict[str, Any] = {"top_p": 1.0, **_NEUTRAL}
 
 
 def _number(body: dict[str, Any], key: str, default: Any, lo: float, hi: float, integer: bool = False) -> Any:

@@ -468,7 +468,9 @@ if hasattr(os, "register_at_fork"):
 
 
 @atexit.register
-def _flush_all_at_exit() -> None:
+def close_open_stores() -> None:
+    """Close every SQLite store of this process still open (at the interpreter's exit, and before a
+    process ends without it: ``rl.distributed.leave_after_launch``), writing what each still holds."""
     for store in list(_open_stores):
         try:
             store.close()

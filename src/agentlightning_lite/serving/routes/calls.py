@@ -109,8 +109,8 @@ async def for_training(server: PolicyServer, call: Call, p: Params) -> None:
     answers 400. The trainer scores the full vocabulary at the call's temperature, so the logprob
     the engine reports and the one the ratio divides by are of the same distribution only without
     truncation or penalties. Other rollouts (``val``, ``trace``) and unrouted calls keep their settings."""
-    policy = server.truncated_sampling
-    if policy == "keep" or not p.reshaping() or call.rollout_id is None:
+    policy, asked = server.truncated_sampling, p.reshaping()
+    if policy == "keep" or not asked or call.rollout_id is None:
         return
     mode = server._rollout_modes.get(call.rollout_id)
     if mode is None:
@@ -119,17 +119,18 @@ async def for_training(server: PolicyServer, call: Call, p: Params) -> None:
         server._rollout_modes[call.rollout_id] = mode
     if mode != "train":
         return
-    names = ", ".join(f"{k}={v}" for k, v in p.reshaping().items())
+    names = ", ".join(f"{k}={v}" for k, v in asked.items())
     if policy == "refuse":
         raise bad_request(
             f"Truncated or penalised sampling ({names}) is refused on training rollouts: the trainer "
             "scores the full tempered distribution, so the recorded logprobs would not be the behaviour "
             "policy's. Leave top_p, top_k, min_p and the penalties at their defaults (or serve with "
             "truncated_sampling='ignore').",
-            next(iter(p.reshaping())),
+            next(iter(asked)),
             code="truncated_sampling_refused",
         )
-    p.truncation_ignored = p.unshape()
+    p.unshape()
+    p.truncation_ignored = asked
     if not server._warned_truncation:
         server._warned_truncation = True
         logger.warning(
