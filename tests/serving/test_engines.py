@@ -157,38 +157,93 @@ def test_models_resolve_the_installed_package():
 
 
 @pytest.mark.slow
-def test_models_safetensors_dir_holds_the_weights_the_trainer_loads(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """What vLLM serves for ``smollm2-135m``: the embedded GGUF converted once to safetensors, the same
-    float32 tensors ``load_model`` gives the trainer, the same tokenizer; a second call reuses it."""
+def test_models_safetensors_dir_holds_the_gguf_files_weights_and_tokenizer() -> None:
+    """What the trainer, the HF engine and vLLM load for ``smollm2-135m``: the embedded GGUF converted once
+    to safetensors, the same float32 tensors and tokenizer as transformers' own GGUF loading; a second
+    call reuses it, and ``load_model``/``load_tokenizer``/``loadable`` read it. (In the model cache every
+    test shares: its first use converts it; the conversion on its own is tested below.)"""
     import torch
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    monkeypatch.setenv("AGL_CACHE_DIR", str(tmp_path / "cache"))
     out = models.safetensors_dir("smollm2-135m")
-    assert out == tmp_path / "cache" / "smollm2-135m" / "safetensors"
+    assert out == models.cache_dir() / "smollm2-135m" / "safetensors"
     assert (out.stat().st_mode & 0o777) == 0o755  # readable by a server run as another user
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["dtype"] == "float32"
+    gguf = models.resolve("smollm2-135m")
+    assert json.loads((out / "source.json").read_text()) == {
+        "gguf_file": gguf.gguf_file,
+        "size": Path(gguf.path, gguf.gguf_file).stat().st_size,
+    }
     saved = load_file(out / "model.safetensors")
-    trainer_side = models.load_model("smollm2-135m").state_dict()
-    assert saved and all(torch.equal(saved[k], trainer_side[k]) for k in saved)
-    from transformers import AutoTokenizer
-
-    text = "Hello, what is 2+2?"
-    assert (
-        AutoTokenizer.from_pretrained(out)(text).input_ids
-        == models.load_tokenizer("smollm2-135m")(text).input_ids
+    direct = AutoModelForCausalLM.from_pretrained(gguf.path, gguf_file=gguf.gguf_file).state_dict()
+    assert saved and all(torch.equal(saved[k], direct[k]) for k in saved)
+    assert models.loadable("smollm2-135m") == models.ResolvedModel(
+        "smollm2-135m", str(out), hf_id="HuggingFaceTB/SmolLM2-135M-Instruct"
     )
+    loaded = models.load_model("smollm2-135m").state_dict()  # read from the directory
+    assert loaded.keys() == direct.keys() and all(torch.equal(loaded[k], direct[k]) for k in direct)
+    tok = AutoTokenizer.from_pretrained(gguf.path, gguf_file=gguf.gguf_file)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, what is 2+2?"}]
+    for got in (AutoTokenizer.from_pretrained(out), models.load_tokenizer("smollm2-135m")):
+        assert (
+            got("Hello, what is 2+2? ünïcode 日本").input_ids
+            == tok("Hello, what is 2+2? ünïcode 日本").input_ids
+        )
+        assert got.apply_chat_template(chat, add_generation_prompt=True) == tok.apply_chat_template(
+            chat, add_generation_prompt=True
+        )
+        assert (got.eos_token_id, got.pad_token_id, len(got)) == (
+            tok.eos_token_id,
+            tok.pad_token_id,
+            len(tok),
+        )
     mtime = (out / "model.safetensors").stat().st_mtime_ns
     assert (
         models.safetensors_dir("SmolLM2-135M") == out
         and (out / "model.safetensors").stat().st_mtime_ns == mtime
     )
-    assert [p.name for p in out.parent.iterdir()] == ["safetensors"]  # no half-written copy left
+    assert not list(out.parent.glob("safetensors.*"))  # no half-written or stale copy left
     with pytest.raises(ValueError, match="not a model this package knows"):
         models.safetensors_dir("org/other")
+
+
+def test_models_a_directory_converted_from_another_gguf_file_is_converted_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama: Any
+) -> None:
+    """The converted directory names the GGUF file it was made from (name and size): a new release of the
+    model's package, or a directory written before that record existed, is converted again, atomically."""
+    gguf = tmp_path / "pkg" / models.KNOWN_MODELS["smollm2-135m"].filename
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF v1")
+    monkeypatch.setenv("AGL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_installed_file", lambda spec: gguf)
+    converted: list[str] = []
+
+    def convert(r: models.ResolvedModel, device: str, dtype: Any, trust_remote_code: bool) -> Any:
+        converted.append(Path(r.path, r.gguf_file or "").read_text())  # the GGUF file it was read from
+        return tiny_llama()
+
+    class Tokenizer:
+        def save_pretrained(self, path: str) -> None:
+            Path(path, "tokenizer_config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_from_pretrained", convert)
+    monkeypatch.setattr(models, "_cached_tokenizer", lambda *a: Tokenizer())
+    out = models.loadable("smollm2-135m")
+    target = tmp_path / "cache" / "smollm2-135m" / "safetensors"
+    assert (Path(out.path), out.gguf_file, converted) == (target, None, ["GGUF v1"])
+    assert models.loadable("smollm2-135m") == out and converted == ["GGUF v1"]  # made once
+    gguf.write_bytes(b"GGUF v2, a new release")
+    models.loadable("smollm2-135m")
+    assert converted == ["GGUF v1", "GGUF v2, a new release"]
+    assert json.loads((target / "source.json").read_text())["size"] == len(b"GGUF v2, a new release")
+    (target / "source.json").unlink()  # a directory from before the record
+    models.safetensors_dir("smollm2-135m")
+    assert len(converted) == 3 and (target / "source.json").is_file() and (target / "config.json").is_file()
+    assert [p.name for p in target.parent.iterdir()] == ["safetensors"]  # no stale or partial copy left
+    assert models.loadable("org/some-model") == models.resolve("org/some-model")  # not a known model
 
 
 def test_models_fetch_the_wheel_when_the_package_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

@@ -127,13 +127,14 @@ def _base_model(adapter: Path, override: str | None, required: bool) -> str | No
 
 
 def _known_hf_id(base: str | None) -> str | None:
-    """The Hugging Face id of a GGUF file the SDK knows (``smollm2-135m``): what vLLM serves as the base."""
-    if base is None or not base.endswith(".gguf"):
+    """The Hugging Face id of a model the SDK knows (``smollm2-135m``: its GGUF file or the directory it
+    was converted to): what vLLM serves as the base."""
+    if base is None:
         return None
-    from ..models import KNOWN_MODELS
+    from ..models import known_model
 
-    name = Path(base).name
-    return next((m.hf_id for m in KNOWN_MODELS.values() if m.filename == name), None)
+    spec = known_model(base)
+    return spec.hf_id if spec is not None else None
 
 
 # -- the model card -----------------------------------------------------------------------------------

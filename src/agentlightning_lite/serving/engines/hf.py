@@ -127,6 +127,9 @@ class HFEngine(BatchingEngine):
 
         if isinstance(model, (str, os.PathLike)):
             resolved = models.resolve(model)
+            known = str(model).lower() in models.KNOWN_MODELS
+            if known and resolved.gguf_file is not None and not self.load_in_4bit:
+                resolved = models.loadable(model)  # de-quantised once, then read in well under a second
             self.model_name = model_name or str(model)
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
