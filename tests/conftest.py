@@ -16,9 +16,14 @@ import pytest
 import agentlightning_lite as agl
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
+from . import _budget
 from ._helpers import tiny_llama
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _budget.pytest_configure(config)  # every test's duration on each run, and the wall-time budget
 
 
 @pytest.fixture(autouse=True)
@@ -220,6 +225,18 @@ def tiny_llama_fixture() -> Callable[..., Any]:
     arguments override its ``LlamaConfig``: ``max_position_embeddings`` is 512 by default)."""
     pytest.importorskip("transformers")
     return tiny_llama
+
+
+@pytest.fixture(scope="session")
+def tiny_smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory shared by the session: the tiny random-init Llama on SmolLM2's tokenizer and
+    chat template, with SmolLM2's 8192-token context (:func:`tests._helpers.tiny_smol_dir`). For tests of
+    plumbing (prompts, token ids, spans, rewards, updates) that load a model by name or path where the
+    135M model would only add minutes: ``Trainer(model=str(tiny_smol))``, ``--model DIR``."""
+    pytest.importorskip("transformers")
+    from ._helpers import tiny_smol_dir
+
+    return tiny_smol_dir(tmp_path_factory.mktemp("models") / "tiny-smol", max_position_embeddings=8192)
 
 
 @pytest.fixture
