@@ -1,8 +1,10 @@
-"""One rank of a data-parallel update on fixed samples (run by tests/rl/test_distributed.py).
+"""One rank of data-parallel updates on fixed samples (run by tests/rl/test_distributed.py).
 
-``python _dist_worker.py OUT ALGO [die|fsdp [gc]]`` under ``torchrun`` (or with RANK/WORLD_SIZE/MASTER_*
-set by hand), or alone for the single-process reference. Writes ``OUT/rank<r>.json``: the adapter (and value
-head) after the update, its checksum, whether all ranks agreed, and the update's metrics.
+``python _dist_worker.py OUT JOB [JOB ...]`` under ``torchrun`` (or with RANK/WORLD_SIZE/MASTER_* set by
+hand), or alone for the single-process reference. A JOB is an algorithm and its options joined by commas
+(``grpo``, ``grpo-odd,fsdp``, ``sft,fsdp,gc``, ``grpo,die``); the jobs run one after the other in one
+launch (one process group), each on a fresh model. Each writes ``OUT/JOB/rank<r>.json``: the adapter (and
+value head) after the update, its checksum, whether all ranks agreed, and the update's metrics.
 """
 
 from __future__ import annotations
@@ -51,9 +53,17 @@ def samples() -> list[Sample]:
 
 
 def main() -> None:
-    out_dir, algo_name = Path(sys.argv[1]), sys.argv[2]
-    die = len(sys.argv) > 3 and sys.argv[3] == "die"
+    out, jobs = Path(sys.argv[1]), sys.argv[2:]
     dp = DataParallel.from_env(timeout_s=float(os.environ.get("AGL_TEST_PG_TIMEOUT", "20")))
+    for job in jobs:
+        run(out / job, job.split(","), dp)
+    if dp:
+        dp.close()
+
+
+def run(out_dir: Path, job: list[str], dp: DataParallel | None) -> None:
+    algo_name, options = job[0], job[1:]
+    die = "die" in options
     rank = dp.rank if dp else 0
     from peft import LoraConfig, get_peft_model
 
@@ -63,13 +73,11 @@ def main() -> None:
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.02)  # a live adapter, not the zero init
     base_numel = sum(p.numel() for n, p in model.named_parameters() if "layers" in n and "lora_" not in n)
-    if (
-        "gc" in sys.argv[3:]
-    ):  # gradient checkpointing (non-reentrant), as Trainer(gradient_checkpointing=True)
+    if "gc" in options:  # gradient checkpointing (non-reentrant), as Trainer(gradient_checkpointing=True)
         from agentlightning_lite.rl._runtime import enable_gradient_checkpointing
 
         enable_gradient_checkpointing(model)
-    if "fsdp" in sys.argv[3:] and dp is not None:
+    if "fsdp" in options and dp is not None:
         from agentlightning_lite.rl.fsdp import shard_base
 
         shard_base(model, dp)  # each rank keeps half of every decoder layer's frozen weights
@@ -124,11 +132,10 @@ def main() -> None:
                 "checkpointing": is_checkpointing(model),
                 "layer_numel": layer_numel,  # this rank's decoder-layer frozen weights
                 "base_numel": base_numel,  # all of them
+                "process_group": torch.distributed.is_initialized(),
             }
         )
     )
-    if dp:
-        dp.close()
 
 
 if __name__ == "__main__":

@@ -101,62 +101,48 @@ def test_samples_round_trip_through_json() -> None:
     assert back[0].group == ("task", 1) and isinstance(back[0].parts[0], Sample)  # type: ignore[index]
 
 
-def test_single_process_update_never_starts_a_process_group(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            (
-                "import runpy, sys, torch.distributed as d; sys.argv = ['w', sys.argv[1], 'grpo'];"
-                f"runpy.run_path({str(WORKER)!r}, run_name='__main__'); print('INIT', d.is_initialized())"
-            ),
-            str(tmp_path),
-        ],
+#: the updates the 2-rank tests compare with one process: data parallel (DDP) and FSDP2-sharded base weights
+DDP_JOBS = ["grpo", "grpo-rollout", "ppo", "sft"]
+FSDP_JOBS = ["grpo,fsdp", "grpo-odd,fsdp", "sft,fsdp", "grpo-odd,fsdp,gc"]
+
+
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every job of DDP_JOBS and FSDP_JOBS, run once in one process (``one/JOB``) and once on 2 ranks under
+    one ``torchrun`` launch (``two/JOB``): the jobs run one after the other in the launch's process group,
+    each on a fresh model, so the start-up of the launcher and its ranks (interpreter, torch,
+    transformers: most of a launch's time on 2 cores) is paid once, not once per job."""
+    root = tmp_path_factory.mktemp("updates")
+    jobs = DDP_JOBS + FSDP_JOBS
+    ref = subprocess.run(
+        [sys.executable, str(WORKER), str(root / "one"), *jobs],
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "INIT False" in proc.stdout
-    assert "dist/token_imbalance" not in _read(tmp_path, 0)["metrics"]
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr"]
+    cmd += ["127.0.0.1", "--master_port", str(_port()), str(WORKER), str(root / "two"), *jobs]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
 
 
-@pytest.mark.parametrize("algo", ["grpo", "grpo-rollout", "ppo", "sft"])
-def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, algo: str) -> None:
+def test_single_process_update_never_starts_a_process_group(updates: Path) -> None:
+    ref = _read(updates / "one" / "grpo", 0)
+    assert ref["process_group"] is False  # torch.distributed was never initialised
+    assert "dist/token_imbalance" not in ref["metrics"]
+    assert _read(updates / "two" / "grpo", 0)["process_group"] is True  # (as it is under the launcher)
+
+
+@pytest.mark.parametrize("algo", DDP_JOBS)
+def test_two_ranks_under_torchrun_equal_one_process(updates: Path, algo: str) -> None:
     """GRPO (2 epochs x 2 mini-batches of 2 micro-batches), GRPO weighing rollouts with a KL term,
     PPO (its value head all-reduced too) and SFT (2 epochs x 2 shuffled mini-batches): the adapter
     after a 2-rank update equals the single-process one within ATOL, both ranks hold the same bytes,
     and the update moved the adapter far more than ATOL."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(
-        [sys.executable, str(WORKER), str(one), algo],
-        env=_env(),
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(_port()),
-            str(WORKER),
-            str(two),
-            algo,
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = updates / "one" / algo, updates / "two" / algo
     ref, r0, r1 = _read(one, 0), _read(two, 0), _read(two, 1)
     assert r0["samples"] == r1["samples"] == 8  # rank 1 got rank 0's samples by broadcast
     assert _diff(ref["state"], r0["state"]) < ATOL
@@ -173,22 +159,19 @@ def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, algo: str) -
         assert any(v != 0 for v in ref["state"]["value_head.v.weight"][0])
 
 
-@pytest.mark.parametrize("algo", ["grpo", "grpo-odd", "sft", "grpo-odd+gc"])
-def test_fsdp2_sharded_base_on_two_ranks_equals_one_process(tmp_path: Path, algo: str) -> None:
+@pytest.mark.parametrize("job", FSDP_JOBS)
+def test_fsdp2_sharded_base_on_two_ranks_equals_one_process(updates: Path, job: str) -> None:
     """FSDP2 (fully_shard, gloo, CPU) of the tiny Llama's decoder layers: each rank holds half of their
     frozen weights, and the LoRA adapter after the 2-rank update equals the unsharded single-process
-    one within ATOL. With 3 micro-batches per mini-batch (grpo-odd) the rank with fewer runs idle
-    passes to keep the layers' all-gathers in step (else it would hang); +gc: with gradient
-    checkpointing on both sides."""
-    algo, *extra = algo.replace("+", " ").split()
-    one, two = tmp_path / "one", tmp_path / "two"
-    ref_cmd = [sys.executable, str(WORKER), str(one), algo, *extra]
-    subprocess.run(ref_cmd, env=_env(), check=True, timeout=120)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr"]
-    cmd += ["127.0.0.1", "--master_port", str(_port()), str(WORKER), str(two), algo, "fsdp", *extra]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ref, r0, r1 = _read(one, 0), _read(two, 0), _read(two, 1)
+    one within ATOL (the reference ignores ``fsdp``: it has no ranks). With 3 micro-batches per mini-batch
+    (grpo-odd) the rank with fewer runs idle passes to keep the layers' all-gathers in step (else it would
+    hang); gc: with gradient checkpointing on both sides."""
+    algo, *extra = job.split(",")
+    ref, r0, r1 = (
+        _read(updates / "one" / job, 0),
+        _read(updates / "two" / job, 0),
+        _read(updates / "two" / job, 1),
+    )
     assert ref["layer_numel"] == ref["base_numel"]
     assert ref["checkpointing"] == r0["checkpointing"] == ("gc" in extra)
     assert r0["layer_numel"] == r1["layer_numel"] == ref["base_numel"] // 2  # sharded in two
@@ -222,22 +205,21 @@ def test_shard_base_refuses_4bit_weights_and_a_single_process() -> None:
 
 
 @pytest.mark.slow
-def test_accelerate_launch_runs_the_same_script_on_two_cpu_ranks(tmp_path: Path) -> None:
+def test_accelerate_launch_runs_the_same_script_on_two_cpu_ranks(updates: Path, tmp_path: Path) -> None:
     """``accelerate launch --multi_gpu --num_processes 2`` on a machine without GPUs starts torchrun's
     launcher: the same worker runs 2 gloo ranks, whose adapter equals the 1-process one. (Its
     ``--cpu --num_processes 2`` starts one plain process unless given an MPI hostfile.)"""
     accelerate = Path(sys.executable).with_name("accelerate")
     if not accelerate.exists():
         pytest.skip("accelerate is not installed")
-    one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, str(WORKER), str(one), "grpo"], env=_env(), check=True, timeout=120)
+    one, two = updates / "one" / "grpo", tmp_path / "two"
     cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
     cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_port())]
     proc = subprocess.run(
         [*cmd, str(WORKER), str(two), "grpo"], env=_env(), capture_output=True, text=True, timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ref, r0, r1 = _read(one, 0), _read(two, 0), _read(two, 1)
+    ref, r0, r1 = _read(one, 0), _read(two / "grpo", 0), _read(two / "grpo", 1)
     assert r0["metrics"]["dist/world_size"] == 2.0
     assert _diff(ref["state"], r0["state"]) < ATOL
     assert r0["checksum"] == r1["checksum"] and r0["all_equal"]
@@ -259,7 +241,7 @@ def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> Non
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), str(tmp_path), "grpo", "die"],
+                [sys.executable, str(WORKER), str(tmp_path), "grpo,die"],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -277,7 +259,7 @@ def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> Non
     assert procs[0].returncode != 0
     assert "DistributedError" in err0 and "all-reduce of the gradients" in err0, err0[-2000:]
     assert time.monotonic() - t0 < 90
-    assert not (tmp_path / "rank0.json").exists()
+    assert not (tmp_path / "grpo,die" / "rank0.json").exists()
 
 
 def _torchrun(
