@@ -307,12 +307,16 @@ def test_cli_loads_the_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loaded is agent and module.load_dataset is load_dataset
 
 
-# -- the whole benchmark on the embedded model ----------------------------------------------------
+# -- the whole benchmark, end to end ---------------------------------------------------------------
 @needs_data
 @pytest.mark.slow
-def test_benchmark_one_step_on_the_embedded_model(tmp_path: Path) -> None:
+def test_benchmark_one_step_end_to_end(tmp_path: Path, tiny_smol: Path) -> None:
+    """The benchmark's command line on the tiny Llama with SmolLM2's tokenizer and chat template (what is
+    checked is the run's plumbing and results, not what the model answers)."""
     results = main(
         [
+            "--model",
+            str(tiny_smol),
             "--data-dir",
             str(DATA),
             "--train-size",

@@ -1,5 +1,5 @@
 """benchmarks/musique: reward, data, retrieval, the Agents SDK agent against a real PolicyServer, and one
-real training step with the embedded model."""
+real training step end to end (on a tiny model with SmolLM2's tokenizer)."""
 
 from __future__ import annotations
 
@@ -289,7 +289,9 @@ def test_agent_that_never_answers_gets_zero(sdk_processors):
 # -- one real step with the embedded model ---------------------------------------------------------
 @needs_data
 @pytest.mark.slow
-def test_smoke_one_step_with_the_embedded_model(tmp_path, sdk_processors):
+def test_smoke_one_step_end_to_end(tmp_path, sdk_processors, tiny_smol):
+    """The benchmark's command line on the tiny Llama with SmolLM2's tokenizer and chat template (the
+    plumbing and the results, not what the model answers)."""
     import torch
     from benchmarks.musique.__main__ import main
 
@@ -297,7 +299,8 @@ def test_smoke_one_step_with_the_embedded_model(tmp_path, sdk_processors):
     threads = torch.get_num_threads()
     res = main(
         [
-            "--data-dir", str(DATA), "--retriever", "bm25", "--train-size", "2", "--test-size", "2",
+            "--model", str(tiny_smol), "--data-dir", str(DATA), "--retriever", "bm25", "--train-size", "2",
+            "--test-size", "2",
             "--steps", "1", "--batch-size", "1", "--group-size", "2", "--max-turns", "2",
             "--max-tokens", "32", "--threads", "1", "--no-record", "--output-dir", str(out),
         ]

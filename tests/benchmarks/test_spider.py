@@ -371,13 +371,14 @@ def test_cli_finds_the_benchmark() -> None:
     assert isinstance(found, spider.SpiderAgent) and callable(module.load_dataset)
 
 
-# -- one real step with the embedded model --------------------------------------------------------------
+# -- one real step, end to end (the tiny Llama with SmolLM2's tokenizer: the plumbing, not the answers) --
 @pytest.mark.slow
 @needs_data
-def test_smoke_one_step(tmp_path: Path) -> None:
+def test_smoke_one_step(tmp_path: Path, tiny_smol: Path) -> None:
     res = main(
         [
-            "--data-dir", str(SHARED_DATA), "--train-size", "2", "--test-size", "2", "--steps", "1",
+            "--model", str(tiny_smol), "--data-dir", str(SHARED_DATA), "--train-size", "2",
+            "--test-size", "2", "--steps", "1",
             "--batch-size", "1", "--group-size", "2", "--max-tokens", "32", "--max-schema-chars", "420",
             "--threads", "1", "--no-record", "--output-dir", str(tmp_path),
         ]
@@ -397,10 +398,11 @@ def test_smoke_one_step(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_data
-def test_smoke_one_step_with_an_adapter_per_role(tmp_path: Path) -> None:
+def test_smoke_one_step_with_an_adapter_per_role(tmp_path: Path, tiny_smol: Path) -> None:
     main(
         [
-            "--data-dir", str(SHARED_DATA), "--train-size", "1", "--test-size", "1", "--steps", "1",
+            "--model", str(tiny_smol), "--data-dir", str(SHARED_DATA), "--train-size", "1",
+            "--test-size", "1", "--steps", "1",
             "--batch-size", "1", "--group-size", "2", "--max-tokens", "24", "--max-schema-chars", "420",
             "--threads", "1", "--no-record", "--output-dir", str(tmp_path), "--policies", "separate",
         ]

@@ -45,7 +45,9 @@ def js_agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
-def test_the_js_agent_is_trained_for_one_step(js_agent: Path, tmp_path: Path) -> None:
+def test_the_js_agent_is_trained_for_one_step(js_agent: Path, tmp_path: Path, tiny_smol: Path) -> None:
+    """The policy is the tiny Llama with SmolLM2's tokenizer: what is checked is the plumbing (spans over
+    OTLP from Node.js, token ids, rewards, one update), not what the model answers."""
     port = free_port()
     key = "js-key"
     env = {
@@ -66,7 +68,7 @@ def test_the_js_agent_is_trained_for_one_step(js_agent: Path, tmp_path: Path) ->
     tasks = [{"a": 2, "b": 2}, {"a": 3, "b": 4}]
     try:
         with agl.Trainer(
-            model="smollm2-135m",
+            model=str(tiny_smol),
             engine="hf",
             engine_options={"num_threads": 1},
             algorithm=agl.GRPO(group_size=2, lr=5e-3),

@@ -1,7 +1,8 @@
 """End to end: ``agl-lite train --runners`` and two ``agl-lite runner`` processes train an agent, 2 steps.
 
-Real processes, real HTTP on 127.0.0.1, the embedded model: every rollout ends up in the trainer's
-store with token-level transitions, and the LoRA weights are updated twice.
+Real processes, real HTTP on 127.0.0.1, a real model (the tiny Llama on SmolLM2's tokenizer and chat
+template, loaded by path as a user's model is): every rollout ends up in the trainer's store with
+token-level transitions, and the LoRA weights are updated twice.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_cli_runners_train_an_agent_in_another_process(tmp_path: Path) -> None:
+def test_two_cli_runners_train_an_agent_in_another_process(tmp_path: Path, tiny_smol: Path) -> None:
     (tmp_path / "chatty.py").write_text(textwrap.dedent(AGENT))
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
@@ -58,7 +59,8 @@ def test_two_cli_runners_train_an_agent_in_another_process(tmp_path: Path) -> No
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     trainer = [sys.executable, "-m", "agentlightning_lite.cli", "train", f"{tmp_path / 'chatty.py'}:agent",
                "--data", str(tasks), "--steps", "2", "--batch-size", "2", "--group-size", "2", "--lr", "5e-3",
-               "--lora-r", "4", "--engine", "hf", "--runners", f"127.0.0.1:{port}", "--api-key", KEY,
+               "--lora-r", "4", "--engine", "hf", "--model", str(tiny_smol), "--runners", f"127.0.0.1:{port}",
+               "--api-key", KEY,
                "--output-dir", str(tmp_path / "out"), "--json"]  # fmt: skip
     try:
         proc = subprocess.run(trainer, env=env, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,7 @@
-"""Trainer.fit on the embedded model: real rollouts over HTTP, real LoRA updates, checkpoints."""
+"""Trainer.fit: real rollouts over HTTP, real LoRA updates, checkpoints. Two real GRPO steps run on the
+embedded model; the plumbing (failures, timeouts, checkpoints, PPO's value head, evaluation) runs on the
+tiny Llama with SmolLM2's tokenizer and chat template (the same prompts, a model that answers in
+milliseconds)."""
 
 from __future__ import annotations
 
@@ -21,10 +24,21 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[object]:
+def embedded() -> Iterator[object]:
+    """The embedded model (smollm2-135m) with a LoRA adapter."""
     from agentlightning_lite.serving.engines import HFEngine
 
     eng = HFEngine("smollm2-135m", lora=agl.LoRA(r=4, alpha=8), seed=0, max_batch_size=16)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_smol: Path) -> Iterator[object]:
+    """The tiny Llama on SmolLM2's tokenizer with a LoRA adapter: for the tests of the plumbing."""
+    from agentlightning_lite.serving.engines import HFEngine
+
+    eng = HFEngine(str(tiny_smol), lora=agl.LoRA(r=4, alpha=8), seed=0, max_batch_size=16)
     yield eng
     eng.close()
 
@@ -54,7 +68,8 @@ def make(engine: object, tmp_path: Path, **kw: object) -> agl.Trainer:
     )
 
 
-def test_two_real_grpo_steps_change_the_lora_weights(engine: object, tmp_path: Path) -> None:
+def test_two_real_grpo_steps_change_the_lora_weights(embedded: object, tmp_path: Path) -> None:
+    engine = embedded
     trainer = make(engine, tmp_path)
     before = lora_weights(trainer.policy)
     version = engine.version  # type: ignore[attr-defined]
@@ -115,7 +130,7 @@ def test_crashes_and_timeouts_do_not_stop_training(tiny_llama: Any, tmp_path: Pa
             raise RuntimeError("the agent crashed after its LLM call")
         return reward
 
-    trainer = make(engine, tmp_path, rollout_config=RolloutConfig(timeout=30, failed_reward=0.0))
+    trainer = make(engine, tmp_path, rollout_config=RolloutConfig(timeout=10, failed_reward=0.0))
     trainer.batch_size = 3
     before = lora_weights(trainer.policy)
     out = trainer.fit(agent, [TASKS[0], TASKS[1], TASKS[2]], steps=1)
