@@ -31,6 +31,7 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "AGL_NOTEBOOK_BATCH": "1",
         "AGL_NOTEBOOK_GROUP": "2",
         "AGL_NOTEBOOK_EVAL": "2",
+        "AGL_NOTEBOOK_APO_BUDGET": "4",  # the prompt-optimisation cell runs; no assertion reads its search
         "AGL_NOTEBOOK_DIR": str(tmp_path / "runs"),
     }.items():
         monkeypatch.setenv(key, value)

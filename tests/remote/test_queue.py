@@ -147,13 +147,16 @@ class _KeepsNothing(Store):
 
 
 @pytest.mark.slow
-def test_memory_stays_flat_over_100_000_rollouts() -> None:
+def test_memory_stays_flat_over_tens_of_thousands_of_rollouts() -> None:
+    """20,000 rollouts after the first 12,000 (past the 10,000 ended ones the queue keeps), the queue holds
+    less than 256 KiB more: 13 bytes a rollout, the bound 1 MiB over 80,000 gave (measured: 296 bytes
+    more in all; the queue used to keep about 0.7 KiB per rollout for good)."""
     q = RolloutQueue(_KeepsNothing(), lease_timeout=30.0, rollout_timeout=60.0)
     held = {}
     done = 0
     tracemalloc.start()
     try:
-        for mark in (20_000, 100_000):
+        for mark in (12_000, 32_000):
             while done < mark:
                 jobs = q.submit([({"q": "2+2?", "context": "x" * 200}, "train", {"step": done})] * 1000)
                 for _ in jobs:
@@ -167,9 +170,9 @@ def test_memory_stays_flat_over_100_000_rollouts() -> None:
             held[mark] = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    growth = held[100_000] - held[20_000]  # 80,000 rollouts later (it was about 1 KiB each)
+    growth = held[32_000] - held[12_000]  # 20,000 rollouts later (it was about 1 KiB each)
     print({f"after {k:,} rollouts": f"{v / 2**20:.1f} MiB traced" for k, v in held.items()})
-    assert growth < 2**20, f"{growth / 2**20:.1f} MiB more after 80,000 more rollouts"
+    assert growth < 2**18, f"{growth / 2**10:.1f} KiB more after 20,000 more rollouts"
     assert len(q._attempts) == 0 and len(q._ended) == q.keep_ended == 10_000
 
 

@@ -46,7 +46,10 @@ def writer_rewriter_checker(task: dict, llm: agl.LLM) -> float:
     draft = ask(llm, "writer", task["q"], 1.0).choices[0].message.content or ""
     ask(llm, "checker", "check: " + task["q"], 0.0)  # frozen: the base model, greedy
     final = ask(llm, "rewriter", "rewrite: " + draft, 1.0).choices[0].message.content or ""
-    return len(set(draft + final)) / 12.0  # a spread within every group, so both policies learn
+    # a spread within every group, so both policies learn: a group's rewards are equal only when its
+    # sampled texts are (counting distinct characters alone, 4 rollouts sometimes tied: no update ran)
+    text = draft + final
+    return (len(set(text)) + sum(map(ord, text)) % 101 / 101) / 13.0
 
 
 def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent_is_untouched(
