@@ -80,13 +80,15 @@ def leave_after_launch() -> None:
         os._exit(0)
 
 
-def tiny_smol_dir(path: Path) -> Path:
+def tiny_smol_dir(path: Path, **config: Any) -> Path:
     """A model directory at ``path``: the tiny Llama on SmolLM2's tokenizer (loads by path like a
-    hub model: ``HFEngine(str(path))``, ``Trainer(model=str(path))``, ``vllm serve path``)."""
+    hub model: ``HFEngine(str(path))``, ``Trainer(model=str(path))``, ``vllm serve path``); ``config``
+    overrides :func:`tiny_llama`'s (``max_position_embeddings=8192``: SmolLM2's context)."""
     from agentlightning_lite.models import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m")
-    model = tiny_llama(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    options = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.eos_token_id, **config}
+    model = tiny_llama(vocab_size=len(tok), **options)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
