@@ -21,6 +21,7 @@ def test_the_configs_have_the_real_architectures_parameter_counts() -> None:
         assert sum(p.numel() for p in model.parameters()) == pytest.approx(n, rel=1e-3), size
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_tiny_cpu_run_measures_everything_and_says_cpu_figures_are_not_gpu_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parents[1]
 
 SUITE = """
@@ -31,6 +33,7 @@ def _pytest(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_every_run_writes_each_tests_duration_slowest_first(tmp_path: Path) -> None:
     proc = _pytest(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -45,6 +48,7 @@ def test_every_run_writes_each_tests_duration_slowest_first(tmp_path: Path) -> N
     assert "budget" not in proc.stdout
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_a_run_over_its_budget_fails_and_names_its_slowest_tests(tmp_path: Path) -> None:
     proc = _pytest(tmp_path, AGL_TEST_BUDGET_S="0.2")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # every test passed: the budget failed it
@@ -56,6 +60,7 @@ def test_a_run_over_its_budget_fails_and_names_its_slowest_tests(tmp_path: Path)
     assert json.loads((tmp_path / "report" / "summary.json").read_text())["budget_s"] == 0.2
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_a_run_within_its_budget_passes_and_a_bad_budget_is_a_usage_error(tmp_path: Path) -> None:
     within = _pytest(tmp_path, AGL_TEST_BUDGET_S="600")
     assert within.returncode == 0 and "budget" not in within.stdout, within.stdout

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 import agentlightning_lite as agl
 from agentlightning_lite.remote import Runner
 
@@ -48,6 +50,7 @@ def test_a_failing_agent_fails_its_rollout_and_the_runner_goes_on(
     assert "tool exploded" in (store.get_rollout(jobs[0].rollout_id).error or "")
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_runners_reconnect_when_the_trainer_restarts(served: Callable[..., agl.RemoteRunners]) -> None:
     store = agl.MemoryStore()
     first = served(store)
@@ -65,6 +68,7 @@ def test_runners_reconnect_when_the_trainer_restarts(served: Callable[..., agl.R
         runner.stop(timeout=5)
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_a_runner_killed_mid_step_loses_no_rollout(
     served: Callable[..., agl.RemoteRunners], agent_file: str
 ) -> None:

@@ -8,6 +8,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+import pytest
+
 import agentlightning_lite as agl
 
 from .conftest import SRC
@@ -36,6 +38,7 @@ def test_the_runner_side_imports_without_starlette() -> None:
     assert out.stdout.splitlines() == ["[]", "RemoteRunners needs starlette"]
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_agl_lite_runner_runs_a_rollout_without_starlette(
     served: Callable[..., agl.RemoteRunners], agent_file: str
 ) -> None:

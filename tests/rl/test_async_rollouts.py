@@ -332,6 +332,7 @@ def test_the_gate_waits_for_requests_in_flight_and_holds_new_ones() -> None:
 
 
 @pytest.mark.parametrize("handover", ["finish", "drain"])
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_async_rollouts_on_the_vllm_engine_over_http(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handover: str
 ) -> None:

@@ -129,6 +129,7 @@ def updates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_single_process_update_never_starts_a_process_group(updates: Path) -> None:
     ref = _read(updates / "one" / "grpo", 0)
     assert ref["process_group"] is False  # torch.distributed was never initialised
@@ -137,6 +138,7 @@ def test_single_process_update_never_starts_a_process_group(updates: Path) -> No
 
 
 @pytest.mark.parametrize("algo", DDP_JOBS)
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_two_ranks_under_torchrun_equal_one_process(updates: Path, algo: str) -> None:
     """GRPO (2 epochs x 2 mini-batches of 2 micro-batches), GRPO weighing rollouts with a KL term,
     PPO (its value head all-reduced too) and SFT (2 epochs x 2 shuffled mini-batches): the adapter
@@ -160,6 +162,7 @@ def test_two_ranks_under_torchrun_equal_one_process(updates: Path, algo: str) ->
 
 
 @pytest.mark.parametrize("job", FSDP_JOBS)
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_fsdp2_sharded_base_on_two_ranks_equals_one_process(updates: Path, job: str) -> None:
     """FSDP2 (fully_shard, gloo, CPU) of the tiny Llama's decoder layers: each rank holds half of their
     frozen weights, and the LoRA adapter after the 2-rank update equals the unsharded single-process
@@ -225,6 +228,7 @@ def test_accelerate_launch_runs_the_same_script_on_two_cpu_ranks(updates: Path, 
     assert r0["checksum"] == r1["checksum"] and r0["all_equal"]
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_a_rank_killed_mid_step_makes_the_other_fail_fast(tmp_path: Path) -> None:
     """Rank 1 dies between its backward and the all-reduce; rank 0 raises DistributedError naming the
     all-reduce and exits non-zero within the process group's timeout (10 s) instead of hanging."""
@@ -270,6 +274,7 @@ def _torchrun(
     return subprocess.run(cmd, env=env or _env(), capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_trainer_fit_under_torchrun_then_resumes(tmp_path: Path) -> None:
     """Trainer.fit (GRPO, real rollouts on the tiny Llama served by rank 0) on 2 ranks: both ranks end
     every run with the same adapter; run again with resume=True, both load rank 0's step-2 checkpoint
@@ -292,6 +297,7 @@ def test_trainer_fit_under_torchrun_then_resumes(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_trainer_fit_sft_under_torchrun(tmp_path: Path) -> None:
     """Trainer.fit with SFT (the policy's own replies) on 2 ranks: no longer refused; both ranks train
     the same 2 steps on rank 0's samples and end with the same adapter and loss; rank 0 alone logs the
@@ -500,6 +506,7 @@ def test_each_rank_computes_the_old_logprobs_of_its_own_micro_batches_only(monke
     assert sorted(set(calls)) == list(range(8))
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_a_successful_run_under_a_launcher_ends_with_status_0() -> None:
     """``leave_after_launch`` (what ``agl-lite train`` ends with) skips the interpreter's teardown, where a
     gloo rank sometimes aborts: the launcher sees status 0, with the output flushed."""
@@ -521,6 +528,7 @@ def test_a_successful_run_under_a_launcher_ends_with_status_0() -> None:
     assert out.returncode == 7  # not under a launcher: nothing changes, the teardown runs
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_a_script_that_trains_under_a_launcher_ends_with_status_0_without_asking(tmp_path: Path) -> None:
     """``Trainer.fit`` under a launcher installs ``end_cleanly_at_exit``: a script that just returns
     ends with status 0 even when a later part of the teardown would fail, with its store flushed;

@@ -86,6 +86,7 @@ def test_trainer_takes_a_single_air_rule(engine: Any, tmp_path: Path) -> None:
         trainer.close()
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_hung_agents_time_out_free_their_engine_slots_and_do_not_pile_up(
     tiny_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -142,6 +142,7 @@ def test_the_trainer_runs_rollouts_through_the_source_it_is_given(tiny_engine: A
     trainer.close()
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_rl_imports_nothing_from_remote_and_its_agent_side_no_torch() -> None:
     code = (
         "import sys\n"

@@ -25,6 +25,7 @@ def hf() -> Iterator[Any]:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_top_p_through_the_hf_engine_gives_ratio_one(hf: Any, temperature: float) -> None:
     m = probe(hf, hf.model, top_p=0.8, prompts=4, tokens=12, temperature=temperature)
     assert m["mismatch/tokens"] > 0
