@@ -191,3 +191,36 @@ def test_only_the_trainer_touches_its_private_members() -> None:
     ]
     assert PRIVATE.search("trainer._serving()")
     assert found == []
+
+
+SERVER_PRIVATE = re.compile(r"\bserver\._[a-z]\w*")
+
+
+def test_only_the_server_touches_its_private_members() -> None:
+    """Routes, runners and tests reach the PolicyServer's state through its public members (``rollouts``,
+    ``responses``, ``uvicorn_config``...), never ``server._...``."""
+    root = PACKAGE.parents[1]
+    files = [*_modules(PACKAGE), *_modules(root / "tests"), *_modules(root / "benchmarks")]
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for p in files
+        if p.name != "test_layout.py" and p != PACKAGE / "serving" / "server.py"
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if SERVER_PRIVATE.search(line)
+    ]
+    assert SERVER_PRIVATE.search("runners.server._known_rollouts.add(rid)")
+    assert found == []
+
+
+def test_the_routes_see_the_server_through_its_context_protocol() -> None:
+    """``serving/routes`` depends on ``serving.context.ServingContext``, not on the server (not even for
+    types): the server imports its routes, never the other way round."""
+    server = "agentlightning_lite.serving.server"
+    back = {
+        str(p.relative_to(PACKAGE)): sorted(
+            n for n in _imports(p) if n == server or n.startswith(server + ".")
+        )
+        for p in _modules(PACKAGE / "serving" / "routes")
+    }
+    assert len(back) >= 7  # the walk found the routes
+    assert {k: v for k, v in back.items() if v} == {}

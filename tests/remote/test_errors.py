@@ -92,7 +92,7 @@ def test_an_internal_error_in_a_handler_is_a_500_not_a_client_error(
     if path == "/agl/v1/spans":
         body = {"rows": [[ "s1", rid, None, "tool", "t", None, 1.0, 2.0, "ok", None, "null", "null", "{}",
                            None, None, None, None]]}  # fmt: skip
-    runners.server._known_rollouts.add(rid)  # the routes need no lookup to find it
+    runners.server.rollouts.remember(rid)  # the routes need no lookup to find it
     monkeypatch.setattr(store, attr, _boom(exc))
     caplog.set_level(logging.ERROR)
     with httpx.Client(base_url=runners.url) as http:

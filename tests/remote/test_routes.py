@@ -271,12 +271,13 @@ def test_the_rollouts_the_server_remembers_are_bounded(
     served: Callable[..., agl.RemoteRunners], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agentlightning_lite.remote import routes
+    from agentlightning_lite.serving.state import RolloutState
 
     store = _CountingStore()
     runners = served(store)
     monkeypatch.setattr(routes, "KNOWN_SIZE", 3)
     server = runners.server
-    server._known_rollouts.size = 3
+    server.rollouts = RolloutState(size=3)
     rids = [store.start_rollout(f"t{i}").rollout_id for i in range(5)]
     with httpx.Client(base_url=runners.url) as http:
         for _ in range(2):  # round robin over 5 rollouts: each is forgotten before it comes back
@@ -287,7 +288,7 @@ def test_the_rollouts_the_server_remembers_are_bounded(
                 r = http.post("/agl/v1/spans", json={"rows": [_row(f"s-{rid}-{_}", rid)]})
                 assert r.json() == {"accepted": 1}
                 assert store.lookups - before == 2  # one by the LLM route, one by the span route
-    assert len(server._known_rollouts) == 3
+    assert server.rollouts.known_count == 3
     assert all(len([s for s in store.spans(rid) if s.kind == "tool"]) == 2 for rid in rids)
 
 
@@ -326,11 +327,11 @@ def test_the_cancelled_rollouts_the_server_remembers_are_bounded() -> None:
         rids = [f"ro-{i}" for i in range(10_050)]
         for rid in rids:
             assert server.cancel_rollout(rid) == 0
-        assert len(server._cancelled) == 10_000
-        assert rids[0] not in server._cancelled and rids[-1] in server._cancelled
+        assert server.rollouts.cancelled_count == 10_000
+        assert not server.rollouts.is_cancelled(rids[0]) and server.rollouts.is_cancelled(rids[-1])
         last = store.start_rollout("t").rollout_id
         server.cancel_rollout(last)
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         r = httpx.post(f"{server.url}/rollout/{last}/v1/chat/completions", json=chat)
         assert r.status_code == 409 and r.json()["error"]["code"] == "rollout_cancelled"
-        assert len(server._cancelled) == 10_000 and store.spans(last) == []
+        assert server.rollouts.cancelled_count == 10_000 and store.spans(last) == []

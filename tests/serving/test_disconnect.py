@@ -65,7 +65,7 @@ def test_cancel_rollout_stops_its_requests(tiny_engine: Any, serve: Callable[...
     ]
     for t in threads:
         t.start()
-    assert wait_for(lambda: len(server._inflight.get(ro.rollout_id, ())) == 2)
+    assert wait_for(lambda: server.rollouts.in_flight(ro.rollout_id) == 2)
     time.sleep(0.2)  # one decoding, one queued behind it (batches of one)
     assert server.cancel_rollout(ro.rollout_id) == 2
     for t in threads:
@@ -76,7 +76,7 @@ def test_cancel_rollout_stops_its_requests(tiny_engine: Any, serve: Callable[...
     assert done["choices"][0]["finish_reason"] == "abort" and done["usage"]["completion_tokens"] < 400
     refused = next(r for r in replies if r.status_code == 409).json()
     assert refused["error"]["code"] == "rollout_cancelled"
-    assert server._inflight == {}
+    assert server.rollouts.in_flight() == 0
     later = httpx.post(url, json=body, timeout=10)  # the rollout's later calls are refused at once
     assert later.status_code == 409 and later.json()["error"]["code"] == "rollout_cancelled"
     assert engine.stats["requests"] == 1  # the queued one never reached a batch, the later one neither

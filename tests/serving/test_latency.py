@@ -29,7 +29,7 @@ def _median_ms(http: httpx.Client, send: Any, n: int = 20) -> float:
 def test_sequential_small_requests_are_fast(serve: Any, loop: str) -> None:
     store = agl.MemoryStore()
     server: PolicyServer = serve(ScriptedEngine(["4"], tokenizer="bytes"), store, loop=loop)
-    assert server._server.config.loop == loop  # the event loop really is the one asked for
+    assert server.uvicorn_config.loop == loop  # the event loop really is the one asked for
     llm = server.llm(store.start_rollout("2+2?").rollout_id)
     body = {"model": llm.model, "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 4}
     with httpx.Client(base_url=llm.base_url, timeout=10) as http:

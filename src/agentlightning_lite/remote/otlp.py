@@ -142,7 +142,7 @@ async def read_otlp(request: Request, limit: int) -> tuple[list[OTelLike], str |
     another content type, 400 ``invalid_otlp`` for a body that is not an export request.
     """
     from ..serving.errors import APIError
-    from ..serving.routes.calls import ROLLOUT_HEADER, read_body
+    from ..serving.routes.request import ROLLOUT_HEADER, read_body
 
     raw = await read_body(request, limit)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -212,7 +212,7 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
     from starlette.routing import Route
 
     from ..serving.errors import APIError
-    from ..serving.routes.calls import check_auth
+    from ..serving.routes.request import check_auth
 
     store = server.store
     traces = TraceRollouts()

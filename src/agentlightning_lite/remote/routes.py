@@ -43,7 +43,7 @@ from starlette.routing import BaseRoute, Route
 from .._json import dumps
 from ..errors import AGLError, LeaseError, RolloutExistsError, UnknownRolloutError
 from ..serving.errors import APIError, JSONResponse, api_error_of, internal_error
-from ..serving.routes.calls import call_leases, check_auth, parse_json_object, read_body
+from ..serving.routes.request import call_leases, check_auth, parse_json_object, read_body
 from ..serving.server import PolicyServer
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
 from .otlp import TraceRollouts, otlp_response, otlp_spans, read_otlp

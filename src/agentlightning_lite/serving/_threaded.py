@@ -49,6 +49,11 @@ class ThreadedUvicorn:
         return f"http://{host}:{self.port}"
 
     @property
+    def uvicorn_config(self) -> Any:
+        """The running uvicorn server's ``Config`` (its event loop, limits...); ``None`` before ``start``."""
+        return None if self._server is None else self._server.config
+
+    @property
     def running(self) -> bool:
         """Whether the server thread is serving."""
         return self._thread is not None and self._thread.is_alive()

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 from .chat_format import ChatFormatError
+from .chat_request import ChatRequest
+from .params import parse_params
 
 __all__ = [
-    "MessagesRequest",
     "convert_messages",
     "convert_request",
     "convert_tool_choice",
@@ -46,17 +46,6 @@ ERROR_TYPES = {
 
 #: chat ``finish_reason`` -> Anthropic ``stop_reason``
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
-
-
-@dataclass
-class MessagesRequest:
-    """A Messages request as the chat path takes it."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    tool_choice: Any
-    parallel_tool_calls: bool = True
-    dropped_tools: list[str] = field(default_factory=list)
 
 
 def _refuse(kind: str, where: str) -> ChatFormatError:
@@ -241,16 +230,31 @@ def convert_tool_choice(choice: Any) -> tuple[Any, bool]:
     )
 
 
-def convert_request(body: dict[str, Any]) -> MessagesRequest:
-    """The chat form of a Messages request body (``system``, ``messages``, ``tools``, ``tool_choice``)."""
+def convert_request(body: dict[str, Any]) -> ChatRequest:
+    """The chat form of a Messages request body (``system``, ``messages``, ``tools``, ``tool_choice``,
+    the sampling settings); a 400 for bad sampling settings, a :class:`~.chat_format.ChatFormatError`
+    for what cannot be converted.
+
+    >>> req = convert_request({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]})
+    >>> req.api, req.messages, req.params.max_tokens
+    ('messages', [{'role': 'user', 'content': 'Hi'}], 5)
+    """
+    t = body.get("temperature")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and not 0.0 <= t <= 1.0:
+        raise ChatFormatError(f"temperature: must be between 0 and 1, got {t!r}", "temperature")
+    params = parse_params(sampling_body(body), chat=True, max_n=1)
     messages = convert_messages(body.get("system"), body.get("messages"))
     tools, dropped = convert_tools(body.get("tools"))
     choice, parallel = convert_tool_choice(body.get("tool_choice"))
-    return MessagesRequest(
+    return ChatRequest(
         messages=messages,
-        tools=tools,
+        params=params,
+        request_id=new_id("msg"),
+        api="messages",
+        tools=tools or None,
         tool_choice=choice if tools else None,
         parallel_tool_calls=parallel,
+        merge_system=True,
         dropped_tools=dropped,
     )
 

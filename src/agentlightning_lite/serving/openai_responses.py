@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chat_format import ChatFormatError, content_text
+from .chat_request import ChatRequest
+from .params import parse_params
 
 __all__ = [
     "ResponsesRequest",
@@ -47,15 +49,11 @@ CUSTOM_INPUT = "input"
 
 
 @dataclass
-class ResponsesRequest:
-    """A Responses request as the chat path takes it."""
+class ResponsesRequest(ChatRequest):
+    """A Responses request as the chat path takes it: a :class:`~.chat_request.ChatRequest` that also
+    knows which tools are ``custom`` (free-form input, answered as ``custom_tool_call`` items)."""
 
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    tool_choice: Any
-    response_format: Any
     custom_tools: set[str] = field(default_factory=set)
-    dropped_tools: list[str] = field(default_factory=list)
 
 
 def _item_text(content: Any, where: str) -> str:
@@ -269,9 +267,30 @@ def convert_format(text: Any) -> Any:
     return fmt  # json_object, or a type the chat path names in its 400
 
 
+def sampling_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat-parameter view of a Responses body (``max_output_tokens`` is ``max_tokens``)."""
+    out: dict[str, Any] = {
+        k: body[k] for k in ("temperature", "top_p", "top_logprobs", "stream") if k in body
+    }
+    if body.get("max_output_tokens") is not None:
+        out["max_tokens"] = body["max_output_tokens"]
+    if body.get("top_logprobs"):
+        out["logprobs"] = True
+    return out
+
+
 def convert_request(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -> ResponsesRequest:
     """The chat form of a Responses request body (``history``: the messages of the response that
-    ``previous_response_id`` names, put before the new input)."""
+    ``previous_response_id`` names, put before the new input); a 400 for bad sampling settings, a
+    :class:`~.chat_format.ChatFormatError` for what cannot be converted.
+
+    >>> req = convert_request({"input": "Hi", "instructions": "Be brief.", "max_output_tokens": 9})
+    >>> req.api, req.messages, req.params.max_tokens, req.merge_system
+    ('responses', [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}], 9, True)
+    """
+    if body.get("n") not in (None, 1):
+        raise ChatFormatError("'n' is not supported by the Responses API", "n")
+    params = parse_params(sampling_body(body), chat=True, max_n=1)
     messages = convert_input(body.get("input", []), body.get("instructions"))
     if history:
         system = [m for m in messages[:1] if body.get("instructions") and m["role"] == "system"]
@@ -282,11 +301,16 @@ def convert_request(body: dict[str, Any], history: list[dict[str, Any]] | None =
     choice = convert_tool_choice(body.get("tool_choice"))
     return ResponsesRequest(
         messages=messages,
-        tools=tools,
+        params=params,
+        request_id=new_id("resp"),
+        api="responses",
+        tools=tools or None,
         tool_choice=choice if tools else None,
         response_format=convert_format(body.get("text")),
-        custom_tools=custom,
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        merge_system=True,
         dropped_tools=dropped,
+        custom_tools=custom,
     )
 
 

@@ -13,13 +13,7 @@ life cycle and the app.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import hashlib
-import hmac
 import logging
-import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -34,59 +28,20 @@ from ..errors import AGLError, UnknownRolloutError
 from ..store.base import Store
 from ..store.memory import MemoryStore
 from ._threaded import ThreadedUvicorn
+from .context import ServingContext
 from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
+from .reply import HermesReplyParser, ReplyParser
 from .routes import chat, completions, lora, messages, meta, responses
-from .routes.calls import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
+from .routes.request import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
+from .state import RecentDict, RolloutState
 
 __all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer"]
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[Any, Request], Awaitable[Response]]
-
-
-class _RecentSet:
-    """The last ``size`` items added (a set whose memory stays bounded over a long run)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, None] = OrderedDict()  # the oldest first
-        self._lock = threading.Lock()
-
-    def __contains__(self, item: object) -> bool:
-        return item in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def add(self, item: str) -> None:
-        with self._lock:
-            self._items[item] = None
-            self._items.move_to_end(item)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-
-class _RecentDict:
-    """The last ``size`` entries set (a mapping whose memory stays bounded over a long run)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Any:
-        with self._lock:
-            return self._items.get(key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+Handler = Callable[[ServingContext, Request], Awaitable[Response]]
 
 
 class PolicyServer(ThreadedUvicorn):
@@ -199,17 +154,13 @@ class PolicyServer(ThreadedUvicorn):
                 f"truncated_sampling must be 'ignore', 'refuse' or 'keep', got {truncated_sampling!r}"
             )
         self.truncated_sampling = truncated_sampling
-        self._rollout_modes: _RecentDict = _RecentDict(10_000)  # rollout id -> mode (train, val, trace)
-        self._warned_truncation = False
+        #: what the server knows of the rollouts it serves (the last 10,000 of each kind): known rollouts,
+        #: their modes, engine requests in flight, cancellations, rollout keys, warnings given once
+        self.rollouts = RolloutState(10_000)
         #: Responses API: the conversations of responses kept for ``previous_response_id`` (the last 1,000)
-        self.responses: _RecentDict = _RecentDict(1000)
-        self._rollout_key_secret = secrets.token_bytes(32)  # rollout keys are valid for this server only
-        self._known_rollouts = _RecentSet(10_000)  # rollouts seen in the store (looked up again later)
-        self._inflight_lock = threading.Lock()
-        self._inflight: dict[str, set[concurrent.futures.Future[Any]]] = {}  # rollout id -> engine futures
-        # rollouts whose requests are refused (cancel_rollout); the oldest are forgotten (a rollout
-        # cancelled that long ago gets no more calls: its agent ended or was given up)
-        self._cancelled = _RecentSet(10_000)
+        self.responses: RecentDict[list[dict[str, Any]]] = RecentDict(1000)
+        #: how the served model writes tool calls (and reasoning) in its replies
+        self.reply_parser: ReplyParser = HermesReplyParser()
         #: called as ``rollout_guard(rollout_id, lease_tokens)`` before a call routed to a rollout is
         #: served; raises (an ``AGLError``, such as a ``LeaseError``) to refuse it. The runner routes
         #: set it so that a rollout claimed by a runner takes calls only with its claim's lease token.
@@ -245,11 +196,11 @@ class PolicyServer(ThreadedUvicorn):
         """
         root = self.url
         if rollout_id is not None:
-            if rollout_id not in self._known_rollouts and self.store.get_rollout(rollout_id) is None:
+            if not self.rollouts.known(rollout_id) and self.store.get_rollout(rollout_id) is None:
                 raise UnknownRolloutError(
                     rollout_id, f"unknown rollout {rollout_id!r}: start it in the store first"
                 )
-            self._known_rollouts.add(rollout_id)
+            self.rollouts.remember(rollout_id)
             root += f"/rollout/{quote(rollout_id, safe='')}"
             if agent is not None:
                 if "/" in agent:
@@ -279,8 +230,7 @@ class PolicyServer(ThreadedUvicorn):
         >>> server.rollout_key("r1") == server.rollout_key("r1") != server.rollout_key("r2")
         True
         """
-        digest = hmac.new(self._rollout_key_secret, rollout_id.encode(), hashlib.sha256).hexdigest()
-        return f"agl-rk-{digest[:40]}"
+        return self.rollouts.key(rollout_id)
 
     def clamps(self, api: str) -> bool:
         """Whether a ``max_tokens`` larger than the context leaves is cut to fit (else a 400) on the
@@ -304,33 +254,15 @@ class PolicyServer(ThreadedUvicorn):
         last 10,000 cancelled rollouts are remembered: the set stays bounded over a long run).
         Returns how many requests were cancelled.
         """
-        with self._inflight_lock:
-            self._cancelled.add(rollout_id)
-            futures = list(self._inflight.get(rollout_id, ()))
-        return sum(1 for f in futures if self.engine.cancel(f))
-
-    def _track(self, rollout_id: str | None, futures: list[Any], add: bool) -> bool:
-        """Register (or forget) a rollout's engine futures; ``False`` when the rollout was cancelled."""
-        if rollout_id is None:
-            return True
-        with self._inflight_lock:
-            if add:
-                if rollout_id in self._cancelled:
-                    return False
-                self._inflight.setdefault(rollout_id, set()).update(futures)
-            else:
-                held = self._inflight.get(rollout_id)
-                if held is not None:
-                    held.difference_update(futures)
-                    if not held:
-                        del self._inflight[rollout_id]
-        return True
+        return sum(1 for f in self.rollouts.cancel(rollout_id) if self.engine.cancel(f))
 
     # -- app ------------------------------------------------------------------------------
     def _handler(self, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
+        ctx: ServingContext = self  # the routes see the server through this protocol alone
+
         async def handle(request: Request) -> Response:
             try:
-                return await fn(self, request)
+                return await fn(ctx, request)
             except (APIError, AGLError, HTTPException):
                 raise  # answered by their exception handlers (a 4xx, or a deliberate 5xx)
             except Exception as exc:  # a bug: a generic 500 (answered here, so the connection stays)

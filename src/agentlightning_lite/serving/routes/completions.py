@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..context import ServingContext
 from ..engines.base import GenRequest, GenResult
 from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params, parse_params, parse_prompts
@@ -23,24 +24,21 @@ from .calls import (
     llm_span,
     pieces,
     record,
-    resolve_call,
     sse,
     usage,
 )
 from .chat import response_format
-
-if TYPE_CHECKING:
-    from ..server import PolicyServer
+from .request import resolve_call
 
 
-async def completions(server: PolicyServer, request: Request) -> Response:
+async def completions(ctx: ServingContext, request: Request) -> Response:
     """Complete each prompt ``n`` times and record one ``llm`` span per choice."""
     start = time.time()
-    call = await resolve_call(server, request)
+    call = await resolve_call(ctx, request)
     body = call.body
-    p = parse_params(body, chat=False, max_n=server.max_n)
-    await for_training(server, call, p)
-    engine = server.engine
+    p = parse_params(body, chat=False, max_n=ctx.max_n)
+    await for_training(ctx, call, p)
+    engine = ctx.engine
     encoded = [
         (text, ids if ids is not None else engine.encode(text or "", add_special_tokens=True))
         for text, ids in parse_prompts(body.get("prompt"))
@@ -50,10 +48,10 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     vocab = engine.vocab_size
     if vocab is not None and any(t >= vocab for _, ids in encoded for t in ids):
         raise bad_request(f"'prompt' holds token ids outside the vocabulary (0 to {vocab - 1})", "prompt")
-    clamp = server.clamps("completions")
-    budgets = [budget(server, len(ids), p, "prompt", clamp=clamp) for _, ids in encoded]
-    fmt = await response_format(server, body)
-    adapter = server.lora_adapter_of(body)
+    clamp = ctx.clamps("completions")
+    budgets = [budget(ctx, len(ids), p, "prompt", clamp=clamp) for _, ids in encoded]
+    fmt = await response_format(ctx, body)
+    adapter = ctx.lora_adapter_of(body)
     # vLLM's extensions: the prompt's and the reply's token ids in each choice; tokens named by id
     want_ids = body.get("return_token_ids") is True
     as_ids = body.get("return_tokens_as_token_ids") is True
@@ -77,14 +75,14 @@ async def completions(server: PolicyServer, request: Request) -> Response:
     inputs = [text if text is not None else {"prompt_token_ids": ids} for text, ids in encoded]
     task = inputs[0] if len(inputs) == 1 else inputs
     try:
-        results = await generate(server, reqs, call.rollout_id, request)
+        results = await generate(ctx, reqs, call.rollout_id, request)
     except APIError:
         raise
     except ResponseFormatError as exc:
         raise bad_request(str(exc), "response_format") from None
     except Exception as exc:
         raise await engine_failed(
-            server, call, "completions", start, task, attrs | {"params": p.record()}, encoded[0][1], task, exc
+            ctx, call, "completions", start, task, attrs | {"params": p.record()}, encoded[0][1], task, exc
         ) from exc
     choices, spans = [], []
     total = {
@@ -96,7 +94,7 @@ async def completions(server: PolicyServer, request: Request) -> Response:
         choice: dict[str, Any] = {
             "index": i,
             "text": res.text,
-            "logprobs": _logprobs(server, res, as_ids=as_ids) if p.logprobs else None,
+            "logprobs": _logprobs(ctx, res, as_ids=as_ids) if p.logprobs else None,
             "finish_reason": res.finish_reason,
             "stop_reason": res.stop_reason if isinstance(res.stop_reason, str) else None,
         }
@@ -128,16 +126,16 @@ async def completions(server: PolicyServer, request: Request) -> Response:
                 response_logprobs=res.logprobs,
             )
         )
-    await run_in_threadpool(record, server, call, task, spans, False)
+    await run_in_threadpool(record, ctx, call, task, spans, False)
     created = int(start)
     if p.stream:
-        return sse(_chunks(server, request_id, created, choices, results, p, total, want_ids, as_ids))
+        return sse(_chunks(ctx, request_id, created, choices, results, p, total, want_ids, as_ids))
     return JSONResponse(
         {
             "id": request_id,
             "object": "text_completion",
             "created": created,
-            "model": server.model_name,
+            "model": ctx.model_name,
             "choices": choices,
             "usage": total,
         },
@@ -146,7 +144,7 @@ async def completions(server: PolicyServer, request: Request) -> Response:
 
 
 def _logprobs(
-    server: PolicyServer,
+    ctx: ServingContext,
     res: GenResult,
     s: int = 0,
     e: int | None = None,
@@ -154,7 +152,7 @@ def _logprobs(
     as_ids: bool = False,
 ) -> dict:
     e = len(res.token_ids) if e is None else e
-    text = (lambda t: f"token_id:{t}") if as_ids else server.engine.token_text
+    text = (lambda t: f"token_id:{t}") if as_ids else ctx.engine.token_text
     tokens = [text(t) for t in res.token_ids[s:e]]
     offsets, pos = [], offset
     for t in tokens:
@@ -172,7 +170,7 @@ def _logprobs(
 
 
 def _chunks(
-    server: PolicyServer,
+    ctx: ServingContext,
     request_id: str,
     created: int,
     choices: list[dict[str, Any]],
@@ -187,7 +185,7 @@ def _chunks(
             "id": request_id,
             "object": "text_completion",
             "created": created,
-            "model": server.model_name,
+            "model": ctx.model_name,
             "choices": choices,
             **extra,
         }
@@ -195,8 +193,8 @@ def _chunks(
     out = []
     for choice, res in zip(choices, results, strict=True):
         pos = sent = 0
-        for k, (delta, s, e) in enumerate(pieces(server, res, choice["text"])):
-            lp = _logprobs(server, res, s, e, pos, as_ids) if p.logprobs else None
+        for k, (delta, s, e) in enumerate(pieces(ctx, res, choice["text"])):
+            lp = _logprobs(ctx, res, s, e, pos, as_ids) if p.logprobs else None
             piece: dict[str, Any] = {
                 "index": choice["index"],
                 "text": delta,

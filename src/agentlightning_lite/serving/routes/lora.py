@@ -13,19 +13,17 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from ...version import __version__
+from ..context import ServingContext
 from ..engines.contract import AdapterRemovingEngine, MultiAdapterEngine, TrainableEngine
 from ..errors import APIError, JSONResponse, bad_request
-from .calls import check_auth, read_json
-
-if TYPE_CHECKING:
-    from ..server import PolicyServer
+from .request import check_auth, read_json
 
 
 def _name(body: dict[str, Any], key: str = "lora_name") -> str:
@@ -35,18 +33,18 @@ def _name(body: dict[str, Any], key: str = "lora_name") -> str:
     return value
 
 
-async def load_lora_adapter(server: PolicyServer, request: Request) -> Response:
+async def load_lora_adapter(ctx: ServingContext, request: Request) -> Response:
     """Load a peft adapter directory as ``lora_name`` (``load_inplace``: replace a loaded one's weights)."""
-    check_auth(server, request)
-    body = await read_json(request, server.max_body_bytes)
+    check_auth(ctx, request)
+    body = await read_json(request, ctx.max_body_bytes)
     name = _name(body)
     path = body.get("lora_path")
     if not isinstance(path, str) or not path:
         raise bad_request("Both 'lora_name' and 'lora_path' must be provided.", "lora_path")
-    engine = server.engine
+    engine = ctx.engine
     if not isinstance(engine, MultiAdapterEngine):
         raise bad_request(f"{type(engine).__name__} cannot load LoRA adapters", "lora_name")
-    if name in server.served_names:
+    if name in ctx.served_names:
         raise bad_request(f"The lora adapter '{name}' conflicts with a served base model.", "lora_name")
     if "." in name or "@" in name:
         raise bad_request(f"an adapter name cannot contain '.' or '@': {name!r}", "lora_name")
@@ -59,8 +57,8 @@ async def load_lora_adapter(server: PolicyServer, request: Request) -> Response:
             code="lora_not_found",
         )
     inplace = body.get("load_inplace") is True
-    async with server.lora_lock:
-        loaded = name in server.lora_adapters
+    async with ctx.lora_lock:
+        loaded = name in ctx.lora_adapters
         if loaded and not inplace:
             raise bad_request(
                 f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in "
@@ -82,18 +80,18 @@ async def load_lora_adapter(server: PolicyServer, request: Request) -> Response:
             await run_in_threadpool(job)
         except (ValueError, OSError, KeyError, TypeError) as exc:
             raise bad_request(f"Loading lora {name} failed: {exc}", "lora_path") from None
-        server.lora_adapters[name] = path
+        ctx.lora_adapters[name] = path
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
-async def unload_lora_adapter(server: PolicyServer, request: Request) -> Response:
+async def unload_lora_adapter(ctx: ServingContext, request: Request) -> Response:
     """Unload an adapter loaded with :func:`load_lora_adapter` (404 for any other name)."""
-    check_auth(server, request)
-    body = await read_json(request, server.max_body_bytes)
+    check_auth(ctx, request)
+    body = await read_json(request, ctx.max_body_bytes)
     name = _name(body)
-    engine = server.engine
-    async with server.lora_lock:
-        if name not in server.lora_adapters or not isinstance(engine, AdapterRemovingEngine):
+    engine = ctx.engine
+    async with ctx.lora_lock:
+        if name not in ctx.lora_adapters or not isinstance(engine, AdapterRemovingEngine):
             raise APIError(
                 404,
                 f"The lora adapter '{name}' cannot be found.",
@@ -102,10 +100,10 @@ async def unload_lora_adapter(server: PolicyServer, request: Request) -> Respons
                 code="lora_not_found",
             )
         await run_in_threadpool(engine.remove_adapter, name)
-        del server.lora_adapters[name]
+        del ctx.lora_adapters[name]
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
 
-async def version(server: PolicyServer, request: Request) -> Response:
+async def version(ctx: ServingContext, request: Request) -> Response:
     """The server's version (vLLM answers its own here: ``{"version": "0.33.0"}``)."""
     return JSONResponse({"version": __version__, "server": "agentlightning-lite"})

@@ -1,0 +1,63 @@
+"""Reading a model's reply: how the served model family writes tool calls (and reasoning).
+
+Every dialect's reply goes through one :class:`ReplyParser` (``server.reply_parser``): it splits the
+generated text into the content the agent reads, the reasoning, and OpenAI ``tool_calls``. The
+default, :class:`HermesReplyParser`, reads ``<tool_call>{json}</tool_call>`` blocks (what the tool
+prompt of :mod:`.chat_format` asks for, and what Hermes-style templates write) and no reasoning.
+A parser for another model family implements the same one method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .chat_format import parse_tool_calls
+
+__all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser"]
+
+
+@dataclass
+class ParsedReply:
+    """One generated reply, read: ``content`` (``None`` when the reply is only tool calls), the
+    ``reasoning`` it wrote apart from its answer (``None`` when none), and its ``tool_calls`` (OpenAI's
+    shape: ``{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}``)."""
+
+    content: str | None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ReplyParser(Protocol):
+    """How one model family writes tool calls and reasoning in its replies."""
+
+    #: the name it goes by (vLLM's ``--tool-call-parser`` name where there is one)
+    name: str
+
+    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedReply:
+        """Read ``text``; ``tools``: the tools offered to this call (``None``: none were, and the
+        reply is all content)."""
+        ...
+
+
+class HermesReplyParser:
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (an answer that is nothing but
+    a JSON call object is read as a call too); calls must name an offered tool.
+
+    >>> tools = [{"type": "function", "function": {"name": "calc"}}]
+    >>> text = '<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>'
+    >>> reply = HermesReplyParser().parse(text, tools)
+    >>> reply.content, reply.tool_calls[0]["function"]
+    (None, {'name': 'calc', 'arguments': '{"x": 1}'})
+    >>> HermesReplyParser().parse("4", None)
+    ParsedReply(content='4', reasoning=None, tool_calls=[])
+    """
+
+    name = "hermes"
+
+    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedReply:
+        if not tools:
+            return ParsedReply(content=text)
+        content, calls = parse_tool_calls(text, tools)
+        return ParsedReply(content=content, tool_calls=calls)
