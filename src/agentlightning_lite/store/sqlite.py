@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -348,9 +348,9 @@ class SQLiteStore(Store):
             self.flush()
 
     def add_spans(self, spans: Iterable[Span]) -> None:
-        self._add_rows([span_to_row(s) for s in spans])
+        self.add_span_rows([span_to_row(s) for s in spans])
 
-    def _add_rows(self, rows: list[SpanRow]) -> None:
+    def add_span_rows(self, rows: Sequence[SpanRow]) -> None:
         self._check_open()
         with self._lock:
             self._rows.extend(rows)

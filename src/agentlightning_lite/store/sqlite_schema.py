@@ -104,7 +104,7 @@ def _text_columns(r: SpanRow) -> tuple[Any, ...]:
 
 if sys.byteorder == "little":
 
-    def _db_row(r: SpanRow) -> SpanRow:
+    def _db_row(r: SpanRow) -> tuple[Any, ...]:
         p, q, lp = r[14], r[15], r[16]
         return (
             *_text_columns(r),
@@ -115,7 +115,7 @@ if sys.byteorder == "little":
 
 else:  # pragma: no cover - big-endian machines
 
-    def _db_row(r: SpanRow) -> SpanRow:
+    def _db_row(r: SpanRow) -> tuple[Any, ...]:
         return (*_text_columns(r), ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
 
 
