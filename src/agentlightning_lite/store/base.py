@@ -76,13 +76,14 @@ def log_dropped(moved: list[tuple[SpanRow, str]], late: list[tuple[SpanRow, str,
 
 
 @functools.lru_cache(maxsize=1)
-def _host() -> str:
+def host_name() -> str:
+    """This machine's host name, as recorded in a rollout's owner (read once)."""
     return socket.gethostname()
 
 
 def owner() -> dict[str, Any]:
     """This process as a rollout's owner: ``{"pid": ..., "host": ...}``."""
-    return {"pid": os.getpid(), "host": _host()}
+    return {"pid": os.getpid(), "host": host_name()}
 
 
 class Store(abc.ABC):
