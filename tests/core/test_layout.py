@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import agentlightning_lite
@@ -85,7 +87,8 @@ def test_engines_are_never_probed_for_attributes() -> None:
 # -- the import graph: layers, no arrow back up, no circle -------------------------------------------------
 #: each top-level module or package, by layer (bottom first): an import stays in its layer or goes down
 LAYERS: list[set[str]] = [
-    {"_compat", "_json", "_lazy", "_toolcalls", "errors", "ids", "version", "models", "agent", "types"},
+    {"_compat", "_json", "_lazy", "_progress", "_toolcalls"}
+    | {"errors", "ids", "version", "models", "agent", "types"},
     {"store"},
     {"tracer", "span_handles", "join", "credit", "air", "lora_settings"},
     {"transitions", "prompts", "otel", "sft_export", "run_settings"},
@@ -191,3 +194,88 @@ def test_only_the_trainer_touches_its_private_members() -> None:
     ]
     assert PRIVATE.search("trainer._serving()")
     assert found == []
+
+
+# -- no module reaches into another's private names ----------------------------------------------------
+#: ``importer -> what``: each one justified; everything else shares its names publicly
+PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {
+    # serving/: its split is being reworked
+    "serving.routes.meta -> serving.routes.calls._routed_to": "the meta routes read the call routes' table",
+    "ui.server -> serving._threaded": "the web view runs on the policy server's threaded uvicorn",
+}
+
+
+def _is_module(dotted: str) -> bool:
+    path = PACKAGE.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _private_reads(source: str, module: str, is_module: Callable[[str], bool] = _is_module) -> set[str]:
+    """What ``module`` (a dotted name; its source ``source``) reads of other modules' private names:
+    ``from M import _n``, ``import M._n`` (a private module outside the package that holds it), and
+    ``m._n`` on a module ``m`` it imported. A private module may be used anywhere in its own package."""
+    parts = module.split(".")
+    package = parts[:-1] if not is_module(".".join([*parts, "__init__"])) else parts
+    found: set[str] = set()
+    modules: dict[str, str] = {}  # local name -> the package module it is bound to
+
+    def check_path(dotted: str) -> None:
+        segs = dotted.split(".")
+        for i, seg in enumerate(segs):
+            if seg.startswith("_") and not seg.startswith("__"):
+                holder = ".".join(segs[:i])
+                if not (module == holder or module.startswith(holder + ".")):
+                    found.add(".".join(segs[: i + 1]))
+                return
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == parts[0]:
+                    check_path(a.name)
+                    if a.asname:
+                        modules[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            source_module = ".".join([*base, *([node.module] if node.module else [])])
+            if source_module.split(".")[0] != parts[0]:
+                continue  # another distribution's
+            check_path(source_module)
+            for a in node.names:
+                full = f"{source_module}.{a.name}"
+                if is_module(full):
+                    check_path(full)
+                    modules[a.asname or a.name] = full
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    found.add(full)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.add(f"{modules[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_private_reads_are_found() -> None:
+    mods = {"pkg.a", "pkg.a.__init__", "pkg.a._hooks", "pkg._json", "pkg.b", "pkg.b.c"}
+    found = functools.partial(_private_reads, is_module=mods.__contains__)
+    assert found("from pkg.b.c import _x, y", "pkg.b.d") == {"pkg.b.c._x"}
+    assert found("from .c import _x", "pkg.b.d") == {"pkg.b.c._x"}
+    assert found("from ._hooks import wrap", "pkg.a.run") == set()  # a private module in its package
+    assert found("from ..a._hooks import wrap", "pkg.b.d") == {"pkg.a._hooks"}
+    assert found("import pkg.a._hooks as h", "pkg.b.d") == {"pkg.a._hooks"}
+    assert found("from pkg._json import dumps", "pkg.b.d") == set()  # the root's: the whole package's
+    assert found("from pkg.b import c\ndef f():\n    return c._cache", "pkg.a.run") == {"pkg.b.c._cache"}
+    assert found("from other._x import _y", "pkg.b.d") == set()  # another distribution's
+    assert found("from pkg.b.c import __version__", "pkg.b.d") == set()
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    reads: set[str] = set()
+    for p in _modules(PACKAGE):
+        rel = p.relative_to(PACKAGE).with_suffix("").parts
+        module = ".".join(["agentlightning_lite", *rel])
+        short = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+        for name in _private_reads(p.read_text(encoding="utf-8"), module):
+            reads.add(f"{short} -> {name.removeprefix('agentlightning_lite.')}")
+    assert sorted(reads - set(PRIVATE_IMPORTS_ALLOWED)) == []
+    assert sorted(set(PRIVATE_IMPORTS_ALLOWED) - reads) == [], "an allowed read that is gone: remove it"
