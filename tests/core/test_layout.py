@@ -163,6 +163,8 @@ def test_the_import_graph_runs_down_its_layers() -> None:
         f"{m} -> {t}" for m, targets in graph.items() for t in targets if layer[_unit(t)] > layer[_unit(m)]
     )
     assert upward == []
+    typed = _module_graph(type_checking=True)  # an annotation's import goes down the layers too
+    assert [f"{m} -> {t}" for m, ts in typed.items() for t in ts if layer[_unit(t)] > layer[_unit(m)]] == []
 
 
 def _strong_components(graph: dict[str, set[str]]) -> list[list[str]]:
