@@ -162,7 +162,7 @@ def spans_in_process(n: int, db: Path) -> float:
         rows = [span_to_row(s) for s in make_spans(rid, n)]
         t0 = time.perf_counter()
         for k in range(0, n, 500):
-            store._add_rows(rows[k : k + 500])
+            store.add_span_rows(rows[k : k + 500])
         store.flush()
         return n / (time.perf_counter() - t0)
 

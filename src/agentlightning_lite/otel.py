@@ -21,8 +21,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._json import dumps, json_or_text
+from .span_handles import span_var
 from .store.base import Store
-from .tracer import Tracer, _span_var
+from .tracer import Tracer
 from .types import Rollout, Span
 
 try:  # OTel is optional
@@ -227,7 +228,7 @@ class SpanProcessor(_OTelSpanProcessor):
         current = self.tracer.current_rollout()
         if current is not None and current.tracer.store is self.tracer.store:
             if parent_id is None:
-                agl_parent = _span_var.get()
+                agl_parent = span_var.get()
                 if agl_parent is not None and agl_parent.rollout_id == current.id:
                     parent_id = agl_parent.span_id
             return current.id, parent_id

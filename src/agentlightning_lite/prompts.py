@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .tracer import RolloutHandle, Tracer, _instant_row
+from .span_handles import RolloutHandle, instant_row
+from .tracer import Tracer
 
 __all__ = [
     "PROMPT_SPAN",
@@ -122,7 +123,7 @@ def _record_read(ro: RolloutHandle, key: str, text: str, source: str, default: s
         "source": source,
         "default": default,
     }
-    ro.tracer.store._add_rows([_instant_row(ro, "custom", PROMPT_SPAN, text, attrs, "ok")])
+    ro.tracer.store.add_span_rows([instant_row(ro, "custom", PROMPT_SPAN, text, attrs, "ok")])
 
 
 def load_prompts(source: str | os.PathLike[str] | Mapping[str, str] | None) -> dict[str, str]:

@@ -21,18 +21,59 @@ from .types import SPAN_KINDS, Span, SpanKind, SpanStatus, check_reward
 if TYPE_CHECKING:
     from .tracer import Tracer
 
-__all__ = ["RolloutHandle", "SpanHandle"]
+__all__ = ["RolloutHandle", "SpanHandle", "instant_row", "rollout_var", "span_var"]
 
 logger = logging.getLogger(__name__)
 
-_rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
+#: the rollout open in this task or thread (what :meth:`Tracer.current_rollout
+#: <agentlightning_lite.tracer.Tracer.current_rollout>` reads)
+rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextVar(
     "agl_rollout", default=None
 )
-_span_var: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("agl_span", default=None)
+#: the innermost span open in this task or thread (what :meth:`Tracer.current_span
+#: <agentlightning_lite.tracer.Tracer.current_span>` reads)
+span_var: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("agl_span", default=None)
 
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def instant_row(
+    ro: RolloutHandle, kind: str, name: str, output: Any, attributes: dict[str, Any], status: str
+) -> SpanRow:
+    """The row of a zero-length span (a reward, a signal, a prompt read) in ``ro``, under the current span.
+
+    >>> import agentlightning_lite as agl
+    >>> tracer = agl.Tracer(agl.MemoryStore())
+    >>> with tracer.rollout(mode="train") as ro, tracer.span("agent", "solver", agent="solver"):
+    ...     row = instant_row(ro, "custom", "note", "hi", {"n": 1}, "ok")
+    >>> (row.kind, row.name, row.agent, row.output, row.start_time == row.end_time)
+    ('custom', 'note', 'solver', '"hi"', True)
+    """
+    parent = span_var.get()
+    if parent is not None and parent.rollout_id != ro.id:
+        parent = None
+    now = time.time()
+    return SpanRow(
+        new_span_id(),
+        ro.id,
+        None if parent is None else parent.span_id,
+        kind,
+        name,
+        None if parent is None else parent.agent,
+        now,
+        now,
+        status,
+        None,
+        "null",
+        dumps(output),
+        dumps(attributes),
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 class SpanHandle:
@@ -179,7 +220,7 @@ class SpanHandle:
         if error is not None:
             self.set_error(error)
         # the row encodes the payloads now: later changes to the agent's objects are not recorded
-        row = (
+        row = SpanRow(
             self.span_id,
             self.rollout_id,
             self.parent_id,
@@ -198,10 +239,10 @@ class SpanHandle:
             self.response_token_ids,
             self.response_logprobs,
         )
-        self._tracer.store._add_rows([row])
+        self._tracer.store.add_span_rows([row])
         if self._token is not None:
             try:
-                _span_var.reset(self._token)
+                span_var.reset(self._token)
             except ValueError:  # ended from another context: nothing to restore there
                 pass
             self._token = None
@@ -210,7 +251,7 @@ class SpanHandle:
 
     def __enter__(self) -> SpanHandle:
         if self._activate:
-            self._token = _span_var.set(self)
+            self._token = span_var.set(self)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -297,7 +338,7 @@ class RolloutHandle:
             # no explicit final reward: the last emitted reward is the episode's reward
             final, row = last
             attrs = dumps({"reward": final, "final": True})
-            self.tracer.store._add_rows([(*row[:12], attrs, *row[13:])])
+            self.tracer.store.add_span_rows([row._replace(attributes=attrs)])
         if status is None:
             status = "succeeded" if error is None else "failed"
         # a rollout marked timeout by a trainer while this agent ran on stays as it was
@@ -306,8 +347,8 @@ class RolloutHandle:
         )
 
     def __enter__(self) -> RolloutHandle:
-        self._token = _rollout_var.set(self)
-        self._span_token = _span_var.set(None)  # spans inside start a fresh tree
+        self._token = rollout_var.set(self)
+        self._span_token = span_var.set(None)  # spans inside start a fresh tree
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -320,9 +361,9 @@ class RolloutHandle:
                 self._finish(_error_text(exc))
         finally:
             if self._span_token is not None:
-                _span_var.reset(self._span_token)
+                span_var.reset(self._span_token)
             if self._token is not None:
-                _rollout_var.reset(self._token)
+                rollout_var.reset(self._token)
 
     async def __aenter__(self) -> RolloutHandle:
         return self.__enter__()

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from typing import Any
 
-from ._json import dumps
-from .ids import new_span_id
-from .span_handles import RolloutHandle, SpanHandle, _rollout_var, _span_var  # importable from here too
+from .ids import new_span_id as new_span_id  # importable from here too
+from .span_handles import (  # importable from here too
+    RolloutHandle,
+    SpanHandle,
+    instant_row,
+    rollout_var,
+    span_var,
+)
 from .store.base import Store
 from .store.memory import MemoryStore
-from .store.rows import SpanRow
 from .types import ROLLOUT_MODES, check_reward
 
 logger = logging.getLogger(__name__)
@@ -64,12 +67,12 @@ class Tracer:
     @staticmethod
     def current_rollout() -> RolloutHandle | None:
         """The rollout open in this context, or ``None``."""
-        return _rollout_var.get()
+        return rollout_var.get()
 
     @staticmethod
     def current_span() -> SpanHandle | None:
         """The innermost span open in this context, or ``None``."""
-        return _span_var.get()
+        return span_var.get()
 
     # -- spans ----------------------------------------------------------------------------
     def start_span(
@@ -92,13 +95,13 @@ class Tracer:
         inherits its parent's. For callback-style integrations pass ``parent_id``/``rollout_id``
         explicitly and keep ``activate=False`` (the span does not become the current one).
         """
-        parent = _span_var.get()
+        parent = span_var.get()
         owner: RolloutHandle | None = None
         if rollout_id is None:
             if parent is not None and parent._tracer is self:
                 rollout_id = parent.rollout_id
             else:
-                current = _rollout_var.get()
+                current = rollout_var.get()
                 if current is not None:
                     rollout_id = current.id
                 else:  # no rollout open: this span opens an implicit one and closes it
@@ -143,42 +146,13 @@ class Tracer:
     def _record_reward(self, ro: RolloutHandle, value: float, name: str | None, final: bool) -> None:
         if ro._closed(f"reward {value!r}"):
             return
-        row = _instant_row(ro, "reward", name or "reward", value, {"reward": value, "final": final}, "ok")
-        self.store._add_rows([row])
+        row = instant_row(ro, "reward", name or "reward", value, {"reward": value, "final": final}, "ok")
+        self.store.add_span_rows([row])
         with ro._lock:
             if final:
                 ro._final = value
             else:
                 ro._last_reward = (value, row)
-
-
-def _instant_row(
-    ro: RolloutHandle, kind: str, name: str, output: Any, attributes: dict[str, Any], status: str
-) -> SpanRow:
-    """The row of a zero-length span (reward, signal) under the current span."""
-    parent = _span_var.get()
-    if parent is not None and parent.rollout_id != ro.id:
-        parent = None
-    now = time.time()
-    return (
-        new_span_id(),
-        ro.id,
-        parent and parent.span_id,
-        kind,
-        name,
-        parent and parent.agent,
-        now,
-        now,
-        status,
-        None,
-        "null",
-        dumps(output),
-        dumps(attributes),
-        None,
-        None,
-        None,
-        None,
-    )
 
 
 _warned_outside: set[str] = set()
@@ -213,7 +187,7 @@ def emit_reward(value: float, name: str | None = None, final: bool = False) -> N
     value = check_reward(value)  # type: ignore[assignment]
     if value is None:
         raise ValueError("reward must be a finite number, got None")
-    ro = _rollout_var.get()
+    ro = rollout_var.get()
     if ro is None:
         _warn_outside("emit_reward")
         return
@@ -233,7 +207,7 @@ def emit_signal(name: str, value: Any = None, status: str | None = None, **attri
     >>> [(s.kind, s.name, s.output) for s in tracer.store.spans(ro.id)]
     [('signal', 'sql_executed', 3)]
     """
-    ro = _rollout_var.get()
+    ro = rollout_var.get()
     if ro is None:
         _warn_outside("emit_signal")
         return
@@ -241,4 +215,5 @@ def emit_signal(name: str, value: Any = None, status: str | None = None, **attri
         return
     failed = status is not None and status.lower() in ("error", "failed", "failure")
     attrs = {"signal_status": status, **attributes}
-    ro.tracer.store._add_rows([_instant_row(ro, "signal", name, value, attrs, "error" if failed else "ok")])
+    row = instant_row(ro, "signal", name, value, attrs, "error" if failed else "ok")
+    ro.tracer.store.add_span_rows([row])

@@ -224,7 +224,7 @@ def test_the_reflective_dataset_holds_the_tool_error_text(reflector: Any, tmp_pa
 
 
 def test_make_reflective_dataset_reads_the_spans(tmp_path: Path) -> None:
-    from agentlightning_lite.apo.optimizer import _Adapter, _Item
+    from agentlightning_lite.apo.optimizer import GEPAAdapter, _Item
 
     _result, store, _ = run_apo(
         tool_agent,
@@ -235,7 +235,7 @@ def test_make_reflective_dataset_reads_the_spans(tmp_path: Path) -> None:
         reflection=lambda p: "```\nsame\n```",
         budget=2,
     )
-    adapter = _Adapter(agl.APO(), "r", lambda specs: [], store, [agl.air.ToolStatus(error=-0.5)], 0.0, {})
+    adapter = GEPAAdapter(agl.APO(), "r", lambda specs: [], store, [agl.air.ToolStatus(error=-0.5)], 0.0, {})
     [ro] = [r for r in apo_rollouts(store) if r.metadata["apo"]["candidate"] != "probe"][:1]
     from agentlightning_lite.apo.optimizer import _Done
 

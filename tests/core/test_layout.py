@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import agentlightning_lite
@@ -85,7 +87,8 @@ def test_engines_are_never_probed_for_attributes() -> None:
 # -- the import graph: layers, no arrow back up, no circle -------------------------------------------------
 #: each top-level module or package, by layer (bottom first): an import stays in its layer or goes down
 LAYERS: list[set[str]] = [
-    {"_compat", "_json", "_lazy", "_toolcalls", "errors", "ids", "version", "models", "agent", "types"},
+    {"_compat", "_json", "_lazy", "_progress", "_toolcalls"}
+    | {"errors", "ids", "version", "models", "agent", "types"},
     {"store"},
     {"tracer", "span_handles", "join", "credit", "air", "lora_settings"},
     {"transitions", "prompts", "otel", "sft_export", "run_settings"},
@@ -97,9 +100,9 @@ LAYERS: list[set[str]] = [
 ]
 
 
-def _runtime_imports(path: Path) -> set[str]:
+def _runtime_imports(path: Path, type_checking: bool = False) -> set[str]:
     """The package's modules that ``path`` imports when it runs (in functions too; not the imports under
-    ``if TYPE_CHECKING:``, which are for the type checker only)."""
+    ``if TYPE_CHECKING:``, which are for the type checker only, unless ``type_checking``)."""
     rel = path.relative_to(PACKAGE).with_suffix("")
     parts = ["agentlightning_lite", *rel.parts]
     package = parts[:-1]  # the package a relative import starts from (for __init__ too)
@@ -107,7 +110,7 @@ def _runtime_imports(path: Path) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test) and not type_checking:
                 for other in child.orelse:
                     visit(other)
                 continue
@@ -123,15 +126,22 @@ def _runtime_imports(path: Path) -> set[str]:
     return {n for n in out if n.startswith("agentlightning_lite.")}
 
 
-def _module_graph() -> dict[str, set[str]]:
+def _module_paths() -> dict[str, Path]:
     names = {}
     for p in _modules(PACKAGE):
         rel = p.relative_to(PACKAGE).with_suffix("").parts
         names[".".join(["agentlightning_lite", *(rel[:-1] if rel[-1] == "__init__" else rel)])] = p
+    return names
+
+
+def _module_graph(type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at run time; with ``type_checking``, for the type
+    checker too)."""
+    names = _module_paths()
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
         targets = set()
-        for imported in _runtime_imports(path):
+        for imported in _runtime_imports(path, type_checking):
             while imported not in names and "." in imported:  # a name inside a module: the module
                 imported = imported.rsplit(".", 1)[0]
             if imported in names and imported != name:
@@ -153,6 +163,63 @@ def test_the_import_graph_runs_down_its_layers() -> None:
         f"{m} -> {t}" for m, targets in graph.items() for t in targets if layer[_unit(t)] > layer[_unit(m)]
     )
     assert upward == []
+    typed = _module_graph(type_checking=True)  # an annotation's import goes down the layers too
+    assert [f"{m} -> {t}" for m, ts in typed.items() for t in ts if layer[_unit(t)] > layer[_unit(m)]] == []
+
+
+def _strong_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's circles: its strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for t in sorted(graph[node]):
+            if t not in index:
+                visit(t)
+                low[node] = min(low[node], low[t])
+            elif t in stack:
+                low[node] = min(low[node], index[t])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(out)
+
+
+#: circles through ``TYPE_CHECKING`` imports that span folders (named by their folders), each with its reason
+TYPE_CIRCLES_ALLOWED: dict[str, str] = {}
+
+
+def test_circles_are_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _strong_components(graph) == [["a", "b", "c"]]
+    assert _strong_components({"a": {"b"}, "b": set()}) == []
+
+
+def test_type_only_circles_stay_inside_one_folder() -> None:
+    """An import for the type checker only may close a circle between modules of one folder (a handle
+    and its tracer); across folders it would be an arrow back up hidden from the run-time graph."""
+    paths = _module_paths()
+    across = {
+        " <-> ".join(sorted({str(paths[m].parent.relative_to(PACKAGE)) for m in c})): c
+        for c in _strong_components(_module_graph(type_checking=True))
+        if len({paths[m].parent for m in c}) > 1
+    }
+    assert sorted(set(across) - set(TYPE_CIRCLES_ALLOWED)) == [], across
+    assert sorted(set(TYPE_CIRCLES_ALLOWED) - set(across)) == [], "an allowed circle that is gone: remove it"
 
 
 def test_the_import_graph_has_no_circle() -> None:
@@ -224,3 +291,84 @@ def test_the_routes_see_the_server_through_its_context_protocol() -> None:
     }
     assert len(back) >= 7  # the walk found the routes
     assert {k: v for k, v in back.items() if v} == {}
+
+
+# -- no module reaches into another's private names ----------------------------------------------------
+#: ``importer -> what``: each one justified; everything else shares its names publicly
+PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {}
+
+
+def _is_module(dotted: str) -> bool:
+    path = PACKAGE.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _private_reads(source: str, module: str, is_module: Callable[[str], bool] = _is_module) -> set[str]:
+    """What ``module`` (a dotted name; its source ``source``) reads of other modules' private names:
+    ``from M import _n``, ``import M._n`` (a private module outside the package that holds it), and
+    ``m._n`` on a module ``m`` it imported. A private module may be used anywhere in its own package."""
+    parts = module.split(".")
+    package = parts[:-1] if not is_module(".".join([*parts, "__init__"])) else parts
+    found: set[str] = set()
+    modules: dict[str, str] = {}  # local name -> the package module it is bound to
+
+    def check_path(dotted: str) -> None:
+        segs = dotted.split(".")
+        for i, seg in enumerate(segs):
+            if seg.startswith("_") and not seg.startswith("__"):
+                holder = ".".join(segs[:i])
+                if not (module == holder or module.startswith(holder + ".")):
+                    found.add(".".join(segs[: i + 1]))
+                return
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == parts[0]:
+                    check_path(a.name)
+                    if a.asname:
+                        modules[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            source_module = ".".join([*base, *([node.module] if node.module else [])])
+            if source_module.split(".")[0] != parts[0]:
+                continue  # another distribution's
+            check_path(source_module)
+            for a in node.names:
+                full = f"{source_module}.{a.name}"
+                if is_module(full):
+                    check_path(full)
+                    modules[a.asname or a.name] = full
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    found.add(full)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.add(f"{modules[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_private_reads_are_found() -> None:
+    mods = {"pkg.a", "pkg.a.__init__", "pkg.a._hooks", "pkg._json", "pkg.b", "pkg.b.c"}
+    found = functools.partial(_private_reads, is_module=mods.__contains__)
+    assert found("from pkg.b.c import _x, y", "pkg.b.d") == {"pkg.b.c._x"}
+    assert found("from .c import _x", "pkg.b.d") == {"pkg.b.c._x"}
+    assert found("from ._hooks import wrap", "pkg.a.run") == set()  # a private module in its package
+    assert found("from ..a._hooks import wrap", "pkg.b.d") == {"pkg.a._hooks"}
+    assert found("import pkg.a._hooks as h", "pkg.b.d") == {"pkg.a._hooks"}
+    assert found("from pkg._json import dumps", "pkg.b.d") == set()  # the root's: the whole package's
+    assert found("from pkg.b import c\ndef f():\n    return c._cache", "pkg.a.run") == {"pkg.b.c._cache"}
+    assert found("from other._x import _y", "pkg.b.d") == set()  # another distribution's
+    assert found("from pkg.b.c import __version__", "pkg.b.d") == set()
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    reads: set[str] = set()
+    for p in _modules(PACKAGE):
+        rel = p.relative_to(PACKAGE).with_suffix("").parts
+        module = ".".join(["agentlightning_lite", *rel])
+        short = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+        for name in _private_reads(p.read_text(encoding="utf-8"), module):
+            reads.add(f"{short} -> {name.removeprefix('agentlightning_lite.')}")
+    assert sorted(reads - set(PRIVATE_IMPORTS_ALLOWED)) == []
+    assert sorted(set(PRIVATE_IMPORTS_ALLOWED) - reads) == [], "an allowed read that is gone: remove it"

@@ -71,7 +71,7 @@ def _boom(exc: Exception) -> Callable[..., object]:
          ValueError("internal-value-detail")),
         ("POST", "/agl/v1/rollouts/{rid}/reward", {"reward": 1.0}, "set_reward",
          KeyError("internal-key-detail")),
-        ("POST", "/agl/v1/spans", {"rows": []}, "_add_rows", ValueError("internal-value-detail")),
+        ("POST", "/agl/v1/spans", {"rows": []}, "add_span_rows", ValueError("internal-value-detail")),
         ("POST", "/rollout/{rid}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]},
          "add_spans", ValueError("internal-value-detail")),
     ],

@@ -15,6 +15,7 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.remote import RemoteError, RemoteStore, RunnerClient
+from agentlightning_lite.store.rows import SpanRow
 
 KEY = "shared-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -265,7 +266,7 @@ def test_many_rollouts_tokens_go_in_small_requests(
     for c in claims:
         remote.register(agl.Rollout(rollout_id=c["rollout_id"], start_time=0.0), lease=c["lease"])
     sent.clear()
-    remote._add_rows([tuple(_row(f"s{i}", rid)) for i, rid in enumerate(rids)])  # type: ignore[misc]
+    remote.add_span_rows([SpanRow(*_row(f"s{i}", rid)) for i, rid in enumerate(rids)])
     remote.flush()
     assert sent == [64, 64, 22] and remote.dropped == 0
     assert all(len(store.spans(rid)) == 1 for rid in rids)

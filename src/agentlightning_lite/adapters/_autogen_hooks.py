@@ -16,19 +16,19 @@ if TYPE_CHECKING:
     from .autogen import LightningEventHandler
 
 #: the key of the adapter span (agent turn or team run) open in this context
-_current: contextvars.ContextVar[Any] = contextvars.ContextVar("agl_autogen_span", default=None)
+current_key: contextvars.ContextVar[Any] = contextvars.ContextVar("agl_autogen_span", default=None)
 
 
 #: id(span key) -> (recorder, parent key) of an open instrument() span
 _handlers_by_key: dict[int, tuple[Recorder, Any]] = {}
 
 
-def _handler_recorder(key: Any) -> Recorder | None:
+def handler_recorder(key: Any) -> Recorder | None:
     entry = None if key is None else _handlers_by_key.get(id(key))
     return None if entry is None else entry[0]
 
 
-def _own_key(recorder: Recorder, key: Any) -> Any:
+def own_key(recorder: Recorder, key: Any) -> Any:
     """The innermost open span of ``recorder`` among ``key`` and its ancestors (``None``: none):
     with several instrumentations active, each nests its spans under its own."""
     while key is not None:
@@ -60,13 +60,13 @@ class _LevelTap(logging.Filter):
         return record.levelno >= self.old_effective
 
 
-_hooks_lock = threading.Lock()
+hooks_lock = threading.Lock()
 
 
-def _tap(logger_name: str, handler: LightningEventHandler) -> Callable[[], None]:
+def tap_logger(logger_name: str, handler: LightningEventHandler) -> Callable[[], None]:
     """Give ``handler`` the records of ``logger_name`` (see :class:`_LevelTap`); returns its removal."""
     lg = logging.getLogger(logger_name)
-    with _hooks_lock:
+    with hooks_lock:
         tap = next((f for f in lg.filters if isinstance(f, _LevelTap)), None)
         if tap is None:
             tap = _LevelTap(lg.getEffectiveLevel(), lg.level)
@@ -76,7 +76,7 @@ def _tap(logger_name: str, handler: LightningEventHandler) -> Callable[[], None]
         tap.handlers.append(handler)
 
     def release() -> None:
-        with _hooks_lock:
+        with hooks_lock:
             if handler in tap.handlers:
                 tap.handlers.remove(handler)
             if not tap.handlers and tap in lg.filters:
@@ -86,7 +86,7 @@ def _tap(logger_name: str, handler: LightningEventHandler) -> Callable[[], None]
     return release
 
 
-def _patch(cls: type, attr: str, wrapper: Any) -> Callable[[], None]:
+def patch_method(cls: type, attr: str, wrapper: Any) -> Callable[[], None]:
     """Install ``wrapper`` (made from ``cls.attr``) on ``cls``; returns its removal, which works in any
     order: a wrapper that another was installed over becomes a pass-through (its ``_agl_live`` is
     false) and comes off the class once the ones above it have."""
@@ -95,7 +95,7 @@ def _patch(cls: type, attr: str, wrapper: Any) -> Callable[[], None]:
     setattr(cls, attr, wrapper)
 
     def unpatch() -> None:
-        with _hooks_lock:
+        with hooks_lock:
             wrapper._agl_live = False
             top: Any = cls.__dict__.get(attr)
             while getattr(top, "_agl_live", None) is False:  # dead wrappers on top come off
@@ -105,7 +105,7 @@ def _patch(cls: type, attr: str, wrapper: Any) -> Callable[[], None]:
     return unpatch
 
 
-def _wrap_coroutine(
+def wrap_coroutine(
     fn: Callable[..., Any], recorder: Recorder, kind: str, name_of: Callable[[Any], str]
 ) -> Any:
     @functools.wraps(fn)
@@ -114,13 +114,13 @@ def _wrap_coroutine(
             return await fn(self, *args, **kwargs)
         name = name_of(self)
         key = object()
-        current = _current.get()
-        parent = _own_key(recorder, current)  # its own innermost span (keys in _current are registered)
+        current = current_key.get()
+        parent = own_key(recorder, current)  # its own innermost span (keys in current_key are registered)
         h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
         if h is None:
             return await fn(self, *args, **kwargs)
         _handlers_by_key[id(key)] = (recorder, current)
-        token = _current.set(key)
+        token = current_key.set(key)
         try:
             result = await fn(self, *args, **kwargs)
         except BaseException as exc:
@@ -130,28 +130,28 @@ def _wrap_coroutine(
             recorder.end(key)
             return result
         finally:
-            _current.reset(token)
+            current_key.reset(token)
             _handlers_by_key.pop(id(key), None)
 
     return wrapper
 
 
-def _wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of: Callable[[Any], str]) -> Any:
+def wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of: Callable[[Any], str]) -> Any:
     @functools.wraps(fn)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         h = None
         if getattr(wrapper, "_agl_live", True):  # else removed while another wraps it: a pass-through
             name = name_of(self)
             key = object()
-            current = _current.get()
-            parent = _own_key(recorder, current)  # its own innermost span (keys in _current are registered)
+            current = current_key.get()
+            parent = own_key(recorder, current)  # its own innermost span (keys in current_key are registered)
             h = recorder.start(key, kind, name, parent_key=parent, agent=name if kind == "agent" else None)
         if h is None:
             async for item in fn(self, *args, **kwargs):
                 yield item
             return
         _handlers_by_key[id(key)] = (recorder, current)
-        token = _current.set(key)
+        token = current_key.set(key)
         try:
             async for item in fn(self, *args, **kwargs):
                 yield item
@@ -162,7 +162,7 @@ def _wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of:
             recorder.end(key)
         finally:
             try:
-                _current.reset(token)
+                current_key.reset(token)
             except ValueError:  # the consumer iterated us from another context
                 pass
             _handlers_by_key.pop(id(key), None)

@@ -26,14 +26,14 @@ from .._json import json_or_text
 from ..store.base import Store
 from ..tracer import Tracer
 from ._autogen_hooks import (
-    _current,
-    _handler_recorder,
-    _hooks_lock,
-    _own_key,
-    _patch,
-    _tap,
-    _wrap_coroutine,
-    _wrap_stream,
+    current_key,
+    handler_recorder,
+    hooks_lock,
+    own_key,
+    patch_method,
+    tap_logger,
+    wrap_coroutine,
+    wrap_stream,
 )
 from ._common import Installed, Instrumentation, Recorder, message_dict
 
@@ -135,8 +135,8 @@ class LightningModelClient(ChatCompletionClient):
 
     def _open(self, messages: Sequence[LLMMessage], tools: Sequence[Any]) -> object:
         key = object()
-        parent = _current.get()
-        recorder = _handler_recorder(parent) or self.recorder
+        parent = current_key.get()
+        recorder = handler_recorder(parent) or self.recorder
         name = self.agent
         if name is None and _own_caller(recorder, parent):
             try:
@@ -160,7 +160,7 @@ class LightningModelClient(ChatCompletionClient):
         return key
 
     def _recorder_for(self, key: object) -> Recorder:
-        parent_rec = _handler_recorder(_current.get())
+        parent_rec = handler_recorder(current_key.get())
         return parent_rec if parent_rec is not None and parent_rec.get(key) is not None else self.recorder
 
     async def create(
@@ -284,11 +284,11 @@ class LightningEventHandler(logging.Handler):
         innermost span when it has one open (always its own for an instrument() handler), else the
         recorder of the span open here (an explicit handler's events join the instrumented agent's
         spans), else its own."""
-        current = _current.get()
-        own = _own_key(self.recorder, current)
+        current = current_key.get()
+        own = own_key(self.recorder, current)
         if own is not None or self.scoped:
             return self.recorder, own
-        return _handler_recorder(current) or self.recorder, current
+        return handler_recorder(current) or self.recorder, current
 
     def emit(self, record: logging.LogRecord) -> None:
         """Record the event carried by ``record`` (other records are ignored)."""
@@ -370,7 +370,7 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     True
     """
     key = (None if tracer is None else id(tracer), join)
-    with _hooks_lock:
+    with hooks_lock:
         shared = _shared.get(key)
         if shared is not None:  # the same destination: one installation, counted
             shared[2] += 1
@@ -378,28 +378,28 @@ def instrument(tracer: Tracer | Store | None = None, join: bool = True) -> Instr
     handler = LightningEventHandler(tracer, join=join)
     handler.scoped = True
     rec = handler.recorder
-    undo_steps = [_tap(name, handler) for name in (CORE_LOGGER, AGENTCHAT_LOGGER)]
+    undo_steps = [tap_logger(name, handler) for name in (CORE_LOGGER, AGENTCHAT_LOGGER)]
 
     patches = [
-        (BaseChatAgent, "run", _wrap_coroutine, "agent", lambda a: a.name),
-        (BaseChatAgent, "run_stream", _wrap_stream, "agent", lambda a: a.name),
-        (ChatAgentContainer, "handle_request", _wrap_coroutine, "agent", lambda c: c._agent.name),
+        (BaseChatAgent, "run", wrap_coroutine, "agent", lambda a: a.name),
+        (BaseChatAgent, "run_stream", wrap_stream, "agent", lambda a: a.name),
+        (ChatAgentContainer, "handle_request", wrap_coroutine, "agent", lambda c: c._agent.name),
         (
             BaseGroupChat,
             "run_stream",
-            _wrap_stream,
+            wrap_stream,
             "chain",
             lambda t: getattr(t, "name", None) or type(t).__name__,
         ),
     ]
     for cls, attr, wrap, kind, name_of in patches:
-        undo_steps.append(_patch(cls, attr, wrap(cls.__dict__[attr], rec, kind, name_of)))
+        undo_steps.append(patch_method(cls, attr, wrap(cls.__dict__[attr], rec, kind, name_of)))
 
     def undo() -> None:
         for step in reversed(undo_steps):
             step()
 
-    with _hooks_lock:
+    with hooks_lock:
         _shared[key] = [handler, undo, 1]
     return _installed.add(handler, functools.partial(_release, key))
 
@@ -411,7 +411,7 @@ _shared: dict[tuple[int | None, bool], list[Any]] = {}
 
 def _release(key: tuple[int | None, bool]) -> None:
     """One instrumentation of ``key``'s destination removed: the installation goes with the last."""
-    with _hooks_lock:
+    with hooks_lock:
         shared = _shared.get(key)
         if shared is None:
             return

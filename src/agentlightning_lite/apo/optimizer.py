@@ -27,7 +27,7 @@ from ..prompts import component_key, load_prompts, save_prompts, split_key
 from ..rl.rollouts import RolloutResult, RolloutSpec
 from ..store.base import Store
 from ..store.recovery import INTERRUPTED, recover_interrupted
-from .records import _Recorder, _RunDir, candidate_id
+from .records import Recorder, RunDir, candidate_id
 from .reflection import ReflectionLM
 from .reflective import prompt_reads, rollout_record
 
@@ -246,18 +246,18 @@ class APO:
         if len(train_dataset) == 0:
             raise ValueError("train_dataset is empty")
         out = Path(output_dir)
-        run = _RunDir.open(out / "apo", resume)
+        run = RunDir.open(out / "apo", resume)
         if resume:  # evaluations a killed process left running are run again
             recover_interrupted(store)
         fixed = dict(fixed or {})
         reflection = self._reflection_lm(policy_llm, run.path / "reflection.jsonl")
         train = [_Item("train", i, t) for i, t in enumerate(train_dataset)]
         val = [_Item("val", i, t) for i, t in enumerate(val_dataset)] if val_dataset else None
-        adapter = _Adapter(self, run.run_id, collect, store, air, failed_score, fixed)
+        adapter = GEPAAdapter(self, run.run_id, collect, store, air, failed_score, fixed)
         adapter.load_cache()
         seed = self._seed_candidate(adapter, train[0], fixed)
         run.save_state({"components": sorted(seed), "seed_candidate": seed})
-        recorder = _Recorder(self, run, adapter, seed, log, out / "prompts.json", fixed, len(val or train))
+        recorder = Recorder(self, run, adapter, seed, log, out / "prompts.json", fixed, len(val or train))
         kwargs: dict[str, Any] = {}
         if self.reflection_prompt_template is not None:
             kwargs["reflection_prompt_template"] = self.reflection_prompt_template
@@ -341,7 +341,7 @@ class APO:
             f"reflection must be 'policy', an agl.LLM, a mapping or a callable, got {type(r).__name__}"
         )
 
-    def _seed_candidate(self, adapter: _Adapter, first: _Item, fixed: Mapping[str, str]) -> dict[str, str]:
+    def _seed_candidate(self, adapter: GEPAAdapter, first: _Item, fixed: Mapping[str, str]) -> dict[str, str]:
         """The starting texts: given ones, else the fixed prompts, else the defaults the agent declares
         (found by one probe rollout on the first training task)."""
         wanted = self.components
@@ -372,7 +372,7 @@ class APO:
         return seed
 
 
-class _Adapter:
+class GEPAAdapter:
     """GEPA's adapter: ``evaluate`` runs rollouts, ``make_reflective_dataset`` reads their spans."""
 
     propose_new_texts = None

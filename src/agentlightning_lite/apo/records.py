@@ -11,12 +11,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._progress import progress
 from ..prompts import save_prompts
 
 if TYPE_CHECKING:
-    from .optimizer import APO, _Adapter
+    from .optimizer import APO, GEPAAdapter
 
-__all__ = ["candidate_id"]
+__all__ = ["Recorder", "RunDir", "candidate_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def candidate_id(candidate: Mapping[str, str]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
-class _RunDir:
+class RunDir:
     """``output_dir/apo/<run>/``: the run's id, state, reflection answers and candidate log."""
 
     def __init__(self, root: Path, run_id: str) -> None:
@@ -41,7 +42,7 @@ class _RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def open(cls, root: Path, resume: bool) -> _RunDir:
+    def open(cls, root: Path, resume: bool) -> RunDir:
         latest = root / "latest.json"
         if resume and latest.exists():
             run_id = json.loads(latest.read_text())["run"]
@@ -59,22 +60,20 @@ class _RunDir:
         path.write_text(json.dumps(state, indent=2, ensure_ascii=False) + "\n")
 
 
-class _Recorder:
+class Recorder:
     """GEPA callbacks: the candidate log, ``metrics.jsonl`` rows, ``prompts.json`` and the progress bar."""
 
     def __init__(
         self,
         apo: APO,
-        run: _RunDir,
-        adapter: _Adapter,
+        run: RunDir,
+        adapter: GEPAAdapter,
         seed: Mapping[str, str],
         log: Callable[[dict[str, Any]], None] | None,
         prompts_path: Path,
         fixed: Mapping[str, str],
         n_val: int,
     ) -> None:
-        from ..rl._runtime import progress
-
         self.apo, self.run, self.adapter, self.log = apo, run, adapter, log
         self.prompts_path, self.fixed, self.n_val = prompts_path, dict(fixed), n_val
         self.best = float("-inf")

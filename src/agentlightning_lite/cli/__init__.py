@@ -27,14 +27,14 @@ from ..store.readonly import StoreNotFound
 from ..store.sqlite import NotOurDatabase
 from . import apo, export, plot, recover, runner, runs, serve, train, transitions, ui
 from ._common import (
-    _EXIT_CODES_HELP,
+    EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_USAGE,
     CLIError,
-    _err,
     parse_credit,
+    print_error,
 )
 from .readstore import ReadOnlyStore
 from .train import load_agent, load_tasks, prepare_tasks
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agl-lite",
         description="agentlightning-lite: turn LLM agent runs into RL training data, and train on it.",
-        epilog=_EXIT_CODES_HELP,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -113,24 +113,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except CLIError as exc:
-        _err(f"error: {exc}")
+        print_error(f"error: {exc}")
         return exc.code
     except StoreNotFound as exc:
-        _err(f"error: {exc}")
+        print_error(f"error: {exc}")
         return EXIT_USAGE
     except NotOurDatabase as exc:
-        _err(f"error: {exc}")
+        print_error(f"error: {exc}")
         return EXIT_USAGE
     except sqlite3.DatabaseError as exc:
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-            _err(f"error: {getattr(args, 'db', 'the store')} is locked by another process: {exc}")
+            print_error(f"error: {getattr(args, 'db', 'the store')} is locked by another process: {exc}")
             return EXIT_RUNTIME
-        _err(f"error: {getattr(args, 'db', 'the store')} is damaged or truncated ({exc})")
+        print_error(f"error: {getattr(args, 'db', 'the store')} is damaged or truncated ({exc})")
         return EXIT_USAGE
     except BrokenPipeError:  # `agl-lite runs db | head`
         return EXIT_OK
     except Exception as exc:
-        _err(
+        print_error(
             f"error: {type(exc).__name__}: {exc}"
             if not isinstance(exc, (OSError, ValueError))
             else f"error: {exc}"

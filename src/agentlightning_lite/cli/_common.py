@@ -23,7 +23,7 @@ EXIT_USAGE = 2  #: bad arguments, a missing file, a file that is not an agentlig
 EXIT_NOT_FOUND = 3  #: the command ran, but found nothing (no rollouts, no transitions, no rewards)
 
 
-_EXIT_CODES_HELP = """\
+EXIT_CODES_HELP = """\
 exit codes:
   0  success
   1  runtime error (the command ran and failed: training, model loading, ...)
@@ -45,7 +45,7 @@ class CLIError(Exception):
 
 
 # -- output: rich when installed, plain text otherwise ----------------------------------------------
-class _Out:
+class Out:
     """Tables, trees and lines on stdout; ``rich`` when it is installed and not turned off."""
 
     def __init__(self, plain: bool = False) -> None:
@@ -121,19 +121,20 @@ def _escape_markup(text: str) -> str:
     return escape(text)
 
 
-def _err(message: str) -> None:
+def print_error(message: str) -> None:
+    """``agl-lite: message`` on stderr."""
     print(f"agl-lite: {message}", file=sys.stderr, flush=True)
 
 
 # -- formatting -------------------------------------------------------------------------------------
-def _fmt_num(x: float | None) -> str:
+def fmt_num(x: float | None) -> str:
     """A reward as a short number, ``-`` when there is none."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x:.4g}"
 
 
-def _fmt_dur(seconds: float | None) -> str:
+def fmt_dur(seconds: float | None) -> str:
     """``12 ms``, ``3.40 s``, ``2m05s``; ``-`` when unknown."""
     if seconds is None:
         return "-"
@@ -146,13 +147,13 @@ def _fmt_dur(seconds: float | None) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
-def _fmt_time(ts: float | None) -> str:
+def fmt_time(ts: float | None) -> str:
     if ts is None:
         return "-"
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _preview(value: Any, width: int = 60) -> str:
+def preview(value: Any, width: int = 60) -> str:
     """One line of at most ``width`` characters saying what ``value`` is."""
     if value is None:
         return ""
@@ -189,14 +190,15 @@ def parse_credit(text: str) -> Any:
     raise argparse.ArgumentTypeError(f"credit must be 'final' or 'discounted[:gamma]', got {text!r}")
 
 
-def _names(values: Sequence[str] | None) -> list[str] | None:
+def name_list(values: Sequence[str] | None) -> list[str] | None:
     """``--agents a b`` or ``--agents a,b``."""
     if not values:
         return None
     return [n for v in values for n in v.split(",") if n]
 
 
-def _air(args: argparse.Namespace) -> list[Any] | None:
+def air_rules(args: argparse.Namespace) -> list[Any] | None:
+    """The AIR rules of ``--tool-success``/``--tool-error`` (``None`` without them)."""
     if args.tool_success is None and args.tool_error is None:
         return None
     from ..air import ToolStatus
@@ -204,18 +206,20 @@ def _air(args: argparse.Namespace) -> list[Any] | None:
     return [ToolStatus(success=args.tool_success or 0.0, error=args.tool_error or 0.0)]
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """``json.dumps(default=...)`` for ``--json`` output: NaN as null, anything else as text."""
     if isinstance(value, float) and math.isnan(value):
         return None
     return str(value)
 
 
-def _collect_warnings(fn: Any) -> Any:
+def collect_warnings(fn: Any) -> Any:
+    """``fn()``, its warnings printed as ``agl-lite: warning: ...`` lines on stderr."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fn()
     for w in caught:
-        _err(f"warning: {w.message}")
+        print_error(f"warning: {w.message}")
     return result
 
 
@@ -225,7 +229,7 @@ def reader_parser(sub: Any, name: str, help: str, description: str) -> argparse.
         name,
         help=help,
         description=description,
-        epilog=_EXIT_CODES_HELP,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("db", metavar="DB", help="an agentlightning-lite SQLite store (opened read-only)")

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from ._common import (
-    _EXIT_CODES_HELP,
+    EXIT_CODES_HELP,
     EXIT_OK,
     EXIT_USAGE,
     CLIError,
-    _air,
-    _err,
-    _fmt_num,
-    _json_default,
-    _Out,
+    Out,
+    air_rules,
+    fmt_num,
+    json_default,
+    print_error,
 )
 from .train import load_agent, load_tasks, prepare_tasks
 
@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
             "The best prompts are written to OUTPUT_DIR/prompts.json; `agl-lite train --prompts` trains "
             "from them."
         ),
-        epilog=_EXIT_CODES_HELP,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     apo.add_argument("agent", metavar="AGENT", help="module:function, file.py:function, or a benchmark name")
@@ -127,7 +127,7 @@ def apo(args: argparse.Namespace) -> int:
     where = (
         "the policy" if reflection == "policy" else f"{args.reflection_model} at {args.reflection_base_url}"
     )
-    _err(
+    print_error(
         f"optimising the prompts of {args.agent} on {len(tasks)} tasks ({len(val or tasks)} to score): "
         f"policy {args.model}, reflection by {where}, budget {args.budget} rollouts, "
         f"output in {args.output_dir}"
@@ -137,7 +137,7 @@ def apo(args: argparse.Namespace) -> int:
         model=args.model,
         algorithm=algorithm,
         engine=args.engine,
-        air=_air(args),
+        air=air_rules(args),
         output_dir=args.output_dir,
         seed=args.seed,
         rollout_config=RolloutConfig(concurrency=args.concurrency, timeout=args.rollout_timeout),
@@ -161,15 +161,15 @@ def apo(args: argparse.Namespace) -> int:
         "wall_s": round(time.time() - t0, 1),
     }
     if args.json:
-        print(json.dumps(out, indent=2, default=_json_default))
+        print(json.dumps(out, indent=2, default=json_default))
         return EXIT_OK
-    o = _Out()
+    o = Out()
     o.table(
         "prompt optimisation done",
         ["", "value"],
         [
-            ["validation score, starting prompts", _fmt_num(out["seed_val_score"])],
-            ["validation score, best prompts", _fmt_num(out["best_val_score"])],
+            ["validation score, starting prompts", fmt_num(out["seed_val_score"])],
+            ["validation score, best prompts", fmt_num(out["best_val_score"])],
             ["candidates", str(out["candidates"])],
             ["rollouts run", str(out["rollouts_run"])],
         ],

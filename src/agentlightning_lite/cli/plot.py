@@ -15,10 +15,10 @@ from ._common import (
     EXIT_RUNTIME,
     EXIT_USAGE,
     CLIError,
-    _err,
+    print_error,
     reader_parser,
 )
-from .readstore import _open
+from .readstore import open_store
 
 
 def add_parser(sub: Any) -> None:
@@ -54,7 +54,7 @@ def _rolling(values: list[float], window: int) -> list[float]:
 
 def plot(args: argparse.Namespace) -> int:
     """``agl-lite plot DB``: a reward-curve PNG from metrics.jsonl or from the rollouts."""
-    store = _open(args)  # checks that DB exists and is ours, even when metrics are plotted
+    store = open_store(args)  # checks that DB exists and is ours, even when metrics are plotted
     try:
         rollouts = store.rollouts(mode=args.mode) if args.source != "metrics" else []
     finally:
@@ -112,7 +112,7 @@ def plot(args: argparse.Namespace) -> int:
         source = "rollouts"
     if points == 0:
         plt.close(fig)
-        _err(f"no rewards to plot in {source if use_metrics else args.db}")
+        print_error(f"no rewards to plot in {source if use_metrics else args.db}")
         return EXIT_NOT_FOUND
     ax.set_ylabel("reward")
     ax.set_title(f"reward curve: {store.path.name}")

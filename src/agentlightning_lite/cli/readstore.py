@@ -9,5 +9,6 @@ from ..store.readonly import ReadOnlyStore
 __all__ = ["ReadOnlyStore"]
 
 
-def _open(args: argparse.Namespace) -> ReadOnlyStore:
+def open_store(args: argparse.Namespace) -> ReadOnlyStore:
+    """The store named by the command's DB argument, opened read-only."""
     return ReadOnlyStore(args.db)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..store.recovery import INTERRUPTED, recover_interrupted, stale_running
 from ..store.sqlite import SQLiteStore
-from ._common import _EXIT_CODES_HELP, EXIT_OK, EXIT_USAGE, CLIError, _fmt_time, _Out
+from ._common import EXIT_CODES_HELP, EXIT_OK, EXIT_USAGE, CLIError, Out, fmt_time
 from .readstore import ReadOnlyStore
 
 
@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
             "another host (or by a version that recorded no owner) are marked only with --older-than. "
             "Opens DB for writing (it must exist); live processes may keep writing to it meanwhile."
         ),
-        epilog=_EXIT_CODES_HELP,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("db", metavar="DB", help="an agentlightning-lite SQLite store (opened for writing)")
@@ -67,12 +67,12 @@ def recover(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_OK
-    o = _Out(args.plain)
+    o = Out(args.plain)
     verb = "would mark" if args.dry_run else "marked"
     if not marked:
         o.line(f"{args.db}: no interrupted rollouts")
         return EXIT_OK
     o.line(f"{args.db}: {verb} {len(marked)} rollout(s) failed ({INTERRUPTED})")
     for r in marked:
-        o.line(f"  {r.rollout_id}  {r.mode}  started {_fmt_time(r.start_time)}")
+        o.line(f"  {r.rollout_id}  {r.mode}  started {fmt_time(r.start_time)}")
     return EXIT_OK

@@ -13,15 +13,15 @@ from ._common import (
     EXIT_OK,
     EXIT_USAGE,
     CLIError,
-    _err,
-    _fmt_dur,
-    _fmt_num,
-    _fmt_time,
-    _Out,
-    _preview,
+    Out,
+    fmt_dur,
+    fmt_num,
+    fmt_time,
+    preview,
+    print_error,
     reader_parser,
 )
-from .readstore import ReadOnlyStore, _open
+from .readstore import ReadOnlyStore, open_store
 
 
 def add_parsers(sub: Any) -> None:
@@ -47,7 +47,7 @@ def add_parsers(sub: Any) -> None:
 
 def runs(args: argparse.Namespace) -> int:
     """``agl-lite runs DB``: the rollouts, newest last, with status, reward, duration, agents."""
-    store = _open(args)
+    store = open_store(args)
     try:
         rollouts = store.rollouts(mode=args.mode, status=args.status)
         summary = store.span_summary()
@@ -55,7 +55,8 @@ def runs(args: argparse.Namespace) -> int:
         store.close()
     total = len(rollouts)
     if not rollouts:
-        _err(f"no rollouts in {args.db}" + (" matching the filters" if args.mode or args.status else ""))
+        filtered = " matching the filters" if args.mode or args.status else ""
+        print_error(f"no rollouts in {args.db}{filtered}")
         return EXIT_NOT_FOUND
     if args.limit and args.limit > 0:
         rollouts = rollouts[-args.limit :]
@@ -85,19 +86,19 @@ def runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(items, ensure_ascii=False, default=str))
         return EXIT_OK
-    o = _Out(args.plain)
+    o = Out(args.plain)
     rows = [
         [
             i["rollout_id"],
             _status_cell(i),
             i["mode"],
-            _fmt_num(i["reward"]),
-            _fmt_dur(i["duration_s"]),
+            fmt_num(i["reward"]),
+            fmt_dur(i["duration_s"]),
             ", ".join(i["agents"]) or "-",
             str(i["llm_calls"]),
             str(i["spans"]),
-            _fmt_time(i["start_time"]),
-            _preview(i["task"], 40),
+            fmt_time(i["start_time"]),
+            preview(i["task"], 40),
         ]
         for i in items
     ]
@@ -129,7 +130,8 @@ def _status_cell(item: dict[str, Any]) -> str:
     return str(item["status"])
 
 
-def _resolve(store: ReadOnlyStore, prefix: str) -> str:
+def resolve_rollout(store: ReadOnlyStore, prefix: str) -> str:
+    """The one rollout id that ``prefix`` names (an exact id or a unique prefix); else a CLIError."""
     matches = store.find_rollouts(prefix)
     if not matches:
         raise CLIError(f"no rollout with id or prefix {prefix!r} in {store.path}", EXIT_NOT_FOUND)
@@ -143,8 +145,8 @@ def _span_label(s: Span, t0: float) -> str:
     parts = [f"{s.kind} {s.name}".strip()]
     if s.agent:
         parts.append(f"[{s.agent}]")
-    parts.append(f"+{_fmt_dur(s.start_time - t0)}")
-    parts.append(_fmt_dur(s.duration) if s.end_time is not None else "open")
+    parts.append(f"+{fmt_dur(s.start_time - t0)}")
+    parts.append(fmt_dur(s.duration) if s.end_time is not None else "open")
     detail = ""
     if s.kind == "llm":
         bits = []
@@ -154,22 +156,22 @@ def _span_label(s: Span, t0: float) -> str:
             bits.append(f"{len(s.prompt_token_ids or [])}→{len(s.response_token_ids or [])} tok")
         if s.attributes.get("agl.duplicate_of"):
             bits.append(f"framework view of {str(s.attributes['agl.duplicate_of'])[:12]}")
-        bits.append(repr(_preview(s.output, 50)))
+        bits.append(repr(preview(s.output, 50)))
         detail = " ".join(bits)
     elif s.kind == "tool":
-        detail = f"{_preview(s.input, 40)} → " + (
-            f"ERROR {_preview(s.error, 50)}" if s.status == "error" else _preview(s.output, 40)
+        detail = f"{preview(s.input, 40)} → " + (
+            f"ERROR {preview(s.error, 50)}" if s.status == "error" else preview(s.output, 40)
         )
     elif s.kind == "reward":
-        detail = f"= {_fmt_num(s.output if isinstance(s.output, (int, float)) else None)}"
+        detail = f"= {fmt_num(s.output if isinstance(s.output, (int, float)) else None)}"
         if s.attributes.get("final"):
             detail += " (final)"
     elif s.kind == "signal":
-        detail = _preview(
+        detail = preview(
             {k: v for k, v in {"value": s.output, "status": s.attributes.get("status")}.items() if v}
         )
     if s.status == "error" and s.kind != "tool":
-        detail = (detail + " " if detail else "") + f"ERROR {_preview(s.error, 60)}"
+        detail = (detail + " " if detail else "") + f"ERROR {preview(s.error, 60)}"
     elif s.status == "ok" and s.kind == "tool":
         detail += "  ok"
     return "  ".join(parts) + (f"  {detail}" if detail else "")
@@ -177,9 +179,9 @@ def _span_label(s: Span, t0: float) -> str:
 
 def show(args: argparse.Namespace) -> int:
     """``agl-lite show DB ROLLOUT_ID``: one rollout's span tree."""
-    store = _open(args)
+    store = open_store(args)
     try:
-        rid = _resolve(store, args.rollout_id)
+        rid = resolve_rollout(store, args.rollout_id)
         ro = store.get_rollout(rid)
         spans = store.spans(rid)
     finally:
@@ -199,14 +201,14 @@ def show(args: argparse.Namespace) -> int:
         kids = sorted(children.get(parent, []), key=lambda x: x.start_time)
         return [(_span_label(k, ro.start_time), build(k.span_id)) for k in kids]
 
-    o = _Out(args.plain)
+    o = Out(args.plain)
     dur = None if ro.end_time is None else ro.end_time - ro.start_time
     head = (
-        f"rollout {ro.rollout_id}  {ro.status}  reward {_fmt_num(ro.reward)}  {ro.mode}  "
-        f"{_fmt_dur(dur)}  started {_fmt_time(ro.start_time)}"
+        f"rollout {ro.rollout_id}  {ro.status}  reward {fmt_num(ro.reward)}  {ro.mode}  "
+        f"{fmt_dur(dur)}  started {fmt_time(ro.start_time)}"
     )
     o.line(head, style="bold")
-    o.line(f"task: {_preview(ro.task, 100)}")
+    o.line(f"task: {preview(ro.task, 100)}")
     if ro.error:
         o.line(f"error: {ro.error}", style="red")
     tools = [s for s in spans if s.kind == "tool"]

@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from ._common import (
-    _EXIT_CODES_HELP,
+    EXIT_CODES_HELP,
     EXIT_OK,
     EXIT_USAGE,
     CLIError,
-    _air,
-    _err,
-    _fmt_num,
-    _json_default,
-    _names,
-    _Out,
+    Out,
+    air_rules,
+    fmt_num,
+    json_default,
+    name_list,
     parse_credit,
+    print_error,
 )
 
 
@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
             "once before training (to build an index, say). The agent is a function (task, llm) -> "
             "reward or an agl.LitAgent. The dataset is a JSONL file (one task per line) or a JSON list."
         ),
-        epilog=_EXIT_CODES_HELP,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument(
@@ -185,7 +185,7 @@ def prepare_tasks(module: Any, tasks: list[Any]) -> None:
     """
     prepare = getattr(module, "prepare", None)
     if callable(prepare):
-        _err(f"preparing {len(tasks)} tasks with {module.__name__}.prepare()")
+        print_error(f"preparing {len(tasks)} tasks with {module.__name__}.prepare()")
         prepare(tasks)
 
 
@@ -242,7 +242,7 @@ def train(args: argparse.Namespace) -> int:
     from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig
 
     algo_cls = agl.GRPO if args.algorithm == "grpo" else agl.PPO
-    _err(
+    print_error(
         f"training {args.agent} on {len(tasks)} tasks: {args.model}, {args.algorithm.upper()}, "
         f"group {args.group_size}, batch {args.batch_size}, lr {args.lr:g}, output in {args.output_dir}"
     )
@@ -254,7 +254,9 @@ def train(args: argparse.Namespace) -> int:
         runners = agl.RemoteRunners(
             host=host.strip("[]") or "127.0.0.1", port=int(port), api_key=args.api_key
         )
-        _err(f"rollouts are queued for runners: agl-lite runner {args.agent} --server http://{args.runners}")
+        print_error(
+            f"rollouts are queued for runners: agl-lite runner {args.agent} --server http://{args.runners}"
+        )
     engine, engine_options = _engine_choice(args)
     t0 = time.time()
     trainer = agl.Trainer(
@@ -264,9 +266,9 @@ def train(args: argparse.Namespace) -> int:
         lora=agl.LoRA(r=args.lora_r, alpha=2 * args.lora_r, load_in_4bit=args.qlora),
         engine=engine,
         engine_options=engine_options,
-        agents=_names(args.agents),
+        agents=name_list(args.agents),
         credit=args.credit,
-        air=_air(args),
+        air=air_rules(args),
         output_dir=args.output_dir,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -300,14 +302,14 @@ def train(args: argparse.Namespace) -> int:
         "wall_s": round(time.time() - t0, 1),
     }
     if args.json:
-        print(json.dumps(out, indent=2, default=_json_default))
+        print(json.dumps(out, indent=2, default=json_default))
         return _done()
-    o = _Out()
+    o = Out()
     rows = [["steps", str(trainer.step), ""]]
-    rows.append(["train reward (last step)", _fmt_num(last.get("train/reward_mean")), ""])
+    rows.append(["train reward (last step)", fmt_num(last.get("train/reward_mean")), ""])
     if after is not None:
         for key in ("success_rate", "mean_reward"):
-            rows.append([f"held-out {key}", _fmt_num(before[key]) if before else "-", _fmt_num(after[key])])
+            rows.append([f"held-out {key}", fmt_num(before[key]) if before else "-", fmt_num(after[key])])
     o.table("training done", ["", "before", "after"], rows)
     for label in ("store", "metrics", "reward_curve", "adapter"):
         o.line(f"{label:13s} {out[label]}")

@@ -15,18 +15,18 @@ from ._common import (
     EXIT_OK,
     EXIT_USAGE,
     CLIError,
-    _air,
-    _collect_warnings,
-    _err,
-    _fmt_num,
-    _names,
-    _Out,
-    _preview,
+    Out,
+    air_rules,
+    collect_warnings,
+    fmt_num,
+    name_list,
     parse_credit,
+    preview,
+    print_error,
     reader_parser,
 )
-from .readstore import _open
-from .runs import _resolve
+from .readstore import open_store
+from .runs import resolve_rollout
 
 
 def add_parsers(sub: Any) -> None:
@@ -73,18 +73,18 @@ def transitions_cmd(args: argparse.Namespace) -> int:
     """``agl-lite transitions DB``: the transitions, as a table or JSONL."""
     from ..transitions import transitions
 
-    store = _open(args)
-    credit, air = args.credit, _air(args)
+    store = open_store(args)
+    credit, air = args.credit, air_rules(args)
     if credit is None and air is None and (spec := recorded(store)) is not None:
         credit, air = rules(spec)  # what the run trained with
     args.credit = credit if credit is not None else _credit.FinalReward()
     try:
-        rollout_ids = [_resolve(store, r) for r in args.rollout] if args.rollout else None
-        items = _collect_warnings(
+        rollout_ids = [resolve_rollout(store, r) for r in args.rollout] if args.rollout else None
+        items = collect_warnings(
             lambda: transitions(
                 store,
                 rollout_ids=rollout_ids,
-                agents=_names(args.agents),
+                agents=name_list(args.agents),
                 credit=args.credit,
                 air=air,
                 mode=args.mode,
@@ -94,13 +94,13 @@ def transitions_cmd(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if not items:
-        _err(f"no transitions (policy LLM calls) in {args.db} matching the filters")
+        print_error(f"no transitions (policy LLM calls) in {args.db} matching the filters")
         return EXIT_NOT_FOUND
     if args.jsonl:
         for t in items:
             sys.stdout.write(t.model_dump_json() + "\n")
         return EXIT_OK
-    o = _Out(args.plain)
+    o = Out(args.plain)
     rows = []
     for t in items:
         inter = t.metadata.get("intermediate_rewards") or []
@@ -114,11 +114,11 @@ def transitions_cmd(args: argparse.Namespace) -> int:
                 t.rollout_id,
                 str(t.index),
                 t.agent or "-",
-                _fmt_num(t.reward),
-                _fmt_num(t.final_reward),
+                fmt_num(t.reward),
+                fmt_num(t.final_reward),
                 ", ".join(f"{n} {v:+.3g}" for n, v in inter) or "-",
                 tokens,
-                _preview(t.response, 50),
+                preview(t.response, 50),
             ]
         )
     cols = ["rollout", "#", "agent", "credited", "final", "intermediate", "tokens", "response"]
@@ -131,15 +131,15 @@ def export_sft_cmd(args: argparse.Namespace) -> int:
     """``agl-lite export-sft DB OUT.jsonl``."""
     from ..sft_export import export_sft
 
-    store = _open(args)
+    store = open_store(args)
     out = Path(args.out)
     if out.exists() and out.resolve() == store.path.resolve():
         store.close()
         raise CLIError(f"refusing to overwrite the store {args.db} with the export", EXIT_USAGE)
     try:
-        n = _collect_warnings(
+        n = collect_warnings(
             lambda: export_sft(
-                store, out, min_reward=args.min_reward, agents=_names(args.agents), mode=args.mode
+                store, out, min_reward=args.min_reward, agents=name_list(args.agents), mode=args.mode
             )
         )
     finally:
@@ -150,6 +150,6 @@ def export_sft_cmd(args: argparse.Namespace) -> int:
         kept = f" (rollouts with reward >= {args.min_reward:g})" if args.min_reward is not None else ""
         print(f"wrote {n} chat example(s){kept} to {out}")
     if n == 0:
-        _err("nothing exported: no policy calls matched")
+        print_error("nothing exported: no policy calls matched")
         return EXIT_NOT_FOUND
     return EXIT_OK

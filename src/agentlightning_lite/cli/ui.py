@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from ._common import EXIT_USAGE, CLIError, _air, _names, parse_credit, reader_parser
+from ._common import EXIT_USAGE, CLIError, air_rules, name_list, parse_credit, reader_parser
 
 
 def add_parser(sub: Any) -> None:
@@ -65,8 +65,8 @@ def ui(args: argparse.Namespace) -> int:
         output_dir=args.output_dir,
         tokenizer=tokenizer,
         credit=args.credit,
-        air=_air(args),
-        agents=_names(args.agents),
+        air=air_rules(args),
+        agents=name_list(args.agents),
     )
     try:
         server = UIServer(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from ..store.base import Store
@@ -82,7 +82,7 @@ class RemoteStore(Store):
             return self._leases.get(rollout_id)
 
     # -- spans ----------------------------------------------------------------------------------
-    def _add_rows(self, rows: list[SpanRow]) -> None:
+    def add_span_rows(self, rows: Sequence[SpanRow]) -> None:
         if self._closed:
             raise RuntimeError("the RemoteStore is closed")
         with self._lock:
@@ -92,7 +92,7 @@ class RemoteStore(Store):
             self._wake.set()
 
     def add_spans(self, spans: Iterable[Span]) -> None:
-        self._add_rows([span_to_row(s) for s in spans])
+        self.add_span_rows([span_to_row(s) for s in spans])
 
     def flush(self) -> None:
         """Send every buffered span now (blocks until the trainer has them or refused them)."""

@@ -45,6 +45,7 @@ from ..errors import AGLError, LeaseError, RolloutExistsError, UnknownRolloutErr
 from ..serving.errors import APIError, JSONResponse, api_error_of, internal_error
 from ..serving.routes.request import call_leases, check_auth, parse_json_object, read_body
 from ..serving.server import PolicyServer
+from ..store.rows import SpanRow
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
 from .otlp import TraceRollouts, otlp_response, otlp_spans, read_otlp
 from .queue import OutcomeCounted, RolloutQueue
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 MAX_CLAIM_WAIT = 30.0
 _KINDS = frozenset(SPAN_KINDS)
-_ROW_LEN = 17
+_ROW_LEN = len(SpanRow._fields)
 LEASE_HEADER = "x-agl-lease"
 LEASE_ATTR = "agentlightning.lease"
 KNOWN_SIZE = 10_000  # rollouts remembered as existing in the store (the oldest are looked up again)
@@ -146,7 +147,7 @@ def _time(value: Any, what: str, optional: bool = False) -> float | None:
     return float(value)
 
 
-def check_row(r: Any, version: int | None) -> tuple[Any, ...]:
+def check_row(r: Any, version: int | None) -> SpanRow:
     """Validate one wire span row (the store's row layout) and stamp its ``weights_version``."""
     if not isinstance(r, list) or len(r) != _ROW_LEN:
         raise _bad(f"each span row must be a list of {_ROW_LEN} fields", "rows")
@@ -173,7 +174,7 @@ def check_row(r: Any, version: int | None) -> tuple[Any, ...]:
     if version is not None and "weights_version" not in attrs:
         attrs["weights_version"] = version
         attrs_text = dumps(attrs)
-    return (*r[:12], attrs_text, r[13], r[14], r[15], lps)
+    return SpanRow._make((*r[:12], attrs_text, r[13], r[14], r[15], lps))
 
 
 def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
@@ -298,7 +299,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         rows, objs = body.get("rows"), body.get("spans")
         if rows is None and objs is None:
             raise _bad("send {'rows': [...]} (the store's row layout) or {'spans': [...]}", "rows")
-        checked: list[tuple[Any, ...]] = []
+        checked: list[SpanRow] = []
         versions: dict[str, int] = {}
         if rows is not None:
             if not isinstance(rows, list):
@@ -331,7 +332,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
             rows = [r for r in checked if r[1] not in ended]
             objs = [s for s in spans if s.rollout_id not in ended]
             if rows:
-                store._add_rows(rows)
+                store.add_span_rows(rows)
             if objs:
                 store.add_spans(objs)
             dropped = len(checked) + len(spans) - len(rows) - len(objs)

@@ -1,4 +1,4 @@
-"""Small helpers of the training process: gradient checkpointing, memory figures, progress bars."""
+"""Small helpers of the training process: gradient checkpointing, memory figures, the step bar."""
 
 from __future__ import annotations
 
@@ -14,20 +14,9 @@ __all__ = [
     "is_checkpointing",
     "memory_stats",
     "prepare_update_memory",
-    "progress",
     "release_cuda_cache",
     "show_step",
 ]
-
-
-def progress(total: int, desc: str, initial: int = 0) -> Any:
-    """A tqdm bar (``None`` without tqdm)."""
-    try:
-        from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=desc, initial=initial, dynamic_ncols=True, leave=True)
-    except ImportError:  # pragma: no cover
-        return None
 
 
 def show_step(bar: Any, last: Mapping[str, Any]) -> None:

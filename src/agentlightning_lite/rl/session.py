@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._progress import progress
 from ..air import AIRRule
 from ..credit import CreditRule
 from ..prompts import with_prompts
@@ -28,7 +29,6 @@ from ..run_settings import KEY, describe
 from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
 from ..tracer import Tracer
-from ._runtime import progress
 from .algorithm import Algorithm
 from .batching import Sample
 from .config import RolloutConfig, SampleConfig

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._progress import progress
 from ..air import AIRRule, as_rules
 from ..credit import CreditRule
 from ..lora_settings import LoRA
@@ -28,7 +29,7 @@ from ..store.sqlite import SQLiteStore
 from ..tracer import Tracer
 from . import config as cfg
 from ._memory import release_host_memory
-from ._runtime import progress, release_cuda_cache, show_step
+from ._runtime import release_cuda_cache, show_step
 from .algorithm import Algorithm, WeightUpdate, rollout_only
 from .async_rollouts import fit_async
 from .distributed import DataParallel

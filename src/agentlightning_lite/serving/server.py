@@ -27,7 +27,6 @@ from starlette.routing import BaseRoute, Route
 from ..errors import AGLError, UnknownRolloutError
 from ..store.base import Store
 from ..store.memory import MemoryStore
-from ._threaded import ThreadedUvicorn
 from .context import ServingContext
 from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
@@ -36,6 +35,7 @@ from .reply import HermesReplyParser, ReplyParser
 from .routes import chat, completions, lora, messages, meta, responses
 from .routes.request import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
 from .state import RecentDict, RolloutState
+from .threaded import ThreadedUvicorn
 
 __all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer"]
 

@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import RolloutExistsError, UnknownRolloutError
@@ -76,13 +76,14 @@ def log_dropped(moved: list[tuple[SpanRow, str]], late: list[tuple[SpanRow, str,
 
 
 @functools.lru_cache(maxsize=1)
-def _host() -> str:
+def host_name() -> str:
+    """This machine's host name, as recorded in a rollout's owner (read once)."""
     return socket.gethostname()
 
 
 def owner() -> dict[str, Any]:
     """This process as a rollout's owner: ``{"pid": ..., "host": ...}``."""
-    return {"pid": os.getpid(), "host": _host()}
+    return {"pid": os.getpid(), "host": host_name()}
 
 
 class Store(abc.ABC):
@@ -201,6 +202,22 @@ class Store(abc.ABC):
         (finished) rollout ended, are dropped and logged (see the class docstring).
         """
 
+    def add_span_rows(self, rows: Sequence[SpanRow]) -> None:
+        """Add spans in row form (:class:`~agentlightning_lite.store.rows.SpanRow`): the tracer's fast
+        path, under the same rules as :meth:`add_spans`; stores may keep the rows as they are.
+
+        >>> import agentlightning_lite as agl
+        >>> from agentlightning_lite.store.rows import span_to_row
+        >>> store = agl.MemoryStore()
+        >>> ro = store.start_rollout(mode="train")
+        >>> span = agl.Span(span_id="s1", rollout_id=ro.rollout_id, kind="reward", name="reward",
+        ...                 start_time=ro.start_time, output=1.0)
+        >>> store.add_span_rows([span_to_row(span)])
+        >>> [(s.kind, s.output) for s in store.spans(ro.rollout_id)]
+        [('reward', 1.0)]
+        """
+        self.add_spans([row_to_span(r) for r in rows])
+
     @abc.abstractmethod
     def spans(self, rollout_id: str) -> list[Span]:
         """The spans of one rollout, ordered by start time (then insertion order)."""
@@ -219,10 +236,6 @@ class Store(abc.ABC):
         self.close()
 
     # -- implementation hooks -------------------------------------------------------------
-    def _add_rows(self, rows: list[SpanRow]) -> None:
-        """Add spans in row form (the tracer's fast path); stores may store rows as they are."""
-        self.add_spans([row_to_span(r) for r in rows])
-
     def _rollout_for_update(self, rollout_id: str) -> Rollout | None:
         return self.get_rollout(rollout_id)
 

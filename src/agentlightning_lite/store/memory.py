@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..errors import RolloutExistsError
 from ..types import Rollout, Span
@@ -59,9 +59,9 @@ class MemoryStore(Store):
         ]
 
     def add_spans(self, spans: Iterable[Span]) -> None:
-        self._add_rows([span_to_row(s) for s in spans])
+        self.add_span_rows([span_to_row(s) for s in spans])
 
-    def _add_rows(self, rows: list[SpanRow]) -> None:
+    def add_span_rows(self, rows: Sequence[SpanRow]) -> None:
         moved: list[tuple[SpanRow, str]] | None = None
         late: list[tuple[SpanRow, str, float]] | None = None
         with self._lock:

@@ -16,12 +16,13 @@ from ..types import Rollout, Span
 from .base import Store
 from .rows import row_to_span
 from .sqlite_schema import (
-    _ROLLOUT_COLUMNS,
-    _SPAN_COLUMNS,
     APPLICATION_ID,
+    ROLLOUT_COLUMNS,
+    SPAN_COLUMNS,
     NotOurDatabase,
-    _row_rollout,
     check_schema,
+    rollouts_sql,
+    row_rollout,
 )
 
 __all__ = ["ReadOnlyStore", "StoreNotFound"]
@@ -77,12 +78,28 @@ class ReadOnlyStore(Store):
             self._conn.close()
             raise
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a SQL statement on the file (read-only) and return its rows: the web view's way in;
+        the tables are those of :mod:`~agentlightning_lite.store.sqlite_schema`.
+
+        >>> import os, tempfile, agentlightning_lite as agl
+        >>> path = os.path.join(tempfile.mkdtemp(), "runs.db")
+        >>> with agl.SQLiteStore(path) as store:
+        ...     _ = store.start_rollout("2+2?", mode="train")
+        >>> ReadOnlyStore(path).query("SELECT mode, status FROM rollouts WHERE mode = ?", ["train"])
+        [('train', 'running')]
+        """
         return self._conn.execute(sql, tuple(params)).fetchall()
 
+    def rollouts_where(self, where: str, params: Sequence[Any] = ()) -> list[Rollout]:
+        """The rollouts matching ``where``, a SQL condition on the ``rollouts`` table with ``?`` marks
+        for ``params``, oldest first (as :meth:`SQLiteStore.rollouts_where
+        <agentlightning_lite.store.sqlite.SQLiteStore.rollouts_where>`)."""
+        return [row_rollout(r) for r in self.query(rollouts_sql(where), params)]
+
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        rows = self._query(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-        return _row_rollout(rows[0]) if rows else None
+        rows = self.query(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        return row_rollout(rows[0]) if rows else None
 
     def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
         where, params = [], []
@@ -90,24 +107,21 @@ class ReadOnlyStore(Store):
             if value is not None:
                 where.append(f"{col} = ?")
                 params.append(value)
-        sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        return [_row_rollout(r) for r in self._query(sql + " ORDER BY start_time, rowid", params)]
+        return self.rollouts_where(" AND ".join(where), params)
 
     def spans(self, rollout_id: str) -> list[Span]:
-        rows = self._query(
-            f"SELECT {_SPAN_COLUMNS} FROM spans WHERE rollout_id = ? ORDER BY start_time, seq", (rollout_id,)
+        rows = self.query(
+            f"SELECT {SPAN_COLUMNS} FROM spans WHERE rollout_id = ? ORDER BY start_time, seq", (rollout_id,)
         )
         return [row_to_span(r) for r in rows]
 
     def find_rollouts(self, prefix: str, limit: int = 6) -> list[str]:
         """Ids of rollouts whose id starts with ``prefix`` (an exact id first)."""
         prefix = utf8_safe(prefix)  # as the store wrote it
-        if self._query("SELECT 1 FROM rollouts WHERE rollout_id = ?", (prefix,)):
+        if self.query("SELECT 1 FROM rollouts WHERE rollout_id = ?", (prefix,)):
             return [prefix]
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        rows = self._query(
+        rows = self.query(
             "SELECT rollout_id FROM rollouts WHERE rollout_id LIKE ? ESCAPE '\\' ORDER BY start_time LIMIT ?",
             (escaped + "%", limit),
         )
@@ -116,7 +130,7 @@ class ReadOnlyStore(Store):
     def span_summary(self) -> dict[str, dict[str, Any]]:
         """Per rollout: number of spans, of policy LLM calls, and the agents' names (first seen first)."""
         out: dict[str, dict[str, Any]] = {}
-        for rid, kind, agent, attrs in self._query(
+        for rid, kind, agent, attrs in self.query(
             "SELECT rollout_id, kind, agent, attributes FROM spans ORDER BY start_time, seq"
         ):
             item = out.setdefault(rid, {"spans": 0, "llm_calls": 0, "agents": []})

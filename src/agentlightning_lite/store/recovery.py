@@ -20,7 +20,7 @@ import os
 import time
 
 from ..types import Rollout
-from .base import OWNER_KEY, Store, _host, owner
+from .base import OWNER_KEY, Store, host_name, owner
 
 __all__ = ["INTERRUPTED", "OWNER_KEY", "owner", "owner_alive", "recover_interrupted", "stale_running"]
 
@@ -54,7 +54,7 @@ def owner_alive(rollout: Rollout) -> bool | None:
     if not isinstance(info, dict):
         return None
     pid, host = info.get("pid"), info.get("host")
-    if not isinstance(pid, int) or host != _host():
+    if not isinstance(pid, int) or host != host_name():
         return None
     return _pid_alive(pid)
 

@@ -10,40 +10,55 @@ from __future__ import annotations
 import json
 from array import array
 from sys import byteorder
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._json import dumps
 from ..types import TRUSTED, Span
 
-#: Row layout: the SQLite column order. ``input``, ``output`` and ``attributes`` are JSON text;
-#: the three token fields are Python lists (or ``None``).
-SPAN_FIELDS: tuple[str, ...] = (
-    "span_id",
-    "rollout_id",
-    "parent_id",
-    "kind",
-    "name",
-    "agent",
-    "start_time",
-    "end_time",
-    "status",
-    "error",
-    "input",
-    "output",
-    "attributes",
-    "model",
-    "prompt_token_ids",
-    "response_token_ids",
-    "response_logprobs",
-)
-SpanRow = tuple[Any, ...]
+
+class SpanRow(NamedTuple):
+    """A span in row form: the SQLite column order, payloads already JSON text.
+
+    What the tracer writes through :meth:`Store.add_span_rows
+    <agentlightning_lite.store.base.Store.add_span_rows>`: ``input``, ``output`` and ``attributes``
+    are JSON text; the three token fields are Python lists (or ``None``; a store may hold them as
+    little-endian bytes). Stores turn rows back into :class:`~agentlightning_lite.types.Span` on read.
+
+    >>> from agentlightning_lite.store.rows import SpanRow, row_to_span
+    >>> row = SpanRow("s1", "r1", None, "reward", "reward", None, 1.0, 1.0, "ok", None,
+    ...               "null", "1.0", '{"reward": 1.0}', None, None, None, None)
+    >>> (row.kind, row_to_span(row).output, row._replace(output="0.5").output)
+    ('reward', 1.0, '0.5')
+    """
+
+    span_id: str
+    rollout_id: str
+    parent_id: str | None
+    kind: str
+    name: str
+    agent: str | None
+    start_time: float
+    end_time: float | None
+    status: str
+    error: str | None
+    input: str  # JSON text
+    output: str  # JSON text
+    attributes: str  # JSON object text
+    model: str | None
+    prompt_token_ids: list[int] | bytes | None
+    response_token_ids: list[int] | bytes | None
+    response_logprobs: list[float] | bytes | None
+
+
+#: The row's field names, in the SQLite column order.
+SPAN_FIELDS: tuple[str, ...] = SpanRow._fields
 _EMPTY = "{}"
 _SWAP = byteorder != "little"
 
 
 def span_to_row(s: Span) -> SpanRow:
     """Encode a :class:`Span` as a row."""
-    return (
+    return SpanRow(
         s.span_id,
         s.rollout_id,
         s.parent_id,
@@ -64,7 +79,7 @@ def span_to_row(s: Span) -> SpanRow:
     )
 
 
-def row_to_span(r: SpanRow) -> Span:
+def row_to_span(r: SpanRow | tuple[Any, ...]) -> Span:
     """Decode a row (as stored by either store) into a :class:`Span`."""
     return Span.model_validate(
         {
@@ -90,7 +105,7 @@ def row_to_span(r: SpanRow) -> Span:
     )
 
 
-def ids_to_blob(ids: list[int] | None) -> bytes | None:
+def ids_to_blob(ids: list[int] | bytes | None) -> bytes | None:
     """Token ids as little-endian int32 bytes (4 bytes a token)."""
     if ids is None or isinstance(ids, bytes):
         return ids
@@ -100,7 +115,7 @@ def ids_to_blob(ids: list[int] | None) -> bytes | None:
     return a.tobytes()
 
 
-def floats_to_blob(values: list[float] | None) -> bytes | None:
+def floats_to_blob(values: list[float] | bytes | None) -> bytes | None:
     """Logprobs as little-endian float64 bytes (exact)."""
     if values is None or isinstance(values, bytes):
         return values

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +19,20 @@ from ..types import Rollout, Span
 from .base import Store, is_late, log_dropped
 from .rows import SpanRow, row_to_span, span_to_row
 from .sqlite_schema import (  # the file format; these names are importable from here too
-    _ROLLOUT_COLUMNS,
-    _ROLLOUT_INSERT,
-    _ROLLOUT_UPDATE,
-    _SCHEMA,
-    _SPAN_COLUMNS,
-    _SPAN_UPSERT,
     APPLICATION_ID,
+    ROLLOUT_COLUMNS,
+    ROLLOUT_INSERT,
+    ROLLOUT_UPDATE,
+    SCHEMA,
     SCHEMA_VERSION,
+    SPAN_COLUMNS,
+    SPAN_UPSERT,
     NotOurDatabase,
-    _db_row,
-    _rollout_row,
-    _row_rollout,
     check_schema,
+    db_row,
+    rollout_row,
+    rollouts_sql,
+    row_rollout,
 )
 
 logger = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ class SQLiteStore(Store):
     def _create_schema(conn: sqlite3.Connection) -> None:
         if conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
             return  # another process created it while we waited for the lock
-        for statement in _SCHEMA.split(";"):
+        for statement in SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
@@ -306,15 +307,15 @@ class SQLiteStore(Store):
             def tx(c: sqlite3.Connection) -> None:
                 dropped.clear()  # a retried transaction starts over
                 if inserts:
-                    c.executemany(_ROLLOUT_INSERT, inserts)
+                    c.executemany(ROLLOUT_INSERT, inserts)
                 # rollout updates before spans: a span queued after its rollout finished is judged
                 # against the finished rollout (spans that started before the end pass either way)
                 if updates:
-                    c.executemany(_ROLLOUT_UPDATE, updates)
+                    c.executemany(ROLLOUT_UPDATE, updates)
                 if spans:
                     keep, late = _drop_late(c, spans)
                     before = c.total_changes
-                    c.executemany(_SPAN_UPSERT, [_db_row(r) for r in keep])
+                    c.executemany(SPAN_UPSERT, [db_row(r) for r in keep])
                     moved = _moved(c, keep) if c.total_changes - before < len(keep) else []
                     if moved or late:
                         dropped.append((moved, late))
@@ -348,9 +349,9 @@ class SQLiteStore(Store):
             self.flush()
 
     def add_spans(self, spans: Iterable[Span]) -> None:
-        self._add_rows([span_to_row(s) for s in spans])
+        self.add_span_rows([span_to_row(s) for s in spans])
 
-    def _add_rows(self, rows: list[SpanRow]) -> None:
+    def add_span_rows(self, rows: Sequence[SpanRow]) -> None:
         self._check_open()
         with self._lock:
             self._rows.extend(rows)
@@ -362,7 +363,7 @@ class SQLiteStore(Store):
         self._check_open()
         with self._lock:
             self._live[rollout.rollout_id] = rollout
-            self._inserts.append(_rollout_row(rollout))
+            self._inserts.append(rollout_row(rollout))
 
     def _update_rollout(self, rollout: Rollout) -> None:
         self._check_open()
@@ -391,34 +392,50 @@ class SQLiteStore(Store):
         return live if live is not None else self.get_rollout(rollout_id)
 
     # -- reads ----------------------------------------------------------------------------
-    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a SQL statement that reads the store (after flushing its buffered writes) and return its
+        rows: the web view's way in; the tables are those of :mod:`~agentlightning_lite.store.sqlite_schema`.
+
+        >>> import os, tempfile, agentlightning_lite as agl
+        >>> with agl.SQLiteStore(os.path.join(tempfile.mkdtemp(), "runs.db")) as store:
+        ...     _ = store.start_rollout("2+2?", mode="train")
+        ...     store.query("SELECT mode, status FROM rollouts")
+        [('train', 'running')]
+        """
         with self._wlock:
             self.flush()  # read your own writes
-            return self._connection().execute(sql, params).fetchall()
+            return self._connection().execute(sql, tuple(params)).fetchall()
+
+    def rollouts_where(self, where: str, params: Sequence[Any] = ()) -> list[Rollout]:
+        """The rollouts matching ``where``, a SQL condition on the ``rollouts`` table with ``?`` marks for
+        ``params``, oldest first.
+
+        >>> import os, tempfile, agentlightning_lite as agl
+        >>> with agl.SQLiteStore(os.path.join(tempfile.mkdtemp(), "runs.db")) as store:
+        ...     ro = store.start_rollout("2+2?", mode="train", metadata={"step": 3})
+        ...     [r.rollout_id == ro.rollout_id for r in store.rollouts_where(
+        ...         "json_extract(metadata, '$.step') = ?", (3,))]
+        [True]
+        """
+        return [row_rollout(r) for r in self.query(rollouts_sql(where), params)]
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        rows = self._query(
-            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (utf8_safe(rollout_id),)
+        rows = self.query(
+            f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (utf8_safe(rollout_id),)
         )
-        return _row_rollout(rows[0]) if rows else None
+        return row_rollout(rows[0]) if rows else None
 
     def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
         where, params = [], []
-        if mode is not None:
-            where.append("mode = ?")
-            params.append(mode)
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY start_time, rowid"
-        return [_row_rollout(r) for r in self._query(sql, tuple(params))]
+        for col, value in (("mode", mode), ("status", status)):
+            if value is not None:
+                where.append(f"{col} = ?")
+                params.append(value)
+        return self.rollouts_where(" AND ".join(where), params)
 
     def spans(self, rollout_id: str) -> list[Span]:
-        rows = self._query(
-            f"SELECT {_SPAN_COLUMNS} FROM spans WHERE rollout_id = ? ORDER BY start_time, seq",
+        rows = self.query(
+            f"SELECT {SPAN_COLUMNS} FROM spans WHERE rollout_id = ? ORDER BY start_time, seq",
             (utf8_safe(rollout_id),),
         )
         return [row_to_span(r) for r in rows]

@@ -17,13 +17,28 @@ from ..errors import InvalidRequestError
 from ..types import TRUSTED, Rollout
 from .rows import SpanRow, floats_to_blob, ids_to_blob
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "NotOurDatabase", "check_schema"]
+__all__ = [
+    "APPLICATION_ID",
+    "ROLLOUT_COLUMNS",
+    "ROLLOUT_INSERT",
+    "ROLLOUT_UPDATE",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "SPAN_COLUMNS",
+    "SPAN_UPSERT",
+    "NotOurDatabase",
+    "check_schema",
+    "db_row",
+    "rollout_row",
+    "rollouts_sql",
+    "row_rollout",
+]
 
 #: ``PRAGMA application_id`` of files written by this package ("AGLL").
 APPLICATION_ID = 0x41474C4C
 SCHEMA_VERSION = 1
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
     rollout_id TEXT PRIMARY KEY,
     task       TEXT,            -- JSON
@@ -59,26 +74,26 @@ CREATE TABLE IF NOT EXISTS spans (
 CREATE INDEX IF NOT EXISTS spans_rollout ON spans(rollout_id, start_time);
 """
 
-_SPAN_COLUMNS = (
+SPAN_COLUMNS = (
     "span_id, rollout_id, parent_id, kind, name, agent, start_time, end_time, status, error, "
     "input, output, attributes, model, prompt_token_ids, response_token_ids, response_logprobs"
 )
 # A span id stored under another rollout is not replaced (the WHERE of DO UPDATE): such a row
 # changes nothing, which the flush notices (see Store for the rules).
-_SPAN_UPSERT = (
-    f"INSERT INTO spans ({_SPAN_COLUMNS}) VALUES ({', '.join('?' * 17)}) "
+SPAN_UPSERT = (
+    f"INSERT INTO spans ({SPAN_COLUMNS}) VALUES ({', '.join('?' * 17)}) "
     "ON CONFLICT(span_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _SPAN_COLUMNS.split(", ")[1:])
+    + ", ".join(f"{c} = excluded.{c}" for c in SPAN_COLUMNS.split(", ")[1:])
     + " WHERE spans.rollout_id = excluded.rollout_id"
 )
-_ROLLOUT_COLUMNS = "rollout_id, task, mode, status, start_time, end_time, reward, metadata, error"
-_ROLLOUT_INSERT = (
-    f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * 9)}) "
+ROLLOUT_COLUMNS = "rollout_id, task, mode, status, start_time, end_time, reward, metadata, error"
+ROLLOUT_INSERT = (
+    f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * 9)}) "
     "ON CONFLICT(rollout_id) DO NOTHING"
 )
 # task, mode and start_time are fixed when a rollout starts; the rest may change (metadata too: a
 # timed-out rollout's late result is kept in it)
-_ROLLOUT_UPDATE = (
+ROLLOUT_UPDATE = (
     "UPDATE rollouts SET status = ?, end_time = ?, reward = ?, error = ?, metadata = ? WHERE rollout_id = ?"
 )
 
@@ -104,7 +119,8 @@ def _text_columns(r: SpanRow) -> tuple[Any, ...]:
 
 if sys.byteorder == "little":
 
-    def _db_row(r: SpanRow) -> SpanRow:
+    def db_row(r: SpanRow) -> tuple[Any, ...]:
+        """The SQL parameters of a span row (``SPAN_UPSERT``'s): token fields as little-endian bytes."""
         p, q, lp = r[14], r[15], r[16]
         return (
             *_text_columns(r),
@@ -115,11 +131,12 @@ if sys.byteorder == "little":
 
 else:  # pragma: no cover - big-endian machines
 
-    def _db_row(r: SpanRow) -> SpanRow:
+    def db_row(r: SpanRow) -> tuple[Any, ...]:
         return (*_text_columns(r), ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
 
 
-def _rollout_row(r: Rollout) -> tuple[Any, ...]:
+def rollout_row(r: Rollout) -> tuple[Any, ...]:
+    """The SQL parameters of a rollout (``ROLLOUT_INSERT``'s, in ``ROLLOUT_COLUMNS`` order)."""
     return (
         utf8_safe(r.rollout_id),
         dumps(r.task),
@@ -133,7 +150,19 @@ def _rollout_row(r: Rollout) -> tuple[Any, ...]:
     )
 
 
-def _row_rollout(r: tuple[Any, ...]) -> Rollout:
+def rollouts_sql(where: str = "") -> str:
+    """The query of whole rollouts (``ROLLOUT_COLUMNS``) matching ``where``, a SQL condition on the
+    ``rollouts`` table (none: all of them), oldest first.
+
+    >>> rollouts_sql("mode = ?").endswith("FROM rollouts WHERE mode = ? ORDER BY start_time, rowid")
+    True
+    """
+    condition = f" WHERE {where}" if where else ""
+    return f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{condition} ORDER BY start_time, rowid"
+
+
+def row_rollout(r: tuple[Any, ...]) -> Rollout:
+    """A rollout read back from its row (``ROLLOUT_COLUMNS`` order)."""
     return Rollout.model_validate(
         {
             "rollout_id": r[0],

@@ -22,7 +22,6 @@ from ..air import AIRRule
 from ..credit import CreditRule
 from ..rl.advantages import group_advantages as _group_advantages
 from ..run_settings import recorded, rules
-from ..store.sqlite_schema import _ROLLOUT_COLUMNS, _row_rollout
 from ..transitions import rollout_transitions, why_not_trained
 from ..types import Rollout, Span, Transition
 from .rollout_list import PAGE_SIZES as PAGE_SIZES
@@ -66,7 +65,7 @@ class RunData:
         air: AIRRule | Iterable[AIRRule] | None = None,
         agents: Iterable[str] | None = None,
     ) -> None:
-        if not callable(getattr(store, "_query", None)):
+        if not all(callable(getattr(store, m, None)) for m in ("query", "rollouts_where")):
             raise TypeError(
                 f"the web view reads a SQLite store (ReadOnlyStore or SQLiteStore), not {store!r}"
             )
@@ -83,7 +82,7 @@ class RunData:
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self.store._query(sql, params)
+            return self.store.query(sql, params)
 
     # -- the list --------------------------------------------------------------------------
     def agent_names(self, max_age_s: float = 30.0) -> list[str]:
@@ -191,13 +190,12 @@ class RunData:
         step, task_index = ro.metadata.get("step"), ro.metadata.get("task_index")
         if ro.mode != "train" or step is None or task_index is None:
             return [ro]
-        rows = self._query(
-            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE mode = 'train' "
-            "AND json_extract(metadata, '$.step') = ? AND json_extract(metadata, '$.task_index') = ? "
-            "ORDER BY start_time, rowid",
-            (step, task_index),
-        )
-        group = [_row_rollout(r) for r in rows]
+        with self._lock:
+            group: list[Rollout] = self.store.rollouts_where(
+                "mode = 'train' AND json_extract(metadata, '$.step') = ? "
+                "AND json_extract(metadata, '$.task_index') = ?",
+                (step, task_index),
+            )
         return group if any(g.rollout_id == ro.rollout_id for g in group) else [ro]
 
     def token_view(self, rollout_id: str) -> dict[str, Any] | None:

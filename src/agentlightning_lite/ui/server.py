@@ -1,13 +1,13 @@
 """Serve the web view with uvicorn, in the foreground (``agl-lite ui``) or a background thread (tests).
 
-The thread, socket and shutdown are :class:`~agentlightning_lite.serving._threaded.ThreadedUvicorn`'s.
+The thread, socket and shutdown are :class:`~agentlightning_lite.serving.threaded.ThreadedUvicorn`'s.
 """
 
 from __future__ import annotations
 
 import logging
 
-from ..serving._threaded import ThreadedUvicorn
+from ..serving.threaded import ThreadedUvicorn
 from .app import make_app
 from .data import RunData
 

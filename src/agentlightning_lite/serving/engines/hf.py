@@ -461,4 +461,13 @@ class HFEngine(BatchingEngine):
     def _decode(
         self, requests: Sequence[GenRequest], version: int, adapter: str | None = None
     ) -> list[GenResult]:
-        return decode_batch(self, requests, version, adapter)
+        return decode_batch(
+            self,
+            requests,
+            version,
+            adapter,
+            rng=self._rng,
+            eos=self._eos,
+            ll_tokenizer=self._ll_tokenizer,
+            should_abort=self._should_abort,
+        )

@@ -4,7 +4,7 @@ request sampled with its own settings, seed, stop strings, grammar and token bud
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .base import GenRequest, GenResult
@@ -27,11 +27,23 @@ def _cache_name() -> str:
 
 
 def decode_batch(
-    engine: HFEngine, requests: Sequence[GenRequest], version: int, adapter: str | None = None
+    engine: HFEngine,
+    requests: Sequence[GenRequest],
+    version: int,
+    adapter: str | None = None,
+    *,
+    rng: Any,
+    eos: Collection[int],
+    ll_tokenizer: Callable[[], Any],
+    should_abort: Callable[[GenRequest], bool],
 ) -> list[GenResult]:
     """Decode ``requests`` together on ``engine``'s model (its adapter already active): the prompts
     left-padded, one token per row per step with a KV cache, each row with its own sampling settings,
-    seed, stop strings and token budget; the results are tagged with ``version`` and ``adapter``."""
+    seed, stop strings and token budget; the results are tagged with ``version`` and ``adapter``.
+
+    The engine's own state comes as arguments: ``rng`` (the generator of unseeded rows), ``eos`` (the
+    end-of-sequence ids), ``ll_tokenizer`` (builds, once, the llguidance tokenizer of constrained rows)
+    and ``should_abort`` (true for a request whose client is gone)."""
     import torch
 
     device = engine.device
@@ -45,12 +57,12 @@ def decode_batch(
         mask[i, width - k :] = 1
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    matchers = [grammar_matcher(r, engine._ll_tokenizer) for r in requests]
+    matchers = [grammar_matcher(r, ll_tokenizer) for r in requests]
     constrained = any(m is not None for m in matchers)
     gens = []
     for r in requests:
         if r.seed is None:
-            gens.append(engine._rng)
+            gens.append(rng)
         else:
             g = torch.Generator(device=device)
             g.manual_seed(int(r.seed))
@@ -84,9 +96,9 @@ def decode_batch(
     pad = torch.full((n,), engine.pad_token_id, dtype=torch.long, device=device)
     done_rows, finished = None, 0  # ``done`` on the device, rebuilt only when a row finishes
     for _step in range(max_new):
-        allowed = allowed_tokens(matchers, logits.shape[-1], engine._eos, device) if constrained else None
+        allowed = allowed_tokens(matchers, logits.shape[-1], eos, device) if constrained else None
         if any(fast):
-            step_tok, step_lp = sample_rows(logits, temps, greedy, engine._rng, engine.logprobs_mode, allowed)
+            step_tok, step_lp = sample_rows(logits, temps, greedy, rng, engine.logprobs_mode, allowed)
         else:
             step_tok, step_lp = pad.clone(), torch.zeros(n, device=device)
         for i, r in enumerate(requests):
@@ -102,16 +114,16 @@ def decode_batch(
         # the one device-to-host copy per step: the sampled ids (EOS, stop strings, budgets)
         step_ids = step_tok.tolist()
         for i, r in enumerate(requests):
-            if not done[i] and engine._should_abort(r):  # cancelled: its client is gone
+            if not done[i] and should_abort(r):  # cancelled: its client is gone
                 done[i], finish[i] = True, "abort"
             if done[i]:
                 continue
             tok = step_ids[i]
             tokens[i].append(tok)
             m = matchers[i]
-            if m is not None and tok not in engine._eos and not m.consume_token(tok):
+            if m is not None and tok not in eos and not m.consume_token(tok):
                 raise RuntimeError(f"constrained decoding went off its grammar: {m.get_error()}")
-            if tok in engine._eos:
+            if tok in eos:
                 done[i], finish[i], stop_reason[i] = True, "stop", tok
             elif r.stop:
                 text = engine.decode(tokens[i])

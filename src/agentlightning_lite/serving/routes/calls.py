@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from ...tracer import new_span_id
+from ...ids import new_span_id
 from ...types import Span
 from ..chat_format import ChatFormatError, content_text
 from ..context import ServingContext
