@@ -30,16 +30,16 @@ from . import config as cfg
 from ._memory import release_host_memory
 from ._runtime import progress, release_cuda_cache, show_step
 from .algorithm import Algorithm, WeightUpdate, rollout_only
-from .async_rollouts import fit_async
+from .async_rollouts import AsyncBatches
 from .distributed import DataParallel
 from .evaluation import FailedSteps, evaluation_summary, step_metrics, validation_metrics
 from .grpo import GRPO
 from .learner import Learner, check_algorithm
 from .metrics import MetricsLogger, plot_reward_curve
 from .policies import plan_for
-from .samples import next_tasks
-from .session import Rollouts
+from .session import RolloutBatch, Rollouts
 from .sources import RolloutSource
+from .step_batches import BatchSource, SyncBatches
 from .timing import Timer
 
 __all__ = ["Trainer"]
@@ -254,10 +254,8 @@ class Trainer:
         evaluated = lambda: bool(self.eval_every and self.step % self.eval_every == 0)  # noqa: E731
         validate = lambda: validation_metrics(self.evaluate(agent, val_dataset or []))  # noqa: E731
 
-        def end_step(metrics: dict[str, Any], results: Sequence[Any] = ()) -> None:
-            """After a step: count failed rollouts (``train_step`` counts its own), validate, log,
-            stop after too many failed steps, checkpoint, show progress."""
-            self._failed.record(results)
+        def end_step(metrics: dict[str, Any]) -> None:
+            """After a step: validate, log, stop after too many failed steps, checkpoint, show progress."""
             if val_dataset is not None and evaluated():
                 metrics.update(validate())
             self.metrics.log(self.step, metrics)
@@ -267,14 +265,14 @@ class Trainer:
             show_step(bar, metrics)
 
         try:
-            with self.rollouts.serving():
-                if self.rollout_config.async_rollouts:  # rollouts run ahead in a producer thread
-                    last = fit_async(self, agent, train_dataset, total, end_step)
-                while self.step < total:
-                    tasks, self.data_position = next_tasks(
-                        train_dataset, self.batch_size, self.seed, self.data_position
-                    )
-                    end_step(last := self.train_step(agent, tasks))
+            with self.rollouts.serving(), self._batch_source(agent, train_dataset, total) as batches:
+                while self.step < total:  # the one loop: whichever source, the same update and metrics
+                    timer = Timer(self.device)
+                    got = batches.next(self.step, timer)
+                    last = self._update(got.batch, timer, got.metrics)
+                    self.data_position = got.position
+                    batches.done(self.step - 1, last)
+                    end_step(last)
                 if val_dataset is not None and not evaluated():
                     last.update(final := validate())
                     self.metrics.log(self.step, final)
@@ -284,18 +282,34 @@ class Trainer:
             self.plot()
         return last
 
+    def _batch_source(self, agent: Callable[..., Any], dataset: Sequence[Any], total: int) -> BatchSource:
+        """Where ``fit``'s batches come from: rolled out at each step, or ahead (``async_rollouts``)."""
+        args = (self.rollouts, agent, dataset, self.batch_size, self.seed, self.data_position, self.algorithm)
+        if not self.rollout_config.async_rollouts:
+            return SyncBatches(*args)
+        return AsyncBatches(
+            *args, first_step=self.step, last_step=total, max_staleness=self.sample_config.max_staleness,
+            learner=self.learner, handover=self.rollout_config.handover,
+        )  # fmt: skip
+
     def train_step(self, agent: Callable[..., Any], tasks: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         """One step on the given ``(index, task)`` pairs: roll out, make samples, learn (which hands
         the new weights over); returns its metrics."""
         timer = Timer(self.device)
-        batch = self.rollouts.step(agent, tasks, self.step, self.algorithm, timer)
+        return self._update(self.rollouts.step(agent, tasks, self.step, self.algorithm, timer), timer)
+
+    def _update(
+        self, batch: RolloutBatch, timer: Timer, extra: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
+        """Learn from a step's batch (which hands the new weights over), count the step; its metrics."""
         release_cuda_cache(self.device)  # the rollouts' KV caches: give their blocks back first
         with timer.phase("learn"):
             update_stats = self.learner.learn(batch.samples, self.step, timer)
         release_host_memory()  # the update's freed activations: back to the OS, not kept in the heap
         self.step += 1
         self._failed.record(batch.results)
-        return step_metrics(batch, update_stats, timer, self.rollout_config, self.engine.version)
+        metrics = step_metrics(batch, update_stats, timer, self.rollout_config, self.engine.version)
+        return {**metrics, **(extra or {})}
 
     def evaluate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
         """Run ``agent`` once per task in ``mode="val"``: mean reward, success rate, failures.
