@@ -19,11 +19,11 @@ import torch
 import agentlightning_lite as agl
 from agentlightning_lite.remote import Runner
 from agentlightning_lite.rl.async_rollouts import RequestGate
-from agentlightning_lite.serving.engines.base import Engine
 from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig, SampleConfig
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
 from agentlightning_lite.rl.samples import next_tasks
 from agentlightning_lite.rl.sources import InProcessRollouts
+from agentlightning_lite.serving.engines.base import Engine
 
 from .._helpers import lora_weights
 
@@ -390,4 +390,44 @@ def test_async_rollouts_on_the_vllm_engine_over_http(
         assert out["train/samples"] == 8 and math.isfinite(out["train/loss"])
         assert not producers()
     finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_ctrl_c_cancels_the_rollouts_in_flight_and_returns_at_once(
+    tiny_engine: Any, tmp_path: Path, ahead: bool
+) -> None:
+    """Ctrl-C while the agents block on a long call (the rollout timeout is 300 s): ``fit`` returns
+    within seconds and every rollout in flight is recorded ``failed`` (cancelled) in the store."""
+    import _thread
+
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    config = RolloutConfig(async_rollouts=ahead, timeout=300.0)
+    trainer = make(engine, tmp_path, rollout_config=config)
+    called, release, pressed = threading.Semaphore(0), threading.Event(), []
+
+    def blocking(task: dict, llm: agl.LLM) -> float:
+        call(llm, task["q"])
+        called.release()
+        release.wait(60)  # a tool that takes a minute
+        return 1.0
+
+    def ctrl_c() -> None:
+        for _ in range(4):  # step 0's rollouts have all made their call
+            called.acquire(timeout=30)
+        pressed.append(time.monotonic())
+        _thread.interrupt_main()
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.fit(blocking, TASKS, steps=3)
+        took = time.monotonic() - pressed[0]
+        ros = trainer.store.rollouts(mode="train")
+        assert took < 10, took  # the agents would block for 60 s, the timeout is 300 s
+        assert len(ros) == (8 if ahead else 4)  # k=1: steps 0 and 1 ran at once
+        assert all(r.status == "failed" and "Cancelled" in (r.error or "") for r in ros), ros
+        assert trainer.step == 0 and not producers()
+    finally:
+        release.set()
         trainer.close()

@@ -2,10 +2,11 @@
 
 With ``RolloutConfig(async_rollouts=True)``, ``Trainer.fit`` takes its steps' batches from an
 :class:`AsyncBatches` source instead of rolling each step out when it starts (the loop, the update and
-the step metrics are the same; see :mod:`.step_batches`). A :class:`Producer` thread draws the next steps' tasks and runs each step's batch, in a thread of
-its own, through the session's rollout source (threads of this process, remote runners, Ray); it
-starts the batch of step ``j`` once the update of step ``j - k - 1`` is done (``k``: the staleness
-bound), so it never runs more than ``k`` steps ahead. The learner takes each finished batch, drops the GRPO
+the step metrics are the same; see :mod:`.step_batches`). A :class:`Producer` thread draws the next
+steps' tasks and runs each step's batch, in a thread of its own, through the session's rollout
+source (threads of this process, remote runners, Ray); it starts the batch of step ``j`` once the
+update of step ``j - k - 1`` is done (``k``: the staleness bound), so it never runs more than ``k``
+steps ahead. The learner takes each finished batch, drops the GRPO
 groups with a call made by weights more than ``k`` versions older than the ones it trains
 (:func:`split_stale`: a group is kept or dropped whole), updates, and hands the weights over. Every
 call keeps the version that served it (the span's ``weights_version``), so a rollout whose calls
@@ -168,12 +169,15 @@ class Producer:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if cancel is not None:
-            cancel()
-        deadline = None if cancel is None else time.monotonic() + STOP_WAIT_S
-        for thread in [self._thread, *self._workers]:
-            if thread.is_alive() and thread is not threading.current_thread():
-                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        threads = [t for t in [self._thread, *self._workers] if t is not threading.current_thread()]
+        if cancel is None:
+            for thread in threads:
+                thread.join()
+        deadline = time.monotonic() + STOP_WAIT_S
+        while cancel is not None and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            cancel()  # again while threads run: a batch may have started its rollouts meanwhile
+            for thread in threads:
+                thread.join(0.1)
         if any(t.is_alive() for t in self._workers):
             logger.warning("a rollout batch still runs after fit stopped (its source cannot cancel it)")
         with self._cond:

@@ -55,7 +55,7 @@ def _state(engine: object) -> _PauseState:
     if state is None:
         with _MAKE_STATE:
             state = engine.__dict__.setdefault("_pause_state", _PauseState())
-    return state  # type: ignore[no-any-return]
+    return state
 
 
 def _gated_submit(submit: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,7 +63,7 @@ def _gated_submit(submit: Callable[..., Any]) -> Callable[..., Any]:
     def gated(self: Any, request: Any) -> concurrent.futures.Future[Any]:
         state = _state(self)
         if getattr(state.local, "inside", False):  # a subclass's submit calling its parent's
-            return submit(self, request)  # type: ignore[no-any-return]
+            return submit(self, request)
         with state.cond:
             if state.pauses:
                 held: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -79,7 +79,7 @@ def _gated_submit(submit: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             state.local.inside = False
         future.add_done_callback(state.finished)
-        return future  # type: ignore[no-any-return]
+        return future
 
     gated.__agl_gated__ = True  # type: ignore[attr-defined]
     return gated
@@ -162,7 +162,7 @@ class Pausable:
             if f.cancelled():
                 outer.set_exception(concurrent.futures.CancelledError())
             elif f.exception() is not None:
-                outer.set_exception(f.exception())  # type: ignore[arg-type]
+                outer.set_exception(f.exception())
             else:
                 outer.set_result(f.result())
 
