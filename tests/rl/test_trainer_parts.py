@@ -90,6 +90,40 @@ def test_a_step_times_its_phases(tiny_engine: Any, tmp_path: Path) -> None:
     trainer.close()
 
 
+class Seeing(agl.GRPO):
+    """GRPO, keeping the step context each update is given."""
+
+    seen: list[Any] = []
+
+    def update(self, ctx: Any, policy: Any, samples: list[Any]) -> dict[str, float]:
+        self.seen.append(ctx)
+        return super().update(ctx, policy, samples)
+
+
+def test_an_algorithm_sees_a_step_context_not_the_learner(tiny_engine: Any, tmp_path: Path) -> None:
+    from agentlightning_lite.rl.algorithm import StepContext
+    from agentlightning_lite.rl.learner import Learner
+
+    random.seed(2)
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    trainer = make(engine, tmp_path, algorithm=Seeing(group_size=2, lr=1e-3), batch_size=1)
+    Seeing.seen.clear()
+    out = trainer.fit(varied, TASKS, steps=2)
+    assert [type(c) for c in Seeing.seen] == [StepContext, StepContext]
+    assert [c.step for c in Seeing.seen] == [0, 1] and not any(isinstance(c, Learner) for c in Seeing.seen)
+    assert Seeing.seen[1].merged is False and Seeing.seen[1].seed == 0
+    assert out["timing/advantages"] > 0 and out["timing/update"] > 0  # the context's timer is the step's
+    assert not hasattr(trainer.learner, "step") and not hasattr(trainer.learner, "timer")
+    trainer.close()
+
+
+def test_no_algorithm_module_imports_the_learner_not_even_for_types() -> None:
+    """The algorithms get a StepContext; nothing they import leads back to the learner."""
+    learner = re.compile(r"^\s*from \.learner import", re.MULTILINE)
+    for name in ("algorithm", "grpo", "ppo", "sft", "policy_gradient", "update", "advantages"):
+        assert not learner.search((SRC / "rl" / f"{name}.py").read_text()), name
+
+
 class CountingSource:
     """A rollout source of its own: the in-process one, counting what the trainer asks of it."""
 
