@@ -74,9 +74,9 @@ class Trainer:
         runners: where rollouts run: ``None`` (threads of this process), ``agl.RemoteRunners(...)``,
             ``agl.RayRunners(...)``, any :class:`~.sources.RolloutSource`.
         rollout_config, sample_config, update_config, checkpoint_config, logging_config: the knobs in
-            groups, each default written once (:mod:`agentlightning_lite.rl.config`). The old
-            one-by-one keywords (``rollout_timeout=60``, ``loggers=[]``...) still work, with a
-            ``DeprecationWarning``; ``trainer.rollout_timeout`` and the like read and write the groups.
+            groups, each default written once (:mod:`agentlightning_lite.rl.config`); read and set
+            them there (``trainer.rollout_config.timeout``). A keyword of the old one-by-one style
+            (``rollout_timeout=60``) raises a ``TypeError`` that names its group.
 
     ``trainer.rollouts`` (:class:`~.session.Rollouts`) and ``trainer.learner``
     (:class:`~.learner.Learner`) are the two halves of a step. Each step's metrics time its phases
@@ -94,20 +94,7 @@ class Trainer:
     >>> trainer.fit(agent, [{"question": "2+2=?", "answer": "4"}], steps=2)  # doctest: +SKIP
     """
 
-    concurrency = cfg.Knob("rollout_config", "concurrency")  # default: a whole step's rollouts
-    rollout_timeout = cfg.Knob("rollout_config", "timeout")
-    failed_reward = cfg.Knob("rollout_config", "failed_reward")
-    success_threshold = cfg.Knob("rollout_config", "success_threshold")
-    max_failed_steps = cfg.Knob("rollout_config", "max_failed_steps")
-    max_seq_len = cfg.Knob("sample_config", "max_seq_len")
-    max_staleness = cfg.Knob("sample_config", "max_staleness")
-    transitions_mode = cfg.Knob("sample_config", "transitions")
-    old_logprobs = cfg.Knob("update_config", "old_logprobs")
-    logprob_tolerance = cfg.Knob("update_config", "logprob_tolerance")
-    save_every = cfg.Knob("checkpoint_config", "save_every")
-    keep_checkpoints = cfg.Knob("checkpoint_config", "keep")
-    eval_every = cfg.Knob("logging_config", "eval_every")
-
+    @cfg.reject_moved_keywords  # Trainer(rollout_timeout=...): a TypeError naming its group
     def __init__(
         self,
         model: Any = "smollm2-135m",
@@ -131,9 +118,8 @@ class Trainer:
         update_config: cfg.UpdateConfig | None = None,
         checkpoint_config: cfg.CheckpointConfig | None = None,
         logging_config: cfg.LoggingConfig | None = None,
-        **knobs: Any,
     ) -> None:
-        groups = cfg.resolve(locals(), knobs)  # one config object per group (old keywords: warned)
+        groups = cfg.resolve(locals())  # one config object per group
         plan = plan_for(policies, lora, agents)
         self.lora, self.agents = plan.lora, plan.trained_agents()
         self._rollout_only = rollout_only(algorithm)  # agl.APO: fit optimises the prompts instead
@@ -161,7 +147,7 @@ class Trainer:
         self._owns_engine, self.engine_options = isinstance(engine, str), dict(engine_options or {})
         self.learner = learner = Learner.build(
             engine, model, plan, weight_algorithm, self.update_config, self.sample_config,
-            seed=seed, concurrency=self.concurrency, engine_options=self.engine_options,
+            seed=seed, concurrency=self.rollout_config.concurrency or 1, engine_options=self.engine_options,
             output_dir=self.output_dir,
         )  # fmt: skip
         self.engine, self.policy, self.device = learner.weights.engine, learner.model, learner.device
@@ -251,7 +237,7 @@ class Trainer:
             return followed
         last: dict[str, Any] = {}
         bar = progress(total, "training", initial=min(self.step, total))
-        evaluated = lambda: bool(self.eval_every and self.step % self.eval_every == 0)  # noqa: E731
+        evaluated = lambda: bool((n := self.logging_config.eval_every) and self.step % n == 0)  # noqa: E731
         validate = lambda: validation_metrics(self.evaluate(agent, val_dataset or []))  # noqa: E731
 
         def end_step(metrics: dict[str, Any]) -> None:
@@ -259,8 +245,8 @@ class Trainer:
             if val_dataset is not None and evaluated():
                 metrics.update(validate())
             self.metrics.log(self.step, metrics)
-            self._failed.check(self.max_failed_steps, self.step)
-            if self.save_every and self.step % self.save_every == 0:
+            self._failed.check(self.rollout_config.max_failed_steps, self.step)
+            if (save := self.checkpoint_config.save_every) and self.step % save == 0:
                 self.save_checkpoint()
             show_step(bar, metrics)
 
@@ -332,7 +318,7 @@ class Trainer:
         agent: each adapter, optimiser and value head under ``step-N/policies/<agent>/``)."""
         (epoch, cursor), directory = self.data_position, self.output_dir / "checkpoints"
         state = {"epoch": epoch, "cursor": cursor, "seed": self.seed}
-        return self.learner.save_checkpoint(directory, self.step, state, self.keep_checkpoints)
+        return self.learner.save_checkpoint(directory, self.step, state, self.checkpoint_config.keep)
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Save the trained adapter (peft format, safetensors) to ``path`` (default ``output_dir/adapter``).
