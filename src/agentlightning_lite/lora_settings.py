@@ -113,7 +113,7 @@ def check_4bit_available(device: Any = None) -> None:
 def prepare_4bit(model: Any) -> Any:
     """Make a 4-bit (bitsandbytes) model trainable through LoRA: norms and the head in float32, the
     base frozen (peft's ``prepare_model_for_kbit_training``). Gradient checkpointing is left to
-    ``Trainer(gradient_checkpointing=...)``."""
+    ``UpdateConfig(gradient_checkpointing=...)``."""
     from peft import prepare_model_for_kbit_training
 
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

@@ -73,7 +73,7 @@ def run(out_dir: Path, job: list[str], dp: DataParallel | None) -> None:
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.02)  # a live adapter, not the zero init
     base_numel = sum(p.numel() for n, p in model.named_parameters() if "layers" in n and "lora_" not in n)
-    if "gc" in options:  # gradient checkpointing (non-reentrant), as Trainer(gradient_checkpointing=True)
+    if "gc" in options:  # non-reentrant checkpointing, as UpdateConfig(gradient_checkpointing=True)
         from agentlightning_lite.rl._runtime import enable_gradient_checkpointing
 
         enable_gradient_checkpointing(model)

@@ -23,6 +23,7 @@ from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, Rollo
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
 from agentlightning_lite.rl.samples import next_tasks
 from agentlightning_lite.rl.sources import InProcessRollouts
+from agentlightning_lite.serving.engines.base import Engine
 
 from .._helpers import lora_weights
 
@@ -155,15 +156,19 @@ def test_drain_mode_gives_no_request_that_spans_a_switch(tiny_engine: Any, tmp_p
     engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4), step_delay_s=0.005)
     trainer = make(engine, tmp_path, k=1, handover="drain")
     pairs: list[tuple[int, int]] = []
-    submit = engine.submit
 
-    def recording(request: Any) -> Any:
-        at = engine.version
-        future = submit(request)
-        future.add_done_callback(lambda f: f.cancelled() or pairs.append((at, f.result().weights_version)))
-        return future
+    class Recording(type(engine)):  # type: ignore[misc]
+        """Records the version each request reaches the engine at (a subclass's submit: behind the pause)."""
 
-    engine.submit = recording
+        def submit(self, request: Any) -> Any:
+            at = self.version
+            future = super().submit(request)
+            future.add_done_callback(
+                lambda f: f.cancelled() or pairs.append((at, f.result().weights_version))
+            )
+            return future
+
+    engine.__class__ = Recording
 
     def agent(task: dict, llm: agl.LLM) -> float:
         for i in range(3):
@@ -174,7 +179,7 @@ def test_drain_mode_gives_no_request_that_spans_a_switch(tiny_engine: Any, tmp_p
     out = trainer.fit(agent, TASKS, steps=3)
     assert engine.version == 3 and out["train/samples"] > 0
     assert len(pairs) == 3 * 4 * 3 and all(a == b for a, b in pairs), pairs
-    assert engine.submit == recording and not producers()  # the gate is gone after fit
+    assert "submit" not in vars(engine) and not producers()  # nothing patched on the engine after fit
     trainer.close()
 
 
@@ -286,11 +291,11 @@ def test_handover_is_checked() -> None:
         RolloutConfig(handover="pause")
 
 
-class SlowEngine:
+class SlowEngine(Engine):
     """An engine whose requests finish when the test says so."""
 
     def __init__(self) -> None:
-        self.version = 0
+        super().__init__()
         self.pending: list[concurrent.futures.Future[Any]] = []
 
     def submit(self, request: Any) -> concurrent.futures.Future[Any]:
@@ -302,10 +307,13 @@ class SlowEngine:
     def cancel(self, future: concurrent.futures.Future[Any]) -> bool:
         return False
 
+    def generate(self, requests: Sequence[Any]) -> list[Any]:
+        return [self.submit(r).result() for r in requests]
+
 
 def test_the_gate_waits_for_requests_in_flight_and_holds_new_ones() -> None:
     engine = SlowEngine()
-    gate = RequestGate(engine).install()
+    gate = RequestGate(engine)  # it pauses the engine through the engine's own pause()
     first = engine.submit("a")  # in flight on version 0
     switched = threading.Event()
 
@@ -327,7 +335,6 @@ def test_the_gate_waits_for_requests_in_flight_and_holds_new_ones() -> None:
     assert len(engine.pending) == 2  # the held request went on after the switch, the cancelled one not
     engine.pending[1].set_result("b done")
     assert held.result(1) == "b done" and len(gate.switches) == 1
-    gate.remove()
     assert "submit" not in vars(engine) and "cancel" not in vars(engine)
 
 
@@ -383,4 +390,44 @@ def test_async_rollouts_on_the_vllm_engine_over_http(
         assert out["train/samples"] == 8 and math.isfinite(out["train/loss"])
         assert not producers()
     finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_ctrl_c_cancels_the_rollouts_in_flight_and_returns_at_once(
+    tiny_engine: Any, tmp_path: Path, ahead: bool
+) -> None:
+    """Ctrl-C while the agents block on a long call (the rollout timeout is 300 s): ``fit`` returns
+    within seconds and every rollout in flight is recorded ``failed`` (cancelled) in the store."""
+    import _thread
+
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    config = RolloutConfig(async_rollouts=ahead, timeout=300.0)
+    trainer = make(engine, tmp_path, rollout_config=config)
+    called, release, pressed = threading.Semaphore(0), threading.Event(), []
+
+    def blocking(task: dict, llm: agl.LLM) -> float:
+        call(llm, task["q"])
+        called.release()
+        release.wait(60)  # a tool that takes a minute
+        return 1.0
+
+    def ctrl_c() -> None:
+        for _ in range(4):  # step 0's rollouts have all made their call
+            called.acquire(timeout=30)
+        pressed.append(time.monotonic())
+        _thread.interrupt_main()
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.fit(blocking, TASKS, steps=3)
+        took = time.monotonic() - pressed[0]
+        ros = trainer.store.rollouts(mode="train")
+        assert took < 10, took  # the agents would block for 60 s, the timeout is 300 s
+        assert len(ros) == (8 if ahead else 4)  # k=1: steps 0 and 1 ran at once
+        assert all(r.status == "failed" and "Cancelled" in (r.error or "") for r in ros), ros
+        assert trainer.step == 0 and not producers()
+    finally:
+        release.set()
         trainer.close()

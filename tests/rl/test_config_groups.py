@@ -1,5 +1,5 @@
-"""One configuration style: the knob groups, each default written once; the old keywords still work,
-with a DeprecationWarning."""
+"""One configuration style: the knob groups, each default written once; an old one-by-one keyword
+raises a TypeError that names its group."""
 
 from __future__ import annotations
 
@@ -11,24 +11,34 @@ import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.algorithm import RolloutOnly, WeightUpdate, rollout_only
-from agentlightning_lite.rl.config import LoggingConfig, RolloutConfig, SampleConfig, resolve
+from agentlightning_lite.rl.config import MOVED, LoggingConfig, RolloutConfig, SampleConfig, resolve
 
 
 def test_groups_are_taken_as_given_without_a_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        groups = resolve({"rollout_config": RolloutConfig(timeout=60)}, {})
+        groups = resolve({"rollout_config": RolloutConfig(timeout=60)})
     assert groups["rollout_config"].timeout == 60 and groups["sample_config"] == SampleConfig()
 
 
-def test_old_keywords_still_work_with_a_deprecation_warning() -> None:
-    with pytest.deprecated_call(match=r"rollout_timeout= -> rollout_config=\.\.\.\(timeout=\)"):
-        groups = resolve({}, {"rollout_timeout": 60, "loggers": []})
-    assert groups["rollout_config"].timeout == 60 and groups["logging_config"].loggers == []
-    with pytest.raises(ValueError, match="give rollout_config= or rollout_timeout=, not both"):
-        resolve({"rollout_config": RolloutConfig()}, {"rollout_timeout": 300.0})
-    with pytest.raises(TypeError, match="unexpected keyword arguments: rollout_timout"):
-        resolve({}, {"rollout_timout": 60})
+def test_an_old_keyword_raises_a_type_error_naming_its_new_place(tmp_path: Path) -> None:
+    msg = r"Trainer\(rollout_timeout=\.\.\.\) moved: use rollout_config=RolloutConfig\(timeout=\.\.\.\)"
+    with pytest.raises(TypeError, match=msg):
+        agl.Trainer(output_dir=tmp_path, rollout_timeout=60)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"loggers=\.\.\.\) moved: use logging_config=LoggingConfig\(loggers"):
+        agl.Trainer(output_dir=tmp_path, loggers=[], rollout_config=RolloutConfig())  # type: ignore[call-arg]
+    keep = r"keep_checkpoints=\.\.\.\) moved: use checkpoint_config=CheckpointConfig\(keep="
+    with pytest.raises(TypeError, match=keep):
+        agl.Trainer(output_dir=tmp_path, keep_checkpoints=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'rollout_timout'"):
+        agl.Trainer(output_dir=tmp_path, rollout_timout=60)  # type: ignore[call-arg]
+    assert set(MOVED) >= {
+        "rollout_timeout",
+        "concurrency",
+        "eval_every",
+        "transitions",
+        "gradient_checkpointing",
+    }
 
 
 def test_a_trainer_reads_its_knobs_from_the_groups(tiny_engine: Any, tmp_path: Path) -> None:
@@ -41,10 +51,12 @@ def test_a_trainer_reads_its_knobs_from_the_groups(tiny_engine: Any, tmp_path: P
         logging_config=LoggingConfig(loggers=[]),
     )
     try:
-        assert trainer.rollout_timeout == 5 and trainer.concurrency == 2 * trainer.algorithm.group_size
-        trainer.rollout_timeout = 7  # the old attributes read and write the group's knob
+        config = trainer.rollout_config
+        assert config.timeout == 5 and config.concurrency == 2 * trainer.algorithm.group_size
+        trainer.rollout_config.timeout = 7  # one spelling: the group's knob
         assert trainer.rollout_config.timeout == 7 and trainer.rollouts.config is trainer.rollout_config
         assert trainer.learner.sample_config is trainer.sample_config
+        assert not hasattr(trainer, "rollout_timeout") and not hasattr(trainer, "concurrency")
     finally:
         trainer.close()
 

@@ -91,3 +91,61 @@ def test_resume_loads_the_checkpoint_through_the_engine(tiny_engine: Any, tmp_pa
     assert calls == [True]
     assert engine.version == 1
     second.close()
+
+
+class _Gated(engines.ScriptedEngine):
+    """A subclass with its own submit (calling its parent's): the pause still gates it once."""
+
+    def __init__(self) -> None:
+        super().__init__(["ok"], tokenizer="bytes")
+        self.reached: list[int] = []
+
+    def submit(self, request: Any) -> Any:
+        self.reached.append(self.version)
+        return super().submit(request)
+
+
+def test_every_engine_pauses_through_its_contract() -> None:
+    """``pause()`` holds new requests until ``resume()`` and waits for the ones in flight; a held
+    request can be cancelled; every engine class has it from the base class (no instance patching)."""
+    for cls in (engines.ScriptedEngine, engines.HFEngine, engines.HTTPEngine, engines.VLLMEngine):
+        assert all(callable(getattr(cls, n, None)) for n in ("pause", "resume", "paused"))
+        assert getattr(cls.submit, "__agl_gated__", False) and getattr(cls.cancel, "__agl_gated__", False)
+    engine = _Gated()
+    assert isinstance(engine, ServingEngine)
+    req = engines.GenRequest(prompt_token_ids=[1])
+    with engine.paused():
+        held, dropped = engine.submit(req), engine.submit(req)
+        assert engine.reached == [] and not held.done()  # held above the subclass's own submit
+        assert engine.cancel(dropped) and dropped.cancelled()
+        engine.version = 1  # the weights switch while paused
+    assert held.result(5).text == "ok" and engine.reached == [1]  # reached the engine once, after
+    assert "submit" not in vars(engine) and "cancel" not in vars(engine)
+    with pytest.raises(RuntimeError, match="resume"):
+        engine.resume()
+
+
+def test_a_pause_waits_for_the_requests_in_flight() -> None:
+    import threading
+    import time
+
+    gate = threading.Event()
+
+    class Slow(engines.ScriptedEngine):
+        def generate(self, requests: Any) -> Any:
+            gate.wait(5)
+            return super().generate(requests)
+
+    engine = Slow(["ok"], tokenizer="bytes")
+    first = engine.submit(engines.GenRequest(prompt_token_ids=[1]))
+    paused_at: list[float] = []
+    t = threading.Thread(target=lambda: (engine.pause(), paused_at.append(time.monotonic())))
+    t.start()
+    time.sleep(0.2)
+    assert paused_at == []  # the request in flight keeps the pause from starting
+    released = time.monotonic()
+    gate.set()
+    t.join(5)
+    assert first.result(5).text == "ok" and paused_at and paused_at[0] >= released
+    engine.resume()
+    engine.close()

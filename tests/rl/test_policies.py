@@ -84,8 +84,8 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     seen: list[tuple[str, list[Any], dict[str, torch.Tensor | None]]] = []
     original = trainer.learner.optimise
 
-    def spy(samples: list[Any], policy: Any = None, m: Any = None) -> dict[str, float]:
-        out = original(samples, policy, m)
+    def spy(samples: list[Any], policy: Any = None, m: Any = None, **kw: Any) -> dict[str, float]:
+        out = original(samples, policy, m, **kw)
         grads = {
             n: (None if p.grad is None else p.grad.clone()) for n, p in m.named_parameters() if "lora_" in n
         }

@@ -302,7 +302,7 @@ def test_trainer_update_weighs_rollouts_equally(tiny_llama: Any, tmp_path: Any, 
         trainer = agl.Trainer(engine=engine, algorithm=algo, store=agl.MemoryStore(), output_dir=tmp_path,
                               logging_config=LoggingConfig(loggers=[]),
                               update_config=UpdateConfig(old_logprobs="recompute"))  # fmt: skip
-        trainer.transitions_mode = mode
+        trainer.sample_config.transitions = mode
         if mode == "trajectory":
             samples, _ = merge_trajectories(samples)
         trainer.learner.optimise(samples)

@@ -76,7 +76,7 @@ def test_two_real_grpo_steps_change_the_lora_weights(embedded: object, tmp_path:
     engine.reset_stats()  # type: ignore[attr-defined]
     trainer.fit(chatty_agent, TASKS, steps=2)
     # a step's 8 rollouts run at once (default concurrency) and the engine decodes them as one batch
-    assert trainer.concurrency == 8
+    assert trainer.rollout_config.concurrency == 8
     assert engine.stats["requests"] == 16 and engine.stats["batches"] == 2  # type: ignore[attr-defined]
     after = lora_weights(trainer.policy)
     changed = [n for n in before if not torch.equal(before[n], after[n])]

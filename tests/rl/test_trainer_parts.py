@@ -9,13 +9,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 import agentlightning_lite as agl
 from agentlightning_lite.rl.config import (
-    KEYWORDS,
+    MOVED,
     LoggingConfig,
     RolloutConfig,
     SampleConfig,
@@ -49,13 +49,13 @@ def test_knobs_come_as_one_group_each_and_the_old_keywords_are_not_parameters() 
     params = inspect.signature(agl.Trainer.__init__).parameters
     for group in ("rollout_config", "sample_config", "update_config", "checkpoint_config", "logging_config"):
         assert params[group].default is None
-    assert not set(KEYWORDS) & set(params)  # each default is written once, in its group
-    groups = resolve({}, {})
+    assert not set(MOVED) & set(params)  # each default is written once, in its group
+    groups = resolve({})
     assert groups["checkpoint_config"].keep == 3 and isinstance(groups["sample_config"], SampleConfig)
     given = RolloutConfig(timeout=7.0)
-    assert resolve({"rollout_config": given}, {})["rollout_config"] is given
+    assert resolve({"rollout_config": given})["rollout_config"] is given
     with pytest.raises(TypeError, match="update_config must be"):
-        resolve({"update_config": {"old_logprobs": "engine"}}, {})
+        resolve({"update_config": {"old_logprobs": "engine"}})
 
 
 def test_a_group_given_as_an_object_is_the_trainers(tiny_engine: Any, tmp_path: Path) -> None:
@@ -66,12 +66,13 @@ def test_a_group_given_as_an_object_is_the_trainers(tiny_engine: Any, tmp_path: 
         rollout_config=RolloutConfig(timeout=9.0, failed_reward=0.0),
         update_config=UpdateConfig(old_logprobs="recompute"),
     )
-    # the attributes read (and write) the groups; concurrency defaults to a whole step's rollouts
-    assert (trainer.rollout_timeout, trainer.failed_reward, trainer.old_logprobs) == (9.0, 0.0, "recompute")
-    assert trainer.concurrency == 4 and trainer.rollout_config.concurrency == 4
-    trainer.rollout_timeout = 3.0
-    assert trainer.rollout_config.timeout == 3.0
-    with pytest.raises(ValueError, match="not both"):
+    # the groups are the trainer's (read and set there); concurrency defaults to a whole step's rollouts
+    rollouts, update = trainer.rollout_config, trainer.update_config
+    assert (rollouts.timeout, rollouts.failed_reward, update.old_logprobs) == (9.0, 0.0, "recompute")
+    assert trainer.rollout_config.concurrency == 4 and trainer.rollouts.config is trainer.rollout_config
+    trainer.rollout_config.timeout = 3.0
+    assert trainer.rollouts.config.timeout == 3.0
+    with pytest.raises(TypeError, match=r"old_logprobs=\.\.\.\) moved: use update_config=UpdateConfig"):
         make(engine, tmp_path, old_logprobs="engine", update_config=UpdateConfig())
     trainer.close()
 
@@ -88,6 +89,40 @@ def test_a_step_times_its_phases(tiny_engine: Any, tmp_path: Path) -> None:
     # the phases are parts of the step: the update's own share is within the step's update time
     assert out["timing/update"] + out["timing/old_logprobs"] <= out["time/update_s"]
     trainer.close()
+
+
+class Seeing(agl.GRPO):
+    """GRPO, keeping the step context each update is given."""
+
+    seen: ClassVar[list[Any]] = []
+
+    def update(self, ctx: Any, policy: Any, samples: list[Any]) -> dict[str, float]:
+        self.seen.append(ctx)
+        return super().update(ctx, policy, samples)
+
+
+def test_an_algorithm_sees_a_step_context_not_the_learner(tiny_engine: Any, tmp_path: Path) -> None:
+    from agentlightning_lite.rl.algorithm import StepContext
+    from agentlightning_lite.rl.learner import Learner
+
+    random.seed(2)
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    trainer = make(engine, tmp_path, algorithm=Seeing(group_size=2, lr=1e-3), batch_size=1)
+    Seeing.seen.clear()
+    out = trainer.fit(varied, TASKS, steps=2)
+    assert [type(c) for c in Seeing.seen] == [StepContext, StepContext]
+    assert [c.step for c in Seeing.seen] == [0, 1] and not any(isinstance(c, Learner) for c in Seeing.seen)
+    assert Seeing.seen[1].merged is False and Seeing.seen[1].seed == 0
+    assert out["timing/advantages"] > 0 and out["timing/update"] > 0  # the context's timer is the step's
+    assert not hasattr(trainer.learner, "step") and not hasattr(trainer.learner, "timer")
+    trainer.close()
+
+
+def test_no_algorithm_module_imports_the_learner_not_even_for_types() -> None:
+    """The algorithms get a StepContext; nothing they import leads back to the learner."""
+    learner = re.compile(r"^\s*from \.learner import", re.MULTILINE)
+    for name in ("algorithm", "grpo", "ppo", "sft", "policy_gradient", "update", "advantages"):
+        assert not learner.search((SRC / "rl" / f"{name}.py").read_text()), name
 
 
 class CountingSource:

@@ -65,7 +65,7 @@ def episode(
 
 
 def loss_and_grads(trainer: agl.Trainer, samples: list[Sample], mode: str) -> tuple[dict[str, float], dict]:
-    trainer.transitions_mode = mode
+    trainer.sample_config.transitions = mode
     if mode == "trajectory":
         samples, _ = merge_trajectories(samples)
     stats = trainer.learner.optimise(samples)

@@ -200,7 +200,7 @@ class APO:
             if self.reflection == "policy":
                 server = rollouts.server
                 policy_llm = server.llm() if server is not None else None
-            failed = trainer.failed_reward
+            failed = trainer.rollout_config.failed_reward
             result = self.optimize(
                 agent,
                 train_dataset,

@@ -3,8 +3,10 @@
 Every algorithm says how many rollouts a task gets, which of them count, and which engine plays the
 policy in them (:class:`Algorithm`). One that updates the weights (``agl.GRPO``, ``agl.PPO``,
 ``agl.SFT``: :class:`WeightUpdate`) also says what its samples need (values, a reference model) and
-updates one policy on them through the :class:`~.learner.Learner`. One that works on the rollout
-side only (``agl.APO``: :class:`RolloutOnly`) is handed the trainer's rollout session and runs itself.
+updates one policy on them with what a :class:`StepContext` gives it (the step, its timer, the
+model's settings, the functions that train and hand the weights over), never the learner itself.
+One that works on the rollout side only (``agl.APO``: :class:`RolloutOnly`) is handed the trainer's
+rollout session and runs itself.
 Each checks its own settings when it is built.
 
 >>> import agentlightning_lite as agl
@@ -17,14 +19,45 @@ Each checks its own settings when it is built.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .batching import Sample
-    from .learner import Learner
     from .policies import Policy
+    from .timing import Timer
 
-__all__ = ["Algorithm", "RolloutOnly", "WeightUpdate", "rollout_only"]
+__all__ = ["Algorithm", "RolloutOnly", "StepContext", "WeightUpdate", "rollout_only"]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a :class:`WeightUpdate` sees of the step it updates (the learner builds one per step).
+
+    Attributes:
+        step: the step being learned; ``seed``: the run's seed (SFT's shuffles derive from both).
+        timer: the step's phases (``with ctx.timer.phase("advantages"): ...``).
+        merged: samples are merged trajectories (``SampleConfig(transitions="trajectory")``).
+        pad_id, autocast: the training model's padding token and the dtype the update autocasts to.
+        train: ``train(policy, update)`` runs ``update(model)`` with ``policy``'s adapter active, then
+            hands the new weights to the engine.
+        optimise: ``optimise(samples, policy, model)``: the policy-gradient epochs on samples whose
+            advantages are set (without handing the weights over); returns the metrics.
+
+    >>> ctx = StepContext(step=3, seed=0, timer=None, merged=False, pad_id=0, autocast=None,
+    ...                   train=lambda policy, update: None, optimise=lambda s, p, m: {})
+    >>> ctx.step, ctx.merged
+    (3, False)
+    """
+
+    step: int
+    seed: int
+    timer: Timer
+    merged: bool
+    pad_id: int
+    autocast: Any
+    train: Callable[[Policy, Callable[[Any], None]], None]
+    optimise: Callable[[list[Sample], Policy, Any], dict[str, float]]
 
 
 @runtime_checkable
@@ -74,8 +107,8 @@ class WeightUpdate(Algorithm, Protocol):
         """The value head's learning rate (read when :attr:`needs_values`)."""
         ...
 
-    def update(self, learner: Learner, policy: Policy, samples: list[Sample]) -> dict[str, float]:
-        """Update ``policy`` on its ``samples`` (advantages, loss, steps) through ``learner``; returns
+    def update(self, ctx: StepContext, policy: Policy, samples: list[Sample]) -> dict[str, float]:
+        """Update ``policy`` on its ``samples`` (advantages, loss, steps) with the step's ``ctx``; returns
         the metrics (``"train/skipped_update": 1.0`` when there was nothing to learn from)."""
         ...
 

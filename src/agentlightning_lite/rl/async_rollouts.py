@@ -1,26 +1,29 @@
 """Asynchronous training: a producer thread rolls out the next steps while the learner updates.
 
-With ``RolloutConfig(async_rollouts=True)``, ``Trainer.fit`` runs this loop instead of alternating.
-A :class:`Producer` thread draws the next steps' tasks and runs each step's batch, in a thread of
-its own, through the session's rollout source (threads of this process, remote runners, Ray); it
-starts the batch of step ``j`` once the update of step ``j - k - 1`` is done (``k``: the staleness
-bound), so it never runs more than ``k`` steps ahead. The learner takes each finished batch, drops the GRPO
+With ``RolloutConfig(async_rollouts=True)``, ``Trainer.fit`` takes its steps' batches from an
+:class:`AsyncBatches` source instead of rolling each step out when it starts (the loop, the update and
+the step metrics are the same; see :mod:`.step_batches`). A :class:`Producer` thread draws the next
+steps' tasks and runs each step's batch, in a thread of its own, through the session's rollout
+source (threads of this process, remote runners, Ray); it starts the batch of step ``j`` once the
+update of step ``j - k - 1`` is done (``k``: the staleness bound), so it never runs more than ``k``
+steps ahead. The learner takes each finished batch, drops the GRPO
 groups with a call made by weights more than ``k`` versions older than the ones it trains
 (:func:`split_stale`: a group is kept or dropped whole), updates, and hands the weights over. Every
 call keeps the version that served it (the span's ``weights_version``), so a rollout whose calls
-span a hand-over is judged call by call. ``handover="drain"`` holds new requests and lets the ones in
-flight finish before each switch (:class:`RequestGate`).
+span a hand-over is judged call by call. ``handover="drain"`` pauses the engine for each switch (new
+requests wait, the ones in flight finish first: ``engine.paused()``, through :class:`RequestGate`).
 
 Metrics per step: ``time/learner_wait_s`` (seconds the learner waited for rollouts) and
 ``async/learner_idle_share`` (its share of the step), ``async/staleness_mean`` and ``_max`` and a
 histogram ``async/staleness_<n>`` (calls by how many versions old they were), ``async/dropped_stale``
-(rollouts dropped as too old) and ``async/dropped_groups``. Batches rolled out ahead but not trained
-when ``fit`` stops (an error, Ctrl-C) are logged as a warning with their count.
+(rollouts dropped as too old) and ``async/dropped_groups``. When ``fit`` stops with an error (or
+Ctrl-C) the rollouts still running are cancelled (marked ``failed`` in the store, their engine requests
+cancelled) and ``fit`` returns at once; batches rolled out ahead but not trained are logged as a
+warning with their count.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -28,22 +31,25 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import Any
 
+from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
-from ._memory import release_host_memory
-from ._runtime import release_cuda_cache
+from .algorithm import Algorithm
 from .distributed import DataParallel
-from .evaluation import rollout_metrics
 from .rollouts import RolloutResult
 from .samples import next_tasks, too_stale
+from .session import RolloutBatch, Rollouts
+from .sources import CancellableSource
+from .step_batches import StepBatch
 from .timing import Timer
 from .weights import WeightHandOver
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+__all__ = ["AsyncBatches", "Produced", "Producer", "RequestGate", "split_stale"]
 
-__all__ = ["Produced", "Producer", "RequestGate", "fit_async", "split_stale"]
+#: seconds :meth:`Producer.stop` waits for its threads once their rollouts are cancelled
+STOP_WAIT_S = 5.0
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +162,24 @@ class Producer:
             self.updated_through = max(self.updated_through, step)
             self._cond.notify_all()
 
-    def stop(self) -> list[Produced]:
-        """Start nothing more, join the threads (each finishes its batch); the batches never taken."""
+    def stop(self, cancel: Callable[[], None] | None = None) -> list[Produced]:
+        """Start nothing more and join the threads: each finishes its batch, or, with ``cancel`` (run
+        first: it gives up the rollouts in flight), within :data:`STOP_WAIT_S` seconds. Returns the
+        batches never taken."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        for thread in [self._thread, *self._workers]:
-            if thread.is_alive() and thread is not threading.current_thread():
+        threads = [t for t in [self._thread, *self._workers] if t is not threading.current_thread()]
+        if cancel is None:
+            for thread in threads:
                 thread.join()
+        deadline = time.monotonic() + STOP_WAIT_S
+        while cancel is not None and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            cancel()  # again while threads run: a batch may have started its rollouts meanwhile
+            for thread in threads:
+                thread.join(0.1)
+        if any(t.is_alive() for t in self._workers):
+            logger.warning("a rollout batch still runs after fit stopped (its source cannot cancel it)")
         with self._cond:
             left, self._ready = sorted(self._ready.values(), key=lambda b: b.step), {}
         return left
@@ -205,108 +221,26 @@ def split_stale(
 
 
 class RequestGate:
-    """Holds the engine's new requests and waits for the ones in flight while weights switch.
+    """Closes the engine to requests while its weights switch, through the engine's own pause.
 
-    :meth:`install` routes ``engine.submit`` and ``engine.cancel`` through the gate (restored by
-    :meth:`remove`); inside :meth:`closed`, a new request gets a future that is submitted once the
-    switch is over, and the switch starts only when no request is decoding. ``switches`` holds the
-    ``time.time()`` span of each switch.
+    Inside :meth:`closed` (``engine.paused()``) a new request is held until the switch is over, and
+    the switch starts only when no request is decoding. ``switches`` holds the ``time.time()`` span
+    of each switch.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
         self.switches: list[tuple[float, float]] = []
-        self._cond = threading.Condition()
-        self._open, self._in_flight = True, 0
-        self._held: list[tuple[Any, concurrent.futures.Future[Any]]] = []
-        self._forward: dict[concurrent.futures.Future[Any], concurrent.futures.Future[Any]] = {}
-        self._submit: Callable[[Any], concurrent.futures.Future[Any]] = engine.submit
-        self._cancel: Callable[[concurrent.futures.Future[Any]], bool] = engine.cancel
-        self._before: dict[str, Any] = {}
-
-    def install(self) -> RequestGate:
-        self._submit, self._cancel = self.engine.submit, self.engine.cancel
-        self._before = {n: self.engine.__dict__.get(n) for n in ("submit", "cancel")}
-        setattr(self.engine, "submit", self.submit)  # noqa: B010  (an instance attribute, removed later)
-        setattr(self.engine, "cancel", self.cancel)  # noqa: B010
-        return self
-
-    def remove(self) -> None:
-        for name, before in self._before.items():
-            if before is None:
-                self.engine.__dict__.pop(name, None)
-            else:
-                setattr(self.engine, name, before)
-
-    def submit(self, request: Any) -> concurrent.futures.Future[Any]:
-        with self._cond:
-            if not self._open:
-                held: concurrent.futures.Future[Any] = concurrent.futures.Future()
-                self._held.append((request, held))
-                return held
-            self._in_flight += 1
-        try:
-            future = self._submit(request)
-        except BaseException:
-            self._finished(None)
-            raise
-        future.add_done_callback(self._finished)
-        return future
-
-    def _finished(self, _future: Any) -> None:
-        with self._cond:
-            self._in_flight -= 1
-            self._cond.notify_all()
-
-    def cancel(self, future: concurrent.futures.Future[Any]) -> bool:
-        with self._cond:
-            for i, (_req, held) in enumerate(self._held):
-                if held is future:
-                    del self._held[i]
-                    return future.cancel()
-            inner = self._forward.get(future)
-        if inner is not None:
-            return self._cancel(inner)
-        return self._cancel(future)
 
     @contextlib.contextmanager
     def closed(self) -> Iterator[None]:
         """No request decodes inside: new ones wait, the ones in flight finish first."""
-        with self._cond:
-            self._open = False
-            self._cond.wait_for(lambda: self._in_flight == 0)
-        t0 = time.time()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._open = True
-                held, self._held = self._held, []
+        with self.engine.paused():
+            t0 = time.time()
+            try:
+                yield
+            finally:
                 self.switches.append((t0, time.time()))
-            for request, outer in held:
-                if outer.set_running_or_notify_cancel():
-                    self._pass_on(request, outer)
-
-    def _pass_on(self, request: Any, outer: concurrent.futures.Future[Any]) -> None:
-        try:
-            inner = self.submit(request)
-        except BaseException as exc:  # the request's caller gets it
-            outer.set_exception(exc)
-            return
-        with self._cond:
-            self._forward[outer] = inner
-
-        def copy(f: concurrent.futures.Future[Any]) -> None:
-            with self._cond:
-                self._forward.pop(outer, None)
-            if f.cancelled():
-                outer.set_exception(concurrent.futures.CancelledError())
-            elif f.exception() is not None:
-                outer.set_exception(f.exception())
-            else:
-                outer.set_result(f.result())
-
-        inner.add_done_callback(copy)
 
 
 class DrainingHandOver(WeightHandOver):
@@ -330,79 +264,100 @@ class DrainingHandOver(WeightHandOver):
             super().push(adapters)
 
 
-def fit_async(
-    trainer: Trainer,
-    agent: Callable[..., Any],
-    train_dataset: Sequence[Any],
-    total: int,
-    end_step: Callable[[dict[str, Any], Sequence[RolloutResult]], None],
-) -> dict[str, Any]:
-    """Train until step ``total`` with a producer rolling out ahead; after each step
-    ``end_step(metrics, results)`` (``fit``'s own: count failures, validate, log, stop on failed
-    steps, checkpoint, progress). Returns the last step's metrics."""
-    if DataParallel.active():
-        raise ValueError("async_rollouts does not run under a data-parallel launcher yet")
-    staleness = trainer.sample_config.max_staleness
-    k = 1 if staleness is None else int(staleness)
-    algorithm = trainer.algorithm
-    session, learner, store = trainer.rollouts, trainer.learner, trainer.store
+class AsyncBatches:
+    """The batches of steps ``first_step .. last_step - 1``, rolled out ahead by a :class:`Producer`
+    (at most ``max_staleness`` steps ahead, default 1) and cut down to the groups fresh enough to train
+    (:func:`split_stale`). A :class:`~.step_batches.BatchSource` of ``Trainer.fit``; with
+    ``handover="drain"`` the learner's hand-overs pause the engine while it is open."""
 
-    def run_step(step: int, tasks: list[tuple[int, Any]]) -> list[RolloutResult]:
-        return session.step_results(agent, tasks, step, algorithm)
+    def __init__(
+        self,
+        rollouts: Rollouts,
+        agent: Callable[..., Any],
+        dataset: Sequence[Any],
+        batch_size: int,
+        seed: int,
+        position: tuple[int, int],
+        algorithm: Algorithm,
+        *,
+        first_step: int,
+        last_step: int,
+        max_staleness: int | None,
+        learner: Any = None,
+        handover: str = "finish",
+    ) -> None:
+        if DataParallel.active():
+            raise ValueError("async_rollouts does not run under a data-parallel launcher yet")
+        self.rollouts, self.algorithm, self.learner, self.handover = rollouts, algorithm, learner, handover
+        self.k = 1 if max_staleness is None else int(max_staleness)
+        self.first_step = first_step
 
-    def draw(position: tuple[int, int]) -> tuple[list[tuple[int, Any]], tuple[int, int]]:
-        return next_tasks(train_dataset, trainer.batch_size, trainer.seed, position)
+        def run_step(step: int, tasks: list[tuple[int, Any]]) -> list[RolloutResult]:
+            return rollouts.step_results(agent, tasks, step, algorithm)
 
-    gate: RequestGate | None = None
-    weights = learner.weights
-    if trainer.rollout_config.handover == "drain":
-        gate = RequestGate(trainer.engine).install()
-        learner.weights = DrainingHandOver(weights, gate)
-    producer = Producer(run_step, draw, trainer.step, total, trainer.data_position, k).start()
-    last: dict[str, Any] = {}
-    mark = time.perf_counter()
-    try:
-        while trainer.step < total:
-            timer = Timer(trainer.device)
-            t0 = time.perf_counter()
-            batch = producer.take()
-            waited = time.perf_counter() - t0
-            version = int(trainer.engine.version)
-            with timer.phase("samples"):
-                kept, dropped, ages = split_stale(batch.results, store, version, k)
-                samples, stats = session.samples(kept, algorithm.min_reward)
-            release_cuda_cache(trainer.device)
-            with timer.phase("learn"):
-                update_stats = learner.learn(samples, trainer.step, timer)
-            release_host_memory()
-            producer.updated(batch.step)
-            trainer.step += 1
-            trainer.data_position = batch.position
-            now = time.perf_counter()
-            wall, mark = now - mark, now
-            hist = Counter(ages)
-            last = {
-                **rollout_metrics(batch.results, trainer.rollout_config),
-                "time/rollouts_s": batch.seconds,
-                "time/update_s": timer.seconds.pop("learn"),
-                "time/learner_wait_s": waited,
-                "async/learner_idle_share": waited / wall if wall > 0 else 0.0,
-                "async/staleness_mean": sum(ages) / len(ages) if ages else 0.0,
-                "async/staleness_max": float(max(ages, default=0)),
-                **{f"async/staleness_{n}": float(c) for n, c in sorted(hist.items())},
-                "async/dropped_stale": float(len(dropped)),
-                "async/dropped_groups": float(len({_group(r) for r in dropped})),
-                "engine/version": float(trainer.engine.version),
-                **stats,
-                **update_stats,
-                **timer.metrics(),
-            }
-            end_step(last, batch.results)
-    finally:
-        unused = producer.stop()
-        if gate is not None:
-            gate.remove()
-            learner.weights = weights
+        def draw(at: tuple[int, int]) -> tuple[list[tuple[int, Any]], tuple[int, int]]:
+            return next_tasks(dataset, batch_size, seed, at)
+
+        self.producer = Producer(run_step, draw, first_step, last_step, position, self.k)
+        self._weights: WeightHandOver | None = None
+        self._mark, self._waited = 0.0, 0.0
+
+    def __enter__(self) -> AsyncBatches:
+        if self.handover == "drain" and self.learner is not None:
+            self._weights = self.learner.weights
+            self.learner.weights = DrainingHandOver(self._weights, RequestGate(self.rollouts.engine))
+        self.producer.start()
+        self._mark = time.perf_counter()
+        return self
+
+    def next(self, step: int, timer: Timer) -> StepBatch:
+        t0 = time.perf_counter()
+        batch = self.producer.take()
+        self._waited = time.perf_counter() - t0
+        version = int(self.rollouts.engine.version)
+        timer.add("rollouts", batch.seconds)  # run ahead, overlapping the previous updates
+        with timer.phase("samples"):
+            kept, dropped, ages = split_stale(batch.results, self.rollouts.store, version, self.k)
+            samples, stats = self.rollouts.samples(kept, self.algorithm.min_reward)
+        hist = Counter(ages)
+        metrics = {
+            "time/learner_wait_s": self._waited,
+            "async/staleness_mean": sum(ages) / len(ages) if ages else 0.0,
+            "async/staleness_max": float(max(ages, default=0)),
+            **{f"async/staleness_{n}": float(c) for n, c in sorted(hist.items())},
+            "async/dropped_stale": float(len(dropped)),
+            "async/dropped_groups": float(len({_group(r) for r in dropped})),
+        }
+        return StepBatch(RolloutBatch(batch.results, samples, stats, version), batch.position, metrics)
+
+    def done(self, step: int, metrics: dict[str, Any]) -> None:
+        self.producer.updated(step)
+        now = time.perf_counter()
+        wall, self._mark = now - self._mark, now
+        metrics["async/learner_idle_share"] = self._waited / wall if wall > 0 else 0.0
+
+    def cancel(self) -> None:
+        """Give up the rollouts in flight: the source's collects return, and every training rollout of
+        this run still running is marked ``failed`` in the store with its engine requests cancelled."""
+        source, store, server = self.rollouts.source, self.rollouts.store, self.rollouts.server
+        if isinstance(source, CancellableSource):
+            source.cancel()
+        for r in store.rollouts(mode="train", status="running"):
+            if int(r.metadata.get("step", -1)) >= self.first_step:
+                store.finish_rollout(
+                    r.rollout_id, status="failed", error="CancelledError: fit stopped", only_if_running=True
+                )
+                if server is not None:
+                    server.cancel_rollout(r.rollout_id)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            unused = self.producer.stop(cancel=self.cancel if exc is not None else None)
+        finally:
+            if self._weights is not None:
+                self.learner.weights, self._weights = self._weights, None
         n = sum(len(b.results) for b in unused)
         if n:
             logger.warning(
@@ -411,7 +366,6 @@ def fit_async(
                 n,
                 [b.step for b in unused],
             )
-    return last
 
 
 def _group(r: RolloutResult) -> tuple[Any, Any]:

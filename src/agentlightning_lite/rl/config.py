@@ -1,8 +1,8 @@
 """The trainer's knobs, grouped by the job they tune (the math's own knobs are in the algorithm configs).
 
 ``agl.Trainer`` takes each group as one object (``rollout_config=RolloutConfig(timeout=60)``); each
-default is written here once. The old one-by-one keywords (``rollout_timeout=60``) still work, with a
-``DeprecationWarning``, and not together with their group.
+setting has that one spelling and each default is written here once. A keyword of the old one-by-one
+style (``Trainer(rollout_timeout=60)``) raises a ``TypeError`` that names its new place (:data:`MOVED`).
 
 >>> RolloutConfig(timeout=60).failed_reward
 'drop'
@@ -15,12 +15,23 @@ ValueError: transitions must be 'call' or 'trajectory', got 'episode'
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-__all__ = ["CheckpointConfig", "Knob", "LoggingConfig", "RolloutConfig", "SampleConfig", "UpdateConfig"]
+__all__ = [
+    "MOVED",
+    "CheckpointConfig",
+    "LoggingConfig",
+    "RolloutConfig",
+    "SampleConfig",
+    "UpdateConfig",
+    "reject_moved_keywords",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass
@@ -31,7 +42,7 @@ class RolloutConfig:
         concurrency: rollouts run at once (threads); default: a whole step's rollouts
             (``batch_size * group_size``), so that the engine decodes a step's first turns as
             one batch (the trainer announces them with ``engine.expect(n)``).
-        timeout (``Trainer(rollout_timeout=...)``): seconds a rollout may take before it is marked
+        timeout: seconds a rollout may take before it is marked
             ``timeout``; its engine requests are then cancelled and an ``async`` agent is cancelled. A
             sync agent's thread cannot be stopped: it is left running as a daemon thread (see
             ``rollouts.hung_threads``).
@@ -164,8 +175,7 @@ class UpdateConfig:
 
 @dataclass
 class CheckpointConfig:
-    """``save_every``: steps between checkpoints (0: never); ``keep`` (``Trainer(keep_checkpoints=...)``):
-    how many to keep (``None``: all)."""
+    """``save_every``: steps between checkpoints (0: never); ``keep``: how many to keep (``None``: all)."""
 
     save_every: int = 0
     keep: int | None = 3
@@ -180,22 +190,9 @@ class LoggingConfig:
     eval_every: int = 0
 
 
-class Knob:
-    """An attribute kept in one of its owner's config groups (``trainer.rollout_timeout`` is
-    ``trainer.rollout_config.timeout``)."""
-
-    def __init__(self, group: str, name: str) -> None:
-        self.group, self.name = group, name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        return self if obj is None else getattr(getattr(obj, self.group), self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        setattr(getattr(obj, self.group), self.name, value)
-
-
-# Trainer keyword argument -> (group, field) it sets
-KEYWORDS: dict[str, tuple[str, str]] = {
+#: a keyword ``Trainer`` took one by one before the groups -> (group parameter, its field); only for
+#: the ``TypeError`` that names the new place
+MOVED: dict[str, tuple[str, str]] = {
     "concurrency": ("rollout_config", "concurrency"),
     "rollout_timeout": ("rollout_config", "timeout"),
     "failed_reward": ("rollout_config", "failed_reward"),
@@ -222,35 +219,45 @@ _CLASSES: dict[str, type] = {
 }
 
 
-def resolve(groups: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """One config object per group: the one given (``groups["rollout_config"]``...), else one built
-    from the old keyword arguments in ``knobs`` (``{"rollout_timeout": 60}``: deprecated, warned), else
-    the group's defaults. A group given as an object takes none of its old keywords.
+def moved_message(keywords: Mapping[str, Any] | list[str]) -> str:
+    """Where each old keyword went.
 
-    >>> resolve({}, {})["rollout_config"].timeout
+    >>> moved_message(["rollout_timeout"])
+    'Trainer(rollout_timeout=...) moved: use rollout_config=RolloutConfig(timeout=...)'
+    """
+    return "; ".join(
+        f"Trainer({kw}=...) moved: use {MOVED[kw][0]}={_CLASSES[MOVED[kw][0]].__name__}({MOVED[kw][1]}=...)"
+        for kw in sorted(k for k in keywords if k in MOVED)
+    )
+
+
+def reject_moved_keywords(init: Callable[P, R]) -> Callable[P, R]:
+    """Wrap ``Trainer.__init__``: an old one-by-one keyword raises a ``TypeError`` naming its group
+    (:func:`moved_message`) instead of Python's bare "unexpected keyword argument"."""
+
+    @functools.wraps(init)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        if any(k in MOVED for k in kwargs):
+            raise TypeError(moved_message(list(kwargs)))
+        return init(*args, **kwargs)
+
+    return checked
+
+
+def resolve(groups: Mapping[str, Any]) -> dict[str, Any]:
+    """One config object per group: the one given (``groups["rollout_config"]``...), else the group's
+    defaults; a TypeError for anything else.
+
+    >>> resolve({})["rollout_config"].timeout
     300.0
     """
-    unknown = sorted(set(knobs) - set(KEYWORDS))
-    if unknown:
-        raise TypeError(f"Trainer() got unexpected keyword arguments: {', '.join(unknown)}")
-    if knobs:
-        hint = ", ".join(f"{kw}= -> {KEYWORDS[kw][0]}=...({KEYWORDS[kw][1]}=)" for kw in sorted(knobs))
-        warnings.warn(
-            f"Trainer's one-by-one knob keywords are deprecated; give the groups of "
-            f"agentlightning_lite.rl.config instead: {hint}",
-            DeprecationWarning,
-            stacklevel=3,
-        )
     out: dict[str, Any] = {}
     for group, cls in _CLASSES.items():
-        mine = {kw: f for kw, (g, f) in KEYWORDS.items() if g == group and kw in knobs}
         given = groups.get(group)
         if given is None:
-            out[group] = cls(**{f: knobs[kw] for kw, f in mine.items()})
-            continue
-        if not isinstance(given, cls):
+            out[group] = cls()
+        elif not isinstance(given, cls):
             raise TypeError(f"{group} must be agl.rl.config.{cls.__name__}(...), got {type(given).__name__}")
-        if mine:
-            raise ValueError(f"give {group}= or {', '.join(sorted(mine))}=, not both")
-        out[group] = given
+        else:
+            out[group] = given
     return out

@@ -3,9 +3,10 @@
 A :class:`Learner` owns the training model and its trained adapters (one :class:`~.policies.Policy`
 each: optimiser, PPO value head), the old and reference logprobs, micro-batching and the update
 (:mod:`.update`), and the hand-over of the new weights to the serving engine (:mod:`.weights`). The
-algorithm (:class:`~.algorithm.WeightUpdate`) says what its update does with the samples; the
-learner knows nothing of agents, stores or servers. ``Trainer`` builds one (``trainer.learner``); so
-does each data-parallel rank (:meth:`~.distributed.DataParallel.follow` feeds it rank 0's samples).
+algorithm (:class:`~.algorithm.WeightUpdate`) says what its update does with the samples, given a
+:class:`~.algorithm.StepContext` of the step (never the learner); the learner knows nothing of
+agents, stores or servers. ``Trainer`` builds one (``trainer.learner``); so does
+each data-parallel rank (:meth:`~.distributed.DataParallel.follow` feeds it rank 0's samples).
 
 >>> learner = trainer.learner  # doctest: +SKIP
 >>> learner.learn(samples, step=3)["train/loss"]  # doctest: +SKIP
@@ -25,7 +26,7 @@ import torch
 from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
 from ._runtime import prepare_update_memory
-from .algorithm import WeightUpdate
+from .algorithm import StepContext, WeightUpdate
 from .batching import Sample
 from .checkpoint import policy_states, resume_latest, save_checkpoint, save_policies
 from .config import SampleConfig, UpdateConfig
@@ -83,8 +84,6 @@ class Learner:
         self.device = next(model.parameters()).device
         self.autocast = autocast
         self.seed = seed
-        self.step = 0  #: the step being learned (set by :meth:`learn`)
-        self.timer = Timer(self.device)  #: the step's phases (``timing/...``)
         self.gradient_checkpointing = False  #: whether the update recomputes activations (see ``build``)
 
     @classmethod
@@ -140,22 +139,45 @@ class Learner:
         """Update every policy on its own agents' samples (its own advantages, gradient and step) and
         hand the new weights to the engine; returns the metrics (``train/skipped_update`` without samples).
         ``timer``: the step's (its phases are added to it)."""
-        if step is not None:
-            self.step = step
-        self.timer = timer if timer is not None else Timer(self.device)
         if not samples:
             return {"train/skipped_update": 1.0}
-        return update_policies(self.policies, samples, partial(self.algorithm.update, self))
+        ctx = self.context(step or 0, timer if timer is not None else Timer(self.device))
+        return update_policies(self.policies, samples, partial(self.algorithm.update, ctx))
 
-    def train(self, policy: Policy, update: Callable[[Any], None]) -> None:
-        """Run ``update(model)`` with ``policy``'s adapter active, then hand the weights to the engine."""
-        train_policy(policy, self.weights, self.timer, update)
+    def context(self, step: int, timer: Timer) -> StepContext:
+        """What the algorithm sees of step ``step``: its settings and this learner's ``train`` and
+        ``optimise`` for that step."""
+
+        def train(policy: Policy, update: Callable[[Any], None]) -> None:
+            self.train(policy, update, timer)
+
+        def optimise(
+            samples: list[Sample], policy: Policy | None = None, model: Any = None
+        ) -> dict[str, float]:
+            return self.optimise(samples, policy, model, step=step, timer=timer)
+
+        return StepContext(
+            step=step, seed=self.seed, timer=timer, merged=self.merged, pad_id=self.pad_id,
+            autocast=self.autocast, train=train, optimise=optimise,
+        )  # fmt: skip
+
+    def train(self, policy: Policy, update: Callable[[Any], None], timer: Timer | None = None) -> None:
+        """Run ``update(model)`` with ``policy``'s adapter active, then hand the weights to the engine
+        (``timing/update`` and ``timing/weights`` on ``timer``)."""
+        train_policy(policy, self.weights, timer if timer is not None else Timer(self.device), update)
 
     def optimise(
-        self, samples: list[Sample], policy: Policy | None = None, model: Any = None
+        self,
+        samples: list[Sample],
+        policy: Policy | None = None,
+        model: Any = None,
+        *,
+        step: int = 0,
+        timer: Timer | None = None,
     ) -> dict[str, float]:
         """The policy-gradient epochs of ``policy`` (default: the only one) on samples whose advantages
-        are set, on ``model`` (default: the training model), without handing the weights over."""
+        are set, on ``model`` (default: the training model), without handing the weights over
+        (``step`` names the step in logs; ``timer`` takes the phases)."""
         pol = policy if policy is not None else self.policies[0]
         settings = UpdateSettings(
             device=self.device,
@@ -165,8 +187,8 @@ class Learner:
             logprob_tolerance=self.update_config.logprob_tolerance,
             correction=self.update_config.correction,
             merged=self.merged,
-            step=self.step,
-            timer=self.timer,
+            step=step,
+            timer=timer if timer is not None else Timer(self.device),
             data_parallel=DataParallel.active(),
         )
         target = model if model is not None else self.model

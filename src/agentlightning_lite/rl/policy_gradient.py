@@ -17,8 +17,8 @@ import torch
 from .trajectory import merge_trajectories
 
 if TYPE_CHECKING:
+    from .algorithm import StepContext
     from .batching import Sample, TokenBatch
-    from .learner import Learner
     from .policies import Policy
 
 __all__ = ["LOSS_AGGREGATIONS", "LossAggregation", "PolicyGradient", "micro_batch_weights"]
@@ -96,18 +96,18 @@ class PolicyGradient:
         """A KL term against the reference model (``kl_coef > 0``)."""
         return self.kl_coef > 0
 
-    def update(self, learner: Learner, policy: Policy, samples: list[Sample]) -> dict[str, float]:
+    def update(self, ctx: StepContext, policy: Policy, samples: list[Sample]) -> dict[str, float]:
         """Each call's advantage, then (unless no call has one) the clipped policy-gradient update."""
         stats: dict[str, float] = {}
-        with learner.timer.phase("advantages"):
+        with ctx.timer.phase("advantages"):
             stats.update(self.advantages(samples))  # each call's advantage (GRPO: within its group)
         if stats.get("train/skipped_update"):
             return stats  # e.g. every GRPO group had zero spread: no gradient
-        if learner.merged:  # after the per-call advantages: each call keeps its own
+        if ctx.merged:  # after the per-call advantages: each call keeps its own
             samples, merged = merge_trajectories(samples)
             stats.update(merged)
         result: dict[str, float] = {}
-        learner.train(policy, lambda model: result.update(learner.optimise(samples, policy, model)))
+        ctx.train(policy, lambda model: result.update(ctx.optimise(samples, policy, model)))
         stats.update(result)
         return stats
 

@@ -71,6 +71,7 @@ def run_rollouts(
     timeout: float | None = None,
     on_done: Callable[[RolloutResult], None] | None = None,
     on_timeout: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[RolloutResult]:
     """Run ``agent`` once per spec, ``concurrency`` at a time; results in spec order.
 
@@ -86,6 +87,9 @@ def run_rollouts(
     ``MAX_HUNG_THREADS`` of them, ``RuntimeError`` is raised. Nothing it does after the timeout
     reaches the ``timeout`` rollout: its returned reward and the rewards and signals it emits are
     dropped, and the store drops any span it starts (see :class:`~agentlightning_lite.store.Store`).
+
+    Once ``cancel`` is set (or an error or Ctrl-C reaches the loop), every rollout not yet finished is
+    given up the same way and marked ``failed`` (``CancelledError``), and this returns (or re-raises) at once.
     """
     if len(hung_threads()) > MAX_HUNG_THREADS:
         raise RuntimeError(
@@ -126,41 +130,72 @@ def run_rollouts(
     waiting.reverse()
     running: set[int] = set()
     finished = 0
-    while finished < len(specs):
-        while waiting and len(running) < max(1, concurrency):
-            i = waiting.pop()
-            began[i] = time.monotonic()
-            t = threading.Thread(target=ctx.copy().run, args=(one, i), name=f"agl-rollout-{i}", daemon=True)
-            threads[i] = t
-            running.add(i)
-            t.start()
-        try:
-            item: tuple[int, RolloutResult] | None = done_q.get(timeout=None if timeout is None else 0.1)
-        except queue.Empty:
-            item = None
-        ready = [item] if item is not None else []
-        if item is not None:
-            running.discard(item[0])
-        if timeout is not None:
-            now = time.monotonic()
-            for i in list(running):
-                if now - began[i] > timeout:
-                    rid = started[i].rollout_id
-                    msg = f"TimeoutError: no result within {timeout} s"
-                    store.finish_rollout(rid, status="timeout", error=msg, only_if_running=True)
-                    if i in handles:  # what the agent records from now on is dropped
-                        handles[i]._give_up()
-                    ready.append((i, RolloutResult(rid, specs[i], "timeout", None, msg, now - began[i])))
-                    running.discard(i)
-                    _give_up(i, rid, threads[i], cancel_async.get(i), on_timeout)
-        for i, res in ready:
+
+    def _collect_loop() -> None:
+        nonlocal finished
+        while finished < len(specs):
+            while waiting and len(running) < max(1, concurrency):
+                i = waiting.pop()
+                began[i] = time.monotonic()
+                t = threading.Thread(
+                    target=ctx.copy().run, args=(one, i), name=f"agl-rollout-{i}", daemon=True
+                )
+                threads[i] = t
+                running.add(i)
+                t.start()
+            try:
+                poll = None if timeout is None and cancel is None else 0.1
+                item: tuple[int, RolloutResult] | None = done_q.get(timeout=poll)
+            except queue.Empty:
+                item = None
+            ready = [item] if item is not None else []
+            if item is not None:
+                running.discard(item[0])
+            if timeout is not None:
+                now = time.monotonic()
+                for i in list(running):
+                    if now - began[i] > timeout:
+                        rid = started[i].rollout_id
+                        msg = f"TimeoutError: no result within {timeout} s"
+                        store.finish_rollout(rid, status="timeout", error=msg, only_if_running=True)
+                        if i in handles:  # what the agent records from now on is dropped
+                            handles[i]._give_up()
+                        ready.append((i, RolloutResult(rid, specs[i], "timeout", None, msg, now - began[i])))
+                        running.discard(i)
+                        _give_up(i, rid, threads[i], cancel_async.get(i), on_timeout)
+            for i, res in ready:
+                if results[i] is not None:
+                    continue  # a timed-out rollout's late result: ignored
+                running.discard(i)
+                results[i] = res
+                finished += 1
+                if on_done is not None:
+                    on_done(res)
+            if cancel is not None and cancel.is_set():
+                abandon("the rollouts were cancelled (training stopped)")
+
+    def abandon(reason: str) -> None:
+        """Give up every rollout without a result: ``failed`` in the store and in ``results``."""
+        nonlocal finished
+        msg = f"CancelledError: {reason}"
+        for i in range(len(specs)):
             if results[i] is not None:
-                continue  # a timed-out rollout's late result: ignored
-            running.discard(i)
-            results[i] = res
-            finished += 1
-            if on_done is not None:
-                on_done(res)
+                continue
+            rid = started[i].rollout_id
+            store.finish_rollout(rid, status="failed", error=msg, only_if_running=True)
+            if i in handles:
+                handles[i]._give_up()
+            spent = time.monotonic() - began.get(i, time.monotonic())
+            results[i], finished = RolloutResult(rid, specs[i], "failed", None, msg, spent), finished + 1
+            if i in running:
+                _give_up(i, rid, threads[i], cancel_async.get(i), on_timeout, "was cancelled")
+        running.clear()
+
+    try:
+        _collect_loop()
+    except BaseException:
+        abandon("the run stopped")
+        raise
     return [r for r in results if r is not None]
 
 
@@ -170,8 +205,10 @@ def _give_up(
     thread: threading.Thread,
     cancel: Callable[[], None] | None,
     on_timeout: Callable[[str], None] | None,
+    why: str = "timed out",
 ) -> None:
-    """A rollout timed out: cancel its engine requests, cancel an async agent, count a hung thread."""
+    """A rollout timed out (or was cancelled): cancel its engine requests, cancel an async agent,
+    count a hung thread."""
     if on_timeout is not None:
         try:
             on_timeout(rid)
@@ -185,9 +222,10 @@ def _give_up(
             _hung.add(thread)
         n = len(hung_threads())
         logger.warning(
-            "rollout %s timed out; its agent thread is still running (a sync thread cannot be stopped): "
+            "rollout %s %s; its agent thread is still running (a sync thread cannot be stopped): "
             "%d such thread(s) in this process%s",
             rid,
+            why,
             n,
             " -- the agent hangs: give its blocking calls a timeout" if n > 1 else "",
         )

@@ -25,7 +25,7 @@ from .distributed import DataParallel
 from .trajectory import merge_trajectories
 
 if TYPE_CHECKING:
-    from .learner import Learner
+    from .algorithm import StepContext
     from .policies import Policy
 
 __all__ = ["SFT", "sft_loss", "sft_update"]
@@ -105,16 +105,16 @@ class SFT:
     def value_head_lr(self) -> float:
         return self.lr
 
-    def update(self, learner: Learner, policy: Policy, samples: list[Sample]) -> dict[str, float]:
+    def update(self, ctx: StepContext, policy: Policy, samples: list[Sample]) -> dict[str, float]:
         """Teacher-forced epochs on the calls (:func:`sft_update`), seeded by the run's seed and step."""
         stats: dict[str, float] = {}
-        if learner.merged:
+        if ctx.merged:
             samples, stats = merge_trajectories(samples)
-        seed = learner.seed * 1_000_003 + learner.step
-        learner.train(
+        seed = ctx.seed * 1_000_003 + ctx.step
+        ctx.train(
             policy,
             lambda model: stats.update(
-                sft_update(model, policy.optimizer, samples, self, learner.pad_id, seed, learner.autocast)
+                sft_update(model, policy.optimizer, samples, self, ctx.pad_id, seed, ctx.autocast)
             ),
         )
         return stats

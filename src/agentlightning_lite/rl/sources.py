@@ -10,6 +10,7 @@ of this process (the default); ``agl.RemoteRunners`` and ``agl.RayRunners`` (in
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,7 +20,7 @@ from ..tracer import Tracer
 from .config import RolloutConfig
 from .rollouts import RolloutResult, RolloutSpec, run_rollouts
 
-__all__ = ["InProcessRollouts", "RolloutSource", "Serving"]
+__all__ = ["CancellableSource", "InProcessRollouts", "RolloutSource", "Serving"]
 
 
 @runtime_checkable
@@ -44,11 +45,21 @@ class RolloutSource(Protocol):
         """Stop what :meth:`serve` and :meth:`collect` started (the caller stops the server)."""
 
 
+@runtime_checkable
+class CancellableSource(Protocol):
+    """A rollout source that can give up the rollouts its collects are running (``InProcessRollouts``)."""
+
+    def cancel(self) -> None:
+        """Every :meth:`~RolloutSource.collect` in progress gives up its unfinished rollouts (marked
+        ``failed`` in the store, their engine requests cancelled) and returns at once."""
+
+
 class InProcessRollouts:
     """Rollouts in threads of this process, each agent calling the server through ``server.llm(rollout_id)``.
 
     ``config`` is read at every :meth:`collect` (``concurrency``, ``timeout``): changing it on a running
     trainer takes effect from the next step. A rollout past its timeout has its engine requests cancelled.
+    :meth:`cancel` gives up the rollouts of every collect in progress (a :class:`CancellableSource`).
     """
 
     def __init__(self, tracer: Tracer, config: RolloutConfig, default_concurrency: int = 8) -> None:
@@ -56,6 +67,8 @@ class InProcessRollouts:
         self.config = config
         self.default_concurrency = default_concurrency
         self.server: Any = None
+        self._collecting: set[threading.Event] = set()
+        self._lock = threading.Lock()
 
     def serve(
         self,
@@ -74,17 +87,29 @@ class InProcessRollouts:
     ) -> list[RolloutResult]:
         if self.server is None:
             raise RuntimeError("InProcessRollouts.collect() before serve()")
-        server = self.server
-        return run_rollouts(
-            agent,
-            specs,
-            self.tracer,
-            server.llm,
-            concurrency=self.config.concurrency or self.default_concurrency,
-            timeout=self.config.timeout,
-            on_done=(lambda _r: progress()) if progress is not None else None,
-            on_timeout=server.cancel_rollout,
-        )
+        server, cancelled = self.server, threading.Event()
+        with self._lock:
+            self._collecting.add(cancelled)
+        try:
+            return run_rollouts(
+                agent,
+                specs,
+                self.tracer,
+                server.llm,
+                concurrency=self.config.concurrency or self.default_concurrency,
+                timeout=self.config.timeout,
+                on_done=(lambda _r: progress()) if progress is not None else None,
+                on_timeout=server.cancel_rollout,
+                cancel=cancelled,
+            )
+        finally:
+            with self._lock:
+                self._collecting.discard(cancelled)
+
+    def cancel(self) -> None:
+        with self._lock:
+            for event in self._collecting:
+                event.set()
 
     def stop(self) -> None:
         self.server = None

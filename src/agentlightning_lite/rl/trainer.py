@@ -31,16 +31,16 @@ from . import config as cfg
 from ._memory import release_host_memory
 from ._runtime import release_cuda_cache, show_step
 from .algorithm import Algorithm, WeightUpdate, rollout_only
-from .async_rollouts import fit_async
+from .async_rollouts import AsyncBatches
 from .distributed import DataParallel
 from .evaluation import FailedSteps, evaluation_summary, step_metrics, validation_metrics
 from .grpo import GRPO
 from .learner import Learner, check_algorithm
 from .metrics import MetricsLogger, plot_reward_curve
 from .policies import plan_for
-from .samples import next_tasks
-from .session import Rollouts
+from .session import RolloutBatch, Rollouts
 from .sources import RolloutSource
+from .step_batches import BatchSource, SyncBatches
 from .timing import Timer
 
 __all__ = ["Trainer"]
@@ -75,9 +75,9 @@ class Trainer:
         runners: where rollouts run: ``None`` (threads of this process), ``agl.RemoteRunners(...)``,
             ``agl.RayRunners(...)``, any :class:`~.sources.RolloutSource`.
         rollout_config, sample_config, update_config, checkpoint_config, logging_config: the knobs in
-            groups, each default written once (:mod:`agentlightning_lite.rl.config`). The old
-            one-by-one keywords (``rollout_timeout=60``, ``loggers=[]``...) still work, with a
-            ``DeprecationWarning``; ``trainer.rollout_timeout`` and the like read and write the groups.
+            groups, each default written once (:mod:`agentlightning_lite.rl.config`); read and set
+            them there (``trainer.rollout_config.timeout``). A keyword of the old one-by-one style
+            (``rollout_timeout=60``) raises a ``TypeError`` that names its group.
 
     ``trainer.rollouts`` (:class:`~.session.Rollouts`) and ``trainer.learner``
     (:class:`~.learner.Learner`) are the two halves of a step. Each step's metrics time its phases
@@ -95,20 +95,7 @@ class Trainer:
     >>> trainer.fit(agent, [{"question": "2+2=?", "answer": "4"}], steps=2)  # doctest: +SKIP
     """
 
-    concurrency = cfg.Knob("rollout_config", "concurrency")  # default: a whole step's rollouts
-    rollout_timeout = cfg.Knob("rollout_config", "timeout")
-    failed_reward = cfg.Knob("rollout_config", "failed_reward")
-    success_threshold = cfg.Knob("rollout_config", "success_threshold")
-    max_failed_steps = cfg.Knob("rollout_config", "max_failed_steps")
-    max_seq_len = cfg.Knob("sample_config", "max_seq_len")
-    max_staleness = cfg.Knob("sample_config", "max_staleness")
-    transitions_mode = cfg.Knob("sample_config", "transitions")
-    old_logprobs = cfg.Knob("update_config", "old_logprobs")
-    logprob_tolerance = cfg.Knob("update_config", "logprob_tolerance")
-    save_every = cfg.Knob("checkpoint_config", "save_every")
-    keep_checkpoints = cfg.Knob("checkpoint_config", "keep")
-    eval_every = cfg.Knob("logging_config", "eval_every")
-
+    @cfg.reject_moved_keywords  # Trainer(rollout_timeout=...): a TypeError naming its group
     def __init__(
         self,
         model: Any = "smollm2-135m",
@@ -132,9 +119,8 @@ class Trainer:
         update_config: cfg.UpdateConfig | None = None,
         checkpoint_config: cfg.CheckpointConfig | None = None,
         logging_config: cfg.LoggingConfig | None = None,
-        **knobs: Any,
     ) -> None:
-        groups = cfg.resolve(locals(), knobs)  # one config object per group (old keywords: warned)
+        groups = cfg.resolve(locals())  # one config object per group
         plan = plan_for(policies, lora, agents)
         self.lora, self.agents = plan.lora, plan.trained_agents()
         self._rollout_only = rollout_only(algorithm)  # agl.APO: fit optimises the prompts instead
@@ -162,7 +148,7 @@ class Trainer:
         self._owns_engine, self.engine_options = isinstance(engine, str), dict(engine_options or {})
         self.learner = learner = Learner.build(
             engine, model, plan, weight_algorithm, self.update_config, self.sample_config,
-            seed=seed, concurrency=self.concurrency, engine_options=self.engine_options,
+            seed=seed, concurrency=self.rollout_config.concurrency or 1, engine_options=self.engine_options,
             output_dir=self.output_dir,
         )  # fmt: skip
         self.engine, self.policy, self.device = learner.weights.engine, learner.model, learner.device
@@ -252,30 +238,28 @@ class Trainer:
             return followed
         last: dict[str, Any] = {}
         bar = progress(total, "training", initial=min(self.step, total))
-        evaluated = lambda: bool(self.eval_every and self.step % self.eval_every == 0)  # noqa: E731
+        evaluated = lambda: bool((n := self.logging_config.eval_every) and self.step % n == 0)  # noqa: E731
         validate = lambda: validation_metrics(self.evaluate(agent, val_dataset or []))  # noqa: E731
 
-        def end_step(metrics: dict[str, Any], results: Sequence[Any] = ()) -> None:
-            """After a step: count failed rollouts (``train_step`` counts its own), validate, log,
-            stop after too many failed steps, checkpoint, show progress."""
-            self._failed.record(results)
+        def end_step(metrics: dict[str, Any]) -> None:
+            """After a step: validate, log, stop after too many failed steps, checkpoint, show progress."""
             if val_dataset is not None and evaluated():
                 metrics.update(validate())
             self.metrics.log(self.step, metrics)
-            self._failed.check(self.max_failed_steps, self.step)
-            if self.save_every and self.step % self.save_every == 0:
+            self._failed.check(self.rollout_config.max_failed_steps, self.step)
+            if (save := self.checkpoint_config.save_every) and self.step % save == 0:
                 self.save_checkpoint()
             show_step(bar, metrics)
 
         try:
-            with self.rollouts.serving():
-                if self.rollout_config.async_rollouts:  # rollouts run ahead in a producer thread
-                    last = fit_async(self, agent, train_dataset, total, end_step)
-                while self.step < total:
-                    tasks, self.data_position = next_tasks(
-                        train_dataset, self.batch_size, self.seed, self.data_position
-                    )
-                    end_step(last := self.train_step(agent, tasks))
+            with self.rollouts.serving(), self._batch_source(agent, train_dataset, total) as batches:
+                while self.step < total:  # the one loop: whichever source, the same update and metrics
+                    timer = Timer(self.device)
+                    got = batches.next(self.step, timer)
+                    last = self._update(got.batch, timer, got.metrics)
+                    self.data_position = got.position
+                    batches.done(self.step - 1, last)
+                    end_step(last)
                 if val_dataset is not None and not evaluated():
                     last.update(final := validate())
                     self.metrics.log(self.step, final)
@@ -285,18 +269,34 @@ class Trainer:
             self.plot()
         return last
 
+    def _batch_source(self, agent: Callable[..., Any], dataset: Sequence[Any], total: int) -> BatchSource:
+        """Where ``fit``'s batches come from: rolled out at each step, or ahead (``async_rollouts``)."""
+        args = (self.rollouts, agent, dataset, self.batch_size, self.seed, self.data_position, self.algorithm)
+        if not self.rollout_config.async_rollouts:
+            return SyncBatches(*args)
+        return AsyncBatches(
+            *args, first_step=self.step, last_step=total, max_staleness=self.sample_config.max_staleness,
+            learner=self.learner, handover=self.rollout_config.handover,
+        )  # fmt: skip
+
     def train_step(self, agent: Callable[..., Any], tasks: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         """One step on the given ``(index, task)`` pairs: roll out, make samples, learn (which hands
         the new weights over); returns its metrics."""
         timer = Timer(self.device)
-        batch = self.rollouts.step(agent, tasks, self.step, self.algorithm, timer)
+        return self._update(self.rollouts.step(agent, tasks, self.step, self.algorithm, timer), timer)
+
+    def _update(
+        self, batch: RolloutBatch, timer: Timer, extra: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
+        """Learn from a step's batch (which hands the new weights over), count the step; its metrics."""
         release_cuda_cache(self.device)  # the rollouts' KV caches: give their blocks back first
         with timer.phase("learn"):
             update_stats = self.learner.learn(batch.samples, self.step, timer)
         release_host_memory()  # the update's freed activations: back to the OS, not kept in the heap
         self.step += 1
         self._failed.record(batch.results)
-        return step_metrics(batch, update_stats, timer, self.rollout_config, self.engine.version)
+        metrics = step_metrics(batch, update_stats, timer, self.rollout_config, self.engine.version)
+        return {**metrics, **(extra or {})}
 
     def evaluate(self, agent: Callable[..., Any], dataset: Sequence[Any]) -> dict[str, float]:
         """Run ``agent`` once per task in ``mode="val"``: mean reward, success rate, failures.
@@ -319,7 +319,7 @@ class Trainer:
         agent: each adapter, optimiser and value head under ``step-N/policies/<agent>/``)."""
         (epoch, cursor), directory = self.data_position, self.output_dir / "checkpoints"
         state = {"epoch": epoch, "cursor": cursor, "seed": self.seed}
-        return self.learner.save_checkpoint(directory, self.step, state, self.keep_checkpoints)
+        return self.learner.save_checkpoint(directory, self.step, state, self.checkpoint_config.keep)
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Save the trained adapter (peft format, safetensors) to ``path`` (default ``output_dir/adapter``).

@@ -1,8 +1,8 @@
 """The update of one policy on its samples, in three timed phases.
 
 1. reference quantities, no gradient: the old logprobs (the engine's, checked against a
-   recomputation, or recomputed), the reference model's logprobs (``kl_coef > 0``) and, for PPO, the
-   old values (``timing/old_logprobs``, ``timing/ref_logprobs``);
+   recomputation, or recomputed), the reference model's logprobs (``algorithm.needs_reference``)
+   and, for PPO, the old values (``timing/old_logprobs``, ``timing/ref_logprobs``);
 2. advantages per token, the algorithm's own (``timing/advantages``);
 3. the optimisation: epochs x mini-batches, gradient accumulation over micro-batches (``timing/update``).
 
@@ -117,7 +117,7 @@ def _reference(
                 out.old_lp.append(None)  # type: ignore[arg-type]
                 out.old_v.append(None)
                 out.weights.append(None)
-                if algo.kl_coef > 0:
+                if algo.needs_reference:
                     out.ref.append(None)  # type: ignore[arg-type]
                 continue
             with cfg.timer.phase("old_logprobs"):
@@ -154,7 +154,7 @@ def _reference(
                 out.old_lp.append(old)  # type: ignore[arg-type]
                 out.old_v.append(v)
                 out.weights.append(weight)
-            if algo.kl_coef > 0:
+            if algo.needs_reference:
                 with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
                     out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
     out.mismatch_mean = out.mismatch_sum / out.mismatch_n if out.mismatch_n else float("nan")
@@ -237,7 +237,7 @@ def _epochs(
                 if (is_w := reference.weights[j]) is not None:
                     pg = pg * is_w  # the off-policy correction: loss_t * w_t (TIS / masked IS, no gradient)
                 tok_loss = pg
-                if algo.kl_coef > 0:
+                if algo.needs_reference:
                     kl = kl_penalty(lp, ref[j], algo.kl_estimator)
                     tok_loss = tok_loss + algo.kl_coef * kl
                     logs.setdefault("train/kl", []).append(

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..chat_format import render_chat
 from ..structured import ResponseFormat, ResponseFormatError
+from .pausing import Pausable
 
 __all__ = ["BatchingEngine", "Engine", "GenRequest", "GenResult"]
 
@@ -107,7 +108,7 @@ class GenResult:
         return len(self.token_ids)
 
 
-class Engine(abc.ABC):
+class Engine(Pausable, abc.ABC):
     """Base class of the policy engines (``HFEngine``, ``VLLMEngine``, ``ScriptedEngine``).
 
     Subclasses set ``model_name``, ``tokenizer`` (a Hugging Face tokenizer or one with the same
@@ -115,7 +116,8 @@ class Engine(abc.ABC):
     :meth:`generate`. ``version`` counts weight updates; ``lock`` guards the weights. The typed
     contract callers rely on is in :mod:`.contract`: every engine is a ``ServingEngine``; one that
     takes new weights adds ``update_weights(source, adapter=None)`` (a ``TrainableEngine``, and only it
-    changes its ``version``); one that serves several adapters adds ``add_adapter``.
+    changes its ``version``); one that serves several adapters adds ``add_adapter``. Every engine can
+    be paused for a weight switch (``with engine.paused(): ...``, :class:`~.pausing.Pausable`).
 
     >>> from agentlightning_lite.serving.engines import ScriptedEngine
     >>> engine = ScriptedEngine(["Hello!"], tokenizer="bytes")

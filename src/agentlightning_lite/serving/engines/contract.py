@@ -2,7 +2,8 @@
 
 :class:`ServingEngine` is what every engine does (the PolicyServer needs nothing more): turn
 chat messages into prompt token ids and back, generate (blocking, or one request as a future that
-can be cancelled), say which response formats it can enforce, count its weight ``version``, close.
+can be cancelled), pause for a weight switch (new requests wait, the ones in flight finish), say
+which response formats it can enforce, count its weight ``version``, close.
 :class:`TrainableEngine` adds :meth:`~TrainableEngine.update_weights`: it takes new weights and is
 the only one that changes its ``version`` (callers read it, never write it).
 :class:`InPlaceEngine` is a trainable engine whose module *is* the training model (``HFEngine``):
@@ -24,6 +25,7 @@ import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, Union, runtime_checkable
 
 from ..structured import ResponseFormat
@@ -77,6 +79,15 @@ class ServingEngine(Protocol):
     def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]: ...
 
     def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool: ...
+
+    def pause(self) -> None:
+        """Hold new requests (they start at :meth:`resume`); return once none is in flight."""
+
+    def resume(self) -> None:
+        """End a :meth:`pause`: the held requests go on."""
+
+    def paused(self) -> AbstractContextManager[None]:
+        """``pause()`` ... ``resume()`` as a context: no request generates inside (a weight switch)."""
 
     def expect(self, n: int, wait_s: float = 2.0) -> None:
         """A hint that ``n`` requests are about to arrive together (batching engines wait for them)."""
