@@ -128,7 +128,7 @@ class ModelReplyParser:
             content, calls = self.tool.content_only(rest), []
         else:
             content, calls = self.tool.read(rest, tools)
-        if reasoning is not None and not content:
+        if not content and (reasoning is not None or rest != text):
             content = None  # all thinking: no answer yet
         return ParsedReply(
             content=content,
