@@ -157,7 +157,7 @@ CASES = [
         "qwen3_coder",
         ("<tool_call>\n<function=unknown>\n<parameter=s>\nx\n</parameter>\n</function>\n</tool_call>"),
         None,
-        [],
+        [("unknown", {"s": "x"})],
     ),
     (
         "qwen3_coder",
@@ -180,7 +180,7 @@ CASES = [
     (
         "qwen3_coder",
         ("<tool_call>\n<function=f>\n<parameter=n>\nmany\n</parameter>\n</function>\n</tool_call> done"),
-        "done",
+        None,
         [("f", {"n": "many"})],
     ),
     (
@@ -249,8 +249,8 @@ CASES = [
     (
         "llama3_json",
         '{"name": "zzz", "parameters": {}}',
-        '{"name": "zzz", "parameters": {}}',
-        [],
+        None,
+        [("zzz", {})],
     ),
     (
         "llama3_json",
@@ -315,8 +315,8 @@ CASES = [
     (
         "pythonic",
         "[zzz(n=1)]",
-        "[zzz(n=1)]",
-        [],
+        None,
+        [("zzz", {"n": 1})],
     ),
     (
         "pythonic",
@@ -375,8 +375,8 @@ CASES = [
     (
         "mistral",
         "[TOOL_CALLS]zzz[ARGS]{}",
-        "[TOOL_CALLS]zzz[ARGS]{}",
-        [],
+        None,
+        [("zzz", {})],
     ),
     (
         "mistral",
@@ -454,8 +454,8 @@ CASES = [
             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>zzz<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜too"
             "l▁calls▁end｜>"
         ),
-        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>zzz<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-        [],
+        None,
+        [("zzz", {})],
     ),
     (
         "deepseek_v31",
@@ -544,7 +544,7 @@ CASES = [
     (
         "glm45",
         "<tool_call>g</tool_call> after",
-        "after",
+        None,
         [("g", {})],
     ),
     (
@@ -606,8 +606,8 @@ CASES = [
             "<|tool_calls_section_begin|><|tool_call_begin|>functions.zzz:0<|tool_call_argu"
             "ment_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"
         ),
-        "<|tool_calls_section_begin|><|tool_call_begin|>functions.zzz:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
-        [],
+        None,
+        [("zzz", {})],
     ),
     (
         "kimi_k2",
@@ -679,7 +679,7 @@ CASES = [
         "openai",
         "<|channel|>commentary to=functions.zzz <|constrain|>json<|message|>{}<|call|>",
         None,
-        [],
+        [("zzz", {})],
     ),
     (
         "openai",
@@ -729,7 +729,7 @@ def test_every_tool_parser_has_ten_cases_and_vllms_names() -> None:
 def test_without_tools_any_name_is_a_call_and_the_server_reads_no_calls() -> None:
     text = "<tool_call>\n<function=other>\n<parameter=q>\n1\n</parameter>\n</function>\n</tool_call>"
     assert parse(text, "qwen3_coder").calls == [("other", {"q": "1"})]  # no schema: the text is kept
-    assert reply_parser("qwen3_coder").parse(text, None).tool_calls == []  # nothing offered: all content
+    assert reply_parser("qwen3_coder").parse(text, None).tool_calls == []  # nothing offered: no calls read
 
 
 def test_the_hermes_parser_reads_as_the_default_one() -> None:
@@ -746,7 +746,7 @@ REASONING = [
     ("qwen3", "<think>Still going", "Still going", None),  # cut short while thinking
     ("qwen3", "<think>多少？</think>四", "多少？", "四"),
     ("qwen3", "<think></think>4", None, "4"),
-    ("qwen3", "<think>a</think>b</think>c", "a", "b</think>c"),
+    ("qwen3", "<think>a</think>b</think>c", "a", "bc"),
     ("qwen3", "<think>Need f.\n<tool_call>x", "Need f.\n", "<tool_call>x"),  # a call ends the thinking
     ("qwen3", "<think>ok</think>", "ok", None),
     ("qwen3", "", None, ""),

@@ -196,6 +196,12 @@ class ToolParser:
         return isinstance(name, str) and bool(name) and (names is None or name in names)
 
     @staticmethod
+    def named(name: Any) -> bool:
+        """Whether ``name`` can name a tool (vLLM's parsers, but ``hermes`` and ``glm45``, take calls to
+        tools that were not offered: the agent answers them)."""
+        return isinstance(name, str) and bool(name)
+
+    @staticmethod
     def json_args(raw: Any) -> dict[str, Any] | None:
         """Arguments given as a JSON object or its text (``None`` when they are neither)."""
         if isinstance(raw, str):

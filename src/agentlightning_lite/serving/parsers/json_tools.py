@@ -26,7 +26,7 @@ _DECODER = json.JSONDecoder()
 
 def _obj_call(obj: Any, tools: Sequence[dict[str, Any]] | None) -> Call | None:
     """``{"name": ..., "arguments"|"parameters": {...}}`` as a call, if it is one."""
-    if not isinstance(obj, dict) or not ToolParser.allowed(obj.get("name"), tools):
+    if not isinstance(obj, dict) or not ToolParser.named(obj.get("name")):
         return None
     if "arguments" not in obj and "parameters" not in obj:
         return None
@@ -58,7 +58,8 @@ class Llama3JsonToolParser(ToolParser):
     separated by ``;``, optionally after ``<|python_tag|>``.
 
     As vLLM does, every JSON object in the reply must be a call: one that is not (a missing key, broken
-    JSON, a tool not offered) leaves the whole reply as content; with calls there is no content.
+    JSON) leaves the whole reply as content; with calls there is no content. Arguments given as JSON
+    text are read as the object they spell (vLLM passes the text on as a JSON string).
 
     >>> Llama3JsonToolParser().read('{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}',
     ...                             None)
@@ -93,7 +94,7 @@ class MistralToolParser(ToolParser):
     """Mistral: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (tokenizers before v11) and
     ``[TOOL_CALLS]name[ARGS]{...}`` (v11 on; ``[TOOL_CALLS]name{...}`` too), one ``[TOOL_CALLS]`` per
     call. The text before the first ``[TOOL_CALLS]`` is the content (none when only whitespace); a
-    call that cannot be read leaves the whole reply as content.
+    call that cannot be read leaves the whole reply as content (vLLM keeps the text after the marker).
 
     >>> MistralToolParser().read('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', None)
     (None, [('get_weather', {'city': 'Paris'})])
@@ -126,7 +127,7 @@ class MistralToolParser(ToolParser):
         calls: list[Call] = []
         for seg in segments:
             m = re.match(r"\s*([^\[{\s]+)\s*(?:\[ARGS\])?\s*", seg)
-            if m is None or not self.allowed(m.group(1), tools):
+            if m is None or not self.named(m.group(1)):
                 return []
             try:
                 args, _ = _DECODER.raw_decode(seg[m.end() :])
@@ -142,7 +143,8 @@ class DeepSeekV31ToolParser(ToolParser):
     """DeepSeek V3.1: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{args}``
     ``<｜tool▁call▁end｜>...
     <｜tool▁calls▁end｜>``. The content is the text before ``<｜tool▁calls▁begin｜>``; a call whose
-    arguments are not a JSON object, or that is not closed, is dropped (vLLM passes its text on).
+    arguments are not a JSON object, or that is not closed, is dropped (vLLM passes its text on), and a
+    reply with no call left stays content whole.
 
     >>> DeepSeekV31ToolParser().read('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"x": 1}'
     ...                              '<｜tool▁call▁end｜><｜tool▁calls▁end｜>', None)
@@ -160,7 +162,7 @@ class DeepSeekV31ToolParser(ToolParser):
         calls: list[Call] = []
         for m in self._CALL.finditer(text):
             name, args = m.group(1).strip(), self.json_args(m.group(2))
-            if args is not None and self.allowed(name, tools):
+            if args is not None and self.named(name):
                 calls.append((name, args))
         if not calls:
             return text, []
@@ -170,7 +172,8 @@ class DeepSeekV31ToolParser(ToolParser):
 class KimiK2ToolParser(ToolParser):
     """Kimi K2: ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>
     {...}<|tool_call_end|><|tool_calls_section_end|>``. The content is the text before the section (the
-    text after it is dropped, as vLLM does); arguments are typed by the tool's schema.
+    text after it is dropped, as vLLM does); arguments are typed by the tool's schema. A call whose
+    arguments are not a JSON object is dropped (vLLM fails on it); a reply with none left stays content.
 
     >>> KimiK2ToolParser().read('On it.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0'
     ...                         '<|tool_call_argument_begin|>{"x": 1}<|tool_call_end|>'
@@ -194,7 +197,7 @@ class KimiK2ToolParser(ToolParser):
         for m in self._CALL.finditer(text):
             name = m.group("id").strip().split(":")[0].removeprefix("functions.")
             args = self.json_args(m.group("args").strip())
-            if args is not None and self.allowed(name, tools):
+            if args is not None and self.named(name):
                 calls.append((name, fix_types(args, tool_properties(tools, name))))
         content = text[: text.index(self._BEGIN)]
         return ((content.strip() and content) or None) if calls else text, calls

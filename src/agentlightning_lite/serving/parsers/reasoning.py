@@ -41,7 +41,8 @@ class Qwen3ReasoningParser(ReasoningParser):
     with ``</think>`` is reasoning up to it whatever comes before; a ``<tool_call>`` before any
     ``</think>`` ends the thinking too (as vLLM's Qwen3 parser). A reply without ``</think>`` is all
     reasoning when it starts with ``<think>`` (cut short while thinking), else all answer (thinking
-    turned off). Whitespace at the start of the answer is dropped.
+    turned off; vLLM's reads it as all reasoning unless the prompt closed the thinking). Whitespace at
+    the start of the answer is dropped (vLLM keeps it), and so is a stray second ``</think>``.
 
     >>> Qwen3ReasoningParser().split("<think>\\n2+2 is 4.\\n</think>\\n\\n4")
     ('\\n2+2 is 4.\\n', '4')
@@ -57,8 +58,8 @@ class Qwen3ReasoningParser(ReasoningParser):
         opened = text.lstrip().startswith(self._START)
         if 0 <= call and (call < end or (end < 0 and opened)):
             head, rest = text[:call], text[call:].replace(self._END, "")  # the call ends the thinking
-        elif end >= 0:
-            head, rest = text[:end], text[end + len(self._END) :]
+        elif end >= 0:  # a second </think> is dropped too, as vLLM's parser does
+            head, rest = text[:end], text[end + len(self._END) :].replace(self._END, "")
         elif opened:
             head, rest = text, ""
         else:
@@ -189,7 +190,7 @@ class HarmonyToolParser(ToolParser):
                 args: Any = json.loads(m.text) if m.text.strip() else {}
             except ValueError:
                 continue
-            if isinstance(args, dict) and self.allowed(name, tools):
+            if isinstance(args, dict) and self.named(name):
                 calls.append((name, args))
         return self.content_of(msgs), calls
 

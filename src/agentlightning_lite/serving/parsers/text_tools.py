@@ -13,15 +13,6 @@ from .base import Call, ToolParser, fix_types, tool_properties
 __all__ = ["Glm45ToolParser", "PythonicToolParser", "Qwen3CoderToolParser"]
 
 
-def _rest(text: str, spans: list[tuple[int, int]]) -> str:
-    out, last = [], 0
-    for s, e in spans:
-        out.append(text[last:s])
-        last = e
-    out.append(text[last:])
-    return "".join(out)
-
-
 def _trim_newlines(value: str) -> str:
     value = value[1:] if value.startswith("\n") else value
     return value[:-1] if value.endswith("\n") else value
@@ -34,8 +25,8 @@ class Qwen3CoderToolParser(ToolParser):
     As vLLM's: a ``<function=`` without ``<tool_call>`` is a call too, a parameter ends at
     ``</parameter>`` or at the next ``<parameter=``, one newline is trimmed at each end of a value,
     values are typed by the tool's schema (text when the schema says string or says nothing), a call
-    cut short keeps its complete parameters, and a call naming a tool not offered is dropped. The
-    content is the text outside the calls (stripped when there are calls).
+    cut short keeps its complete parameters, and a call to a tool not offered is a call too (the agent
+    answers it). The content is the text before the first call, stripped; the text after is dropped.
 
     >>> schema = {"properties": {"n": {"type": "integer"}}}
     >>> tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
@@ -62,12 +53,11 @@ class Qwen3CoderToolParser(ToolParser):
             name = m.group(1).strip()
             body = m.group(2)
             args = {p.group(1).strip(): _trim_newlines(p.group(2)) for p in self._PARAM.finditer(body)}
-            if self.allowed(name, tools):
+            if self.named(name):
                 calls.append((name, fix_types(args, tool_properties(tools, name))))
         if not spans:
             return text, []
-        content = _rest(text, spans)
-        return (content.strip() or None) if calls else (content or None), calls
+        return (text[: spans[0][0]].strip() or None), calls  # the text after the calls is dropped
 
 
 class Glm45ToolParser(ToolParser):
@@ -76,7 +66,7 @@ class Glm45ToolParser(ToolParser):
 
     Values are typed by the tool's schema as vLLM does (text when it says string or nothing); an
     unclosed last call keeps its complete pairs; a call naming a tool not offered is dropped. The
-    content is the text outside the calls (stripped when there are calls).
+    content is the text before the first call, stripped; the text after is dropped.
 
     >>> Glm45ToolParser().read("Let me look.<tool_call>search\\n<arg_key>q</arg_key>\\n"
     ...                        "<arg_value>vllm</arg_value>\\n</tool_call>", None)
@@ -100,8 +90,7 @@ class Glm45ToolParser(ToolParser):
                 calls.append((name, fix_types(args, tool_properties(tools, name))))
         if not spans:
             return text, []
-        content = _rest(text, spans)
-        return (content.strip() or None) if calls else (content or None), calls
+        return (text[: spans[0][0]].strip() or None), calls  # the text after the calls is dropped
 
 
 _LITERALS = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
@@ -142,8 +131,8 @@ class PythonicToolParser(ToolParser):
     arguments, ``[get_weather(city="Paris"), get_time()]``, read with :mod:`ast` (nothing is evaluated).
 
     Values are literals (``true``/``false``/``null`` too; tuples and sets become lists). As vLLM does,
-    anything else (text around the list, a positional argument's expression that is not a literal, a
-    tool not offered) leaves the whole reply as content.
+    anything else (text around the list, an argument that is not a literal) leaves the whole reply as
+    content; positional arguments are ignored.
 
     >>> PythonicToolParser().read('[f(a=1, b="x"), g()]', None)
     (None, [('f', {'a': 1, 'b': 'x'}), ('g', {})])
@@ -164,7 +153,7 @@ class PythonicToolParser(ToolParser):
                 if not isinstance(node, ast.Call):
                     return text, []
                 name = _dotted(node.func)
-                if not self.allowed(name, tools):
+                if not self.named(name):
                     return text, []
                 calls.append((name, {k.arg: _value(k.value) for k in node.keywords if k.arg is not None}))
         except (SyntaxError, ValueError, RecursionError):
