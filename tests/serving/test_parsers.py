@@ -970,3 +970,30 @@ def test_a_qwen3_reasoning_server_answers_reasoning_content(serve: Any, store: A
         d.model_extra.get("reasoning_content") for d in deltas if d.model_extra.get("reasoning_content")
     ] == ["2+2 is 4."]
     assert "".join(d.content or "" for d in deltas) == "The answer is 4."
+
+
+def test_responses_and_messages_answer_the_reasoning_as_their_own_items(serve: Any, store: Any) -> None:
+    pytest.importorskip("anthropic")
+    engine = ScriptedEngine(["<think>Plan: greet.</think>\n\nHello!"], tokenizer="bytes")
+    server = serve(engine, store, tool_parser="hermes", reasoning_parser="qwen3")
+    llm = server.llm(store.start_rollout("t", mode="train").rollout_id)
+    resp = _client(llm).responses.create(model=llm.model, input="hi")
+    assert [item.type for item in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == "Plan: greet." and resp.output_text == "Hello!"
+    events = list(_client(llm).responses.create(model=llm.model, input="hi", stream=True))
+    kinds = [e.type for e in events]
+    assert "response.reasoning_text.delta" in kinds
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    client: Any = llm.anthropic_client(max_retries=0)
+    msg = client.messages.create(model=llm.model, max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in msg.content] == [
+        ("thinking", "Plan: greet."),
+        ("text", "Hello!"),
+    ]
+    with client.messages.stream(
+        model=llm.model, max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[
+        0
+    ].thinking == "Plan: greet."

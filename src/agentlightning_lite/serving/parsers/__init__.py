@@ -124,8 +124,9 @@ class ModelReplyParser:
         if self.special_tokens:
             text = strip_end_markers(text)
         reasoning, rest = self.reasoning.split(text) if self.reasoning is not None else (None, text)
+        calls: list[Call] = []
         if not with_calls:
-            content, calls = self.tool.content_only(rest), []
+            content = self.tool.content_only(rest)
         else:
             content, calls = self.tool.read(rest, tools)
         if not content and (reasoning is not None or rest != text):
