@@ -972,6 +972,7 @@ def test_a_qwen3_reasoning_server_answers_reasoning_content(serve: Any, store: A
     assert "".join(d.content or "" for d in deltas) == "The answer is 4."
 
 
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
 def test_responses_and_messages_answer_the_reasoning_as_their_own_items(serve: Any, store: Any) -> None:
     pytest.importorskip("anthropic")
     engine = ScriptedEngine(["<think>Plan: greet.</think>\n\nHello!"], tokenizer="bytes")
