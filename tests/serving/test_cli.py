@@ -181,3 +181,16 @@ def test_serve_engine_url_errors(backend: Any, capsys: pytest.CaptureFixture[str
     # vllm --url checks the server's /version: a PolicyServer is not vLLM
     code = main(["serve", "--engine", "vllm", "--url", backend.url, "--tokenizer", "bytes"])
     assert code == 1 and "is an agentlightning-lite PolicyServer, not vLLM" in capsys.readouterr().err
+
+
+def test_serve_takes_vllms_parser_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.tool_call_parser, args.reasoning_parser) == ("auto", "auto")
+    args = build_parser().parse_args(
+        ["serve", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
+    )
+    assert (args.tool_call_parser, args.reasoning_parser) == ("qwen3_coder", "qwen3")
+    assert main(["serve", "--tool-call-parser", "qwen4"]) == 2  # refused before the model loads
+    assert "--tool-call-parser 'qwen4': one of auto, deepseek_v31" in capsys.readouterr().err
+    assert main(["serve", "--reasoning-parser", "r2"]) == 2
+    assert "--reasoning-parser 'r2': one of auto, deepseek_r1, gpt_oss, none" in capsys.readouterr().err

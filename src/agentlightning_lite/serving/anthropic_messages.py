@@ -276,8 +276,11 @@ def new_id(prefix: str) -> str:
 
 
 def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A served assistant message (chat shape) as Anthropic content blocks: text, then tool uses."""
+    """A served assistant message (chat shape) as Anthropic content blocks: thinking (its
+    ``reasoning_content``, when the reply parser found reasoning), text, then tool uses."""
     blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
     if message.get("content"):
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -349,6 +352,11 @@ def stream_events(message: dict[str, Any], text_deltas: list[str] | None = None)
                         "delta": {"type": "text_delta", "text": delta},
                     }
                 )
+        elif block["type"] == "thinking":
+            empty = {"type": "thinking", "thinking": "", "signature": ""}
+            events.append({"type": "content_block_start", "index": index, "content_block": empty})
+            thought = {"type": "thinking_delta", "thinking": block["thinking"]}
+            events.append({"type": "content_block_delta", "index": index, "delta": thought})
         else:
             events.append(
                 {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}

@@ -19,6 +19,7 @@ from ..errors import InvalidRequestError
 __all__ = [
     "ChatFormatError",
     "TOOLS_PROMPT",
+    "chat_template_text",
     "content_text",
     "format_tool_calls",
     "new_tool_call_id",
@@ -192,12 +193,23 @@ def format_tool_calls(calls: Sequence[Any]) -> str:
     return "\n".join(blocks)
 
 
-def template_supports_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template renders a ``tools`` argument itself."""
+def chat_template_text(tokenizer: Any) -> str | None:
+    """The tokenizer's chat template text (several named templates joined), ``None`` when it has none.
+
+    >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
+    >>> chat_template_text(ByteTokenizer())
+    'chatml (built in; no tools)'
+    """
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):
         template = " ".join(str(v) for v in template.values())
-    return isinstance(template, str) and "tools" in template
+    return template if isinstance(template, str) else None
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools`` argument itself."""
+    template = chat_template_text(tokenizer)
+    return template is not None and "tools" in template
 
 
 def prepare_messages(

@@ -320,9 +320,20 @@ def new_id(prefix: str) -> str:
 
 
 def output_items(message: dict[str, Any], custom_tools: set[str] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
-    """A served assistant message (chat shape) as Responses output items: a ``message`` with its
-    text, then one ``function_call`` (or ``custom_tool_call``) per tool call."""
+    """A served assistant message (chat shape) as Responses output items: a ``reasoning`` item with its
+    ``reasoning_content`` (when the reply parser found reasoning), a ``message`` with its text, then
+    one ``function_call`` (or ``custom_tool_call``) per tool call."""
     items: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        items.append(
+            {
+                "id": new_id("rs"),
+                "type": "reasoning",
+                "status": "completed",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}],
+            }
+        )
     text = message.get("content")
     if text:
         items.append(
@@ -420,7 +431,7 @@ def response_object(
 
 def _in_progress(item: dict[str, Any]) -> dict[str, Any]:
     """An output item as announced by ``response.output_item.added``: empty, in progress."""
-    if item["type"] == "message":
+    if item["type"] in ("message", "reasoning"):
         return {**item, "status": "in_progress", "content": []}
     if item["type"] == "function_call":
         return {**item, "status": "in_progress", "arguments": ""}
@@ -452,6 +463,10 @@ def stream_events(response: dict[str, Any], text_deltas: list[str] | None = None
                 emit("response.output_text.delta", **ids, content_index=0, delta=delta, logprobs=[])
             emit("response.output_text.done", **ids, content_index=0, text=part["text"], logprobs=[])
             emit("response.content_part.done", **ids, content_index=0, part=part)
+        elif item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            emit("response.reasoning_text.delta", **ids, content_index=0, delta=text)
+            emit("response.reasoning_text.done", **ids, content_index=0, text=text)
         elif item["type"] == "function_call":
             emit("response.function_call_arguments.delta", **ids, delta=item["arguments"])
             emit(

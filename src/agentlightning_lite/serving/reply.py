@@ -4,11 +4,12 @@ Every dialect's reply goes through one :class:`ReplyParser` (``server.reply_pars
 generated text into the content the agent reads, the reasoning, and OpenAI ``tool_calls``. The
 default, :class:`HermesReplyParser`, reads ``<tool_call>{json}</tool_call>`` blocks (what the tool
 prompt of :mod:`.chat_format` asks for, and what Hermes-style templates write) and no reasoning.
-A parser for another model family implements the same one method.
+Parsers for other model families, by vLLM's names, are in :mod:`.parsers`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,12 +29,26 @@ class ParsedReply:
     reasoning: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def calls(self) -> list[tuple[str, dict[str, Any]]]:
+        """The tool calls as ``(name, arguments dict)`` pairs.
+
+        >>> ParsedReply(None, tool_calls=[{"id": "c1", "type": "function",
+        ...             "function": {"name": "f", "arguments": '{"x": 1}'}}]).calls
+        [('f', {'x': 1})]
+        """
+        return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in self.tool_calls]
+
 
 class ReplyParser(Protocol):
     """How one model family writes tool calls and reasoning in its replies."""
 
     #: the name it goes by (vLLM's ``--tool-call-parser`` name where there is one)
     name: str
+    #: the reasoning parser's name (vLLM's ``--reasoning-parser``); ``None``: replies carry no reasoning
+    reasoning_parser: str | None
+    #: whether it reads replies decoded with their special tokens (its markers are special tokens)
+    special_tokens: bool
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedReply:
         """Read ``text``; ``tools``: the tools offered to this call (``None``: none were, and the
@@ -55,6 +70,8 @@ class HermesReplyParser:
     """
 
     name = "hermes"
+    reasoning_parser = None
+    special_tokens = False
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedReply:
         if not tools:

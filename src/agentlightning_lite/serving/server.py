@@ -31,7 +31,8 @@ from .context import ServingContext
 from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
-from .reply import HermesReplyParser, ReplyParser
+from .parsers import auto_parser
+from .reply import ReplyParser
 from .routes import chat, completions, lora, messages, meta, responses
 from .routes.request import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
 from .state import RecentDict, RolloutState
@@ -97,6 +98,14 @@ class PolicyServer(ThreadedUvicorn):
     for 32000 and exit on a 400; ``params.max_tokens_requested`` records the ask) and keeps OpenAI's
     400 on chat and text completions; ``True`` cuts on every route, ``False`` on none.
 
+    Replies are read by vLLM's parsers of the same names (:mod:`.parsers`): ``tool_parser`` (``hermes``,
+    ``qwen3_coder``, ``llama3_json``, ``pythonic``, ``mistral``, ``deepseek_v31``, ``glm45``,
+    ``kimi_k2``, ``openai``) and ``reasoning_parser`` (``qwen3``, ``deepseek_r1``, ``openai_gptoss``;
+    ``None``: no reasoning); ``"auto"`` (the default of both) reads the family from the engine's chat
+    template (:func:`.parsers.detect`; a template without tool markers gets ``hermes``, what the tool
+    prompt asks for) and logs its pick. Reasoning found goes to the message's ``reasoning_content``;
+    each ``llm`` span records ``tool_parser`` and ``reasoning_parser``.
+
     >>> import agentlightning_lite as agl
     >>> from agentlightning_lite.serving import PolicyServer, engines
     >>> store = agl.MemoryStore()
@@ -133,6 +142,8 @@ class PolicyServer(ThreadedUvicorn):
         loop: str = "auto",
         clamp_max_tokens: bool | None = None,
         truncated_sampling: str = "ignore",
+        tool_parser: str = "auto",
+        reasoning_parser: str | None = "auto",
     ) -> None:
         super().__init__(host, port, log_level)
         self.engine = engine
@@ -159,8 +170,8 @@ class PolicyServer(ThreadedUvicorn):
         self.rollouts = RolloutState(10_000)
         #: Responses API: the conversations of responses kept for ``previous_response_id`` (the last 1,000)
         self.responses: RecentDict[list[dict[str, Any]]] = RecentDict(1000)
-        #: how the served model writes tool calls (and reasoning) in its replies
-        self.reply_parser: ReplyParser = HermesReplyParser()
+        #: how the served model writes tool calls (and reasoning) in its replies (see :mod:`.parsers`)
+        self.reply_parser: ReplyParser = auto_parser(engine.chat_template, tool_parser, reasoning_parser)
         #: called as ``rollout_guard(rollout_id, lease_tokens)`` before a call routed to a rollout is
         #: served; raises (an ``AGLError``, such as a ``LeaseError``) to refuse it. The runner routes
         #: set it so that a rollout claimed by a runner takes calls only with its claim's lease token.

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..chat_format import render_chat
+from ..chat_format import chat_template_text, render_chat
 from ..structured import ResponseFormat, ResponseFormatError
 from .pausing import Pausable
 
@@ -168,6 +168,11 @@ class Engine(Pausable, abc.ABC):
     def token_text(self, token_id: int) -> str:
         """The text of one token (special tokens included), as reported in logprobs."""
         return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (``None``: none), what ``tool_parser="auto"`` reads."""
+        return chat_template_text(self.tokenizer)
 
     @property
     def vocab_size(self) -> int | None:

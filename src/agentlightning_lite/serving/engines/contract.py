@@ -70,6 +70,10 @@ class ServingEngine(Protocol):
     @property
     def vocab_size(self) -> int | None: ...
 
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template text (``None``: none)."""
+
     def check_response_format(
         self, fmt: ResponseFormat, tools: Sequence[dict[str, Any]] | None = None
     ) -> None: ...

@@ -101,6 +101,8 @@ async def serve_chat(
         "tools": offered or None,
         "prompt_text": prompt_text,
         "engine": type(engine).__name__,
+        "tool_parser": ctx.reply_parser.name,
+        "reasoning_parser": ctx.reply_parser.reasoning_parser,
     }
     if req.dropped_tools:
         attrs["dropped_tools"] = req.dropped_tools
@@ -134,9 +136,11 @@ async def serve_chat(
     choices, spans = [], []
     total = usage(len(prompt_ids), results)
     for i, res in enumerate(results):
-        reply = ctx.reply_parser.parse(res.text, offered or None)
+        reply = ctx.reply_parser.parse(reply_text(ctx, res), offered or None)
         calls = reply.tool_calls if req.parallel_tool_calls else reply.tool_calls[:1]
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.reasoning is not None:
+            message["reasoning_content"] = reply.reasoning
         if calls:
             message["tool_calls"] = calls
         finish = "tool_calls" if calls else res.finish_reason
@@ -182,6 +186,14 @@ async def serve_chat(
         prompt_ids=prompt_ids,
         max_tokens=max_tokens,
     )
+
+
+def reply_text(ctx: ServingContext, res: GenResult) -> str:
+    """The reply as the reply parser reads it: ``res.text``, or the tokens decoded with their special
+    tokens for a parser whose markers are special tokens (the token ids stay the whole reply's)."""
+    if ctx.reply_parser.special_tokens:
+        return ctx.engine.decode(res.token_ids, skip_special_tokens=False)
+    return res.text
 
 
 async def response_format(
@@ -246,6 +258,8 @@ def _chunks(ctx: ServingContext, run: ChatRun, p: Params) -> list[dict[str, Any]
     for choice, res in zip(choices, results, strict=True):
         i, msg = choice["index"], choice["message"]
         out.append(chunk(i, {"role": "assistant", "content": ""}))
+        if msg.get("reasoning_content"):
+            out.append(chunk(i, {"reasoning_content": msg["reasoning_content"]}))
         if msg.get("tool_calls"):
             if msg.get("content"):
                 out.append(chunk(i, {"content": msg["content"]}))

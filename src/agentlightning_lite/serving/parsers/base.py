@@ -1,0 +1,212 @@
+# ruff: noqa: RUF001  (DeepSeek's markers are written with full-width bars)
+"""What every tool-call parser shares: the call it finds, the offered tools' schemas, typing by schema.
+
+A tool parser reads one model family's way of writing tool calls; :meth:`ToolParser.read` returns the
+content left and the calls, each ``(name, arguments dict)``. Typing follows vLLM's
+``coerce_to_schema_type``: a text value is turned into the JSON type its property's schema names
+(``null`` > ``integer`` > ``number`` > ``boolean`` > ``object`` > ``array`` > ``string``, the first
+that parses), a property without a schema keeps its text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+__all__ = ["Call", "ToolParser", "coerce", "fix_types", "tool_names", "tool_properties"]
+
+#: a tool call read from a reply: the tool's name and its arguments
+Call = tuple[str, dict[str, Any]]
+
+# tokens that end a turn, left at the end of a reply decoded with its special tokens
+_END_MARKERS = re.compile(
+    r"(?:<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|<\|eom_id\|>|<\|end_of_text\|>|</s>|<\|return\|>"
+    r"|<\|call\|>|<\|end\|>|<｜end▁of▁sentence｜>|<\|user\|>|<\|observation\|>)+\s*\Z"
+)
+
+_ALIASES = {"str": "string", "text": "string", "int": "integer", "float": "number", "bool": "boolean"}
+_PRIORITY = ("null", "integer", "number", "boolean", "object", "array", "string")
+
+
+def strip_end_markers(text: str) -> str:
+    """``text`` without the end-of-turn tokens a decode that keeps special tokens leaves at its end.
+
+    >>> strip_end_markers('[TOOL_CALLS]f[ARGS]{}</s>')
+    '[TOOL_CALLS]f[ARGS]{}'
+    """
+    return _END_MARKERS.sub("", text)
+
+
+def _function(tool: Any) -> dict[str, Any]:
+    fn = tool.get("function", tool) if isinstance(tool, dict) else None
+    return fn if isinstance(fn, dict) else {}
+
+
+def tool_names(tools: Sequence[dict[str, Any]] | None) -> set[str] | None:
+    """The names of the offered tools (``None``: no tools given, any name is taken)."""
+    if tools is None:
+        return None
+    return {n for n in (_function(t).get("name") for t in tools) if isinstance(n, str)}
+
+
+def tool_properties(tools: Sequence[dict[str, Any]] | None, name: str) -> dict[str, Any]:
+    """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
+    for t in tools or ():
+        fn = _function(t)
+        if fn.get("name") == name:
+            params = fn.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
+            return props if isinstance(props, dict) else {}
+    return {}
+
+
+def _types(schema: Any) -> set[str]:
+    if not isinstance(schema, dict):
+        return {"string"}
+    out: set[str] = set()
+    t = schema.get("type")
+    for v in [t] if isinstance(t, str) else t if isinstance(t, list) else []:
+        if isinstance(v, str):
+            out.add(_ALIASES.get(v.strip().lower(), v.strip().lower()))
+    for v in schema.get("enum") or [] if isinstance(schema.get("enum"), list) else []:
+        out.add(
+            "null"
+            if v is None
+            else "boolean"
+            if isinstance(v, bool)
+            else "integer"
+            if isinstance(v, int)
+            else "number"
+            if isinstance(v, float)
+            else "array"
+            if isinstance(v, list)
+            else "object"
+            if isinstance(v, dict)
+            else "string"
+        )
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list):
+            for choice in schema[key]:
+                out |= _types(choice)
+    return out or {"string"}
+
+
+def _finite(v: Any) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, list):
+        return all(_finite(x) for x in v)
+    if isinstance(v, dict):
+        return all(_finite(x) for x in v.values())
+    return True
+
+
+def coerce(value: str, schema: Any) -> Any:
+    """``value`` (text a model wrote) as the JSON type ``schema`` names, else as it is.
+
+    >>> coerce("5", {"type": "integer"}), coerce("2.5", {"type": "number"}), coerce("1", {"type": "boolean"})
+    (5, 2.5, True)
+    >>> coerce('{"a": 1}', {"type": "object"}), coerce("5", {"type": "string"}), coerce("x", {"type": "null"})
+    ({'a': 1}, '5', 'x')
+    """
+    types = _types(schema)
+    for t in _PRIORITY:
+        if t not in types:
+            continue
+        if t == "null":
+            if value.lower() == "null":
+                return None
+        elif t == "string":
+            return value
+        elif t == "integer":
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        elif t == "number":
+            try:
+                f = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(f):
+                return int(f) if f == int(f) else f
+        elif t == "boolean":
+            low = value.lower().strip()
+            if low in ("true", "1", "false", "0"):
+                return low in ("true", "1")
+        else:
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                continue
+            if _finite(parsed):
+                return parsed
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return parsed if _finite(parsed) else value
+
+
+def _fix(value: Any, schema: dict[str, Any]) -> Any:
+    if isinstance(value, str):
+        return coerce(value, schema)
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        return fix_types(value, props) if isinstance(props, dict) else value
+    if isinstance(value, list):
+        items = schema.get("items")
+        return [_fix(v, items) for v in value] if isinstance(items, dict) else value
+    return coerce(json.dumps(value, ensure_ascii=False), schema)
+
+
+def fix_types(args: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with each value typed by its property's schema (vLLM's ``_fix_arg_types``): text is
+    coerced, objects and arrays are typed inside, other values are re-read as their schema says.
+
+    >>> fix_types({"n": "3", "tag": 7, "free": "1"}, {"n": {"type": "integer"}, "tag": {"type": "string"}})
+    {'n': 3, 'tag': '7', 'free': '1'}
+    """
+    return {k: _fix(v, properties[k]) if isinstance(properties.get(k), dict) else v for k, v in args.items()}
+
+
+class ToolParser:
+    """One model family's tool-call format. Subclasses set ``name`` (vLLM's ``--tool-call-parser``
+    name) and implement :meth:`read`; ``special_tokens``: its markers are special tokens, so it reads
+    the reply decoded with them."""
+
+    name: ClassVar[str] = ""
+    special_tokens: ClassVar[bool] = False
+
+    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
+        """Split ``text`` into (content, calls); ``tools``: the offered tools (``None``: take any name)."""
+        raise NotImplementedError
+
+    def content_only(self, text: str) -> str | None:
+        """The content of a reply read without tools (its text, unless the format wraps it)."""
+        return text
+
+    @staticmethod
+    def allowed(name: Any, tools: Sequence[dict[str, Any]] | None) -> bool:
+        """Whether ``name`` is a tool name this reply may call (an offered one, when tools are given)."""
+        names = tool_names(tools)
+        return isinstance(name, str) and bool(name) and (names is None or name in names)
+
+    @staticmethod
+    def named(name: Any) -> bool:
+        """Whether ``name`` can name a tool (vLLM's parsers, but ``hermes`` and ``glm45``, take calls to
+        tools that were not offered: the agent answers them)."""
+        return isinstance(name, str) and bool(name)
+
+    @staticmethod
+    def json_args(raw: Any) -> dict[str, Any] | None:
+        """Arguments given as a JSON object or its text (``None`` when they are neither)."""
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw) if raw.strip() else {}
+            except ValueError:
+                return None
+        return raw if isinstance(raw, dict) else None

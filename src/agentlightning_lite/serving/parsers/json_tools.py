@@ -1,0 +1,203 @@
+# ruff: noqa: RUF001, RUF002  (DeepSeek's markers are written with full-width bars)
+"""Tool-call formats whose arguments are JSON: ``hermes``, ``llama3_json``, ``mistral``, ``deepseek_v31``,
+``kimi_k2`` (vLLM's names, and vLLM's rules for what is content and what a malformed call does, save
+where a docstring says otherwise)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..chat_format import parse_tool_calls
+from .base import Call, ToolParser, fix_types, tool_properties
+
+__all__ = [
+    "DeepSeekV31ToolParser",
+    "HermesToolParser",
+    "KimiK2ToolParser",
+    "Llama3JsonToolParser",
+    "MistralToolParser",
+]
+
+_DECODER = json.JSONDecoder()
+
+
+def _obj_call(obj: Any, tools: Sequence[dict[str, Any]] | None) -> Call | None:
+    """``{"name": ..., "arguments"|"parameters": {...}}`` as a call, if it is one."""
+    if not isinstance(obj, dict) or not ToolParser.named(obj.get("name")):
+        return None
+    if "arguments" not in obj and "parameters" not in obj:
+        return None
+    args = ToolParser.json_args(obj["arguments"] if "arguments" in obj else obj["parameters"])
+    return None if args is None else (obj["name"], args)
+
+
+class HermesToolParser(ToolParser):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen2.5, Qwen3's JSON form).
+
+    Each well-formed block naming an offered tool is a call; the text around them, and any block that
+    is not one, stays content (vLLM keeps only the text before the first block, and turns every call
+    back into content when one block is malformed). An answer that is nothing but a JSON call object
+    is a call too.
+
+    >>> HermesToolParser().read('Checking.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', None)
+    ('Checking.', [('f', {'x': 1})])
+    """
+
+    name = "hermes"
+
+    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
+        content, calls = parse_tool_calls(text, tools)
+        return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+class Llama3JsonToolParser(ToolParser):
+    """Llama 3.x JSON calls: ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``), several
+    separated by ``;``, optionally after ``<|python_tag|>``.
+
+    As vLLM does, every JSON object in the reply must be a call: one that is not (a missing key, broken
+    JSON) leaves the whole reply as content; with calls there is no content. Arguments given as JSON
+    text are read as the object they spell (vLLM passes the text on as a JSON string).
+
+    >>> Llama3JsonToolParser().read('{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}',
+    ...                             None)
+    (None, [('f', {'x': 1}), ('g', {})])
+    """
+
+    name = "llama3_json"
+    special_tokens = True
+
+    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
+        plain = text.replace("<|python_tag|>", "")
+        if "{" not in plain:
+            return (plain or None), []
+        calls: list[Call] = []
+        end = -1
+        for m in re.finditer(r"\{", plain):
+            if m.start() < end:
+                continue
+            try:
+                obj, n = _DECODER.raw_decode(plain[m.start() :])
+            except ValueError:
+                return plain, []
+            end = m.start() + n
+            call = _obj_call(obj, tools)
+            if call is None:
+                return plain, []
+            calls.append(call)
+        return (None, calls) if calls else (plain, [])
+
+
+class MistralToolParser(ToolParser):
+    """Mistral: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (tokenizers before v11) and
+    ``[TOOL_CALLS]name[ARGS]{...}`` (v11 on; ``[TOOL_CALLS]name{...}`` too), one ``[TOOL_CALLS]`` per
+    call. The text before the first ``[TOOL_CALLS]`` is the content (none when only whitespace); a
+    call that cannot be read leaves the whole reply as content (vLLM keeps the text after the marker).
+
+    >>> MistralToolParser().read('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', None)
+    (None, [('get_weather', {'city': 'Paris'})])
+    """
+
+    name = "mistral"
+    special_tokens = True
+    _MARK = "[TOOL_CALLS]"
+
+    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
+        if self._MARK not in text:
+            return text, []
+        before, *segments = text.split(self._MARK)
+        calls = self._calls([s for s in segments if s.strip()], tools)
+        if not calls:
+            return text, []
+        return ((before.strip() and before) or None), calls
+
+    def _calls(self, segments: list[str], tools: Sequence[dict[str, Any]] | None) -> list[Call]:
+        if not segments:
+            return []
+        first = segments[0].strip()
+        if first.startswith(("[", "{")):  # before v11: one JSON array (or object) of calls
+            try:
+                obj, _ = _DECODER.raw_decode(first)
+            except ValueError:
+                return []
+            found = [_obj_call(o, tools) for o in (obj if isinstance(obj, list) else [obj])]
+            return [c for c in found if c is not None] if found and all(found) else []
+        calls: list[Call] = []
+        for seg in segments:
+            m = re.match(r"\s*([^\[{\s]+)\s*(?:\[ARGS\])?\s*", seg)
+            if m is None or not self.named(m.group(1)):
+                return []
+            try:
+                args, _ = _DECODER.raw_decode(seg[m.end() :])
+            except ValueError:
+                return []
+            if not isinstance(args, dict):
+                return []
+            calls.append((m.group(1), fix_types(args, tool_properties(tools, m.group(1)))))
+        return calls
+
+
+class DeepSeekV31ToolParser(ToolParser):
+    """DeepSeek V3.1: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{args}``
+    ``<｜tool▁call▁end｜>...
+    <｜tool▁calls▁end｜>``. The content is the text before ``<｜tool▁calls▁begin｜>``; a call whose
+    arguments are not a JSON object, or that is not closed, is dropped (vLLM passes its text on), and a
+    reply with no call left stays content whole.
+
+    >>> DeepSeekV31ToolParser().read('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"x": 1}'
+    ...                              '<｜tool▁call▁end｜><｜tool▁calls▁end｜>', None)
+    (None, [('f', {'x': 1})])
+    """
+
+    name = "deepseek_v31"
+    special_tokens = True
+    _BEGIN = "<｜tool▁calls▁begin｜>"
+    _CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
+
+    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
+        if self._BEGIN not in text:
+            return text, []
+        calls: list[Call] = []
+        for m in self._CALL.finditer(text):
+            name, args = m.group(1).strip(), self.json_args(m.group(2))
+            if args is not None and self.named(name):
+                calls.append((name, args))
+        if not calls:
+            return text, []
+        return (text[: text.index(self._BEGIN)] or None), calls
+
+
+class KimiK2ToolParser(ToolParser):
+    """Kimi K2: ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>
+    {...}<|tool_call_end|><|tool_calls_section_end|>``. The content is the text before the section (the
+    text after it is dropped, as vLLM does); arguments are typed by the tool's schema. A call whose
+    arguments are not a JSON object is dropped (vLLM fails on it); a reply with none left stays content.
+
+    >>> KimiK2ToolParser().read('On it.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0'
+    ...                         '<|tool_call_argument_begin|>{"x": 1}<|tool_call_end|>'
+    ...                         '<|tool_calls_section_end|>', None)
+    ('On it.', [('f', {'x': 1})])
+    """
+
+    name = "kimi_k2"
+    special_tokens = True
+    _BEGIN = "<|tool_calls_section_begin|>"
+    _CALL = re.compile(
+        r"<\|tool_call_begin\|>\s*(?P<id>[^<]+:\d+)\s*<\|tool_call_argument_begin\|>(?P<args>.*?)"
+        r"(?:<\|tool_call_end\|>|(?=<\|tool_calls_section_end\|>)|\Z)",
+        re.S,
+    )
+
+    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
+        if self._BEGIN not in text:
+            return text, []
+        calls: list[Call] = []
+        for m in self._CALL.finditer(text):
+            name = m.group("id").strip().split(":")[0].removeprefix("functions.")
+            args = self.json_args(m.group("args").strip())
+            if args is not None and self.named(name):
+                calls.append((name, fix_types(args, tool_properties(tools, name))))
+        content = text[: text.index(self._BEGIN)]
+        return ((content.strip() and content) or None) if calls else text, calls
