@@ -7,7 +7,8 @@ attached), and a scripted one for tests.
 """
 
 from ..._compat import quiet_upstream_warnings
-from .base import BatchingEngine, Engine, GenRequest, GenResult
+from .base import Engine, GenRequest, GenResult
+from .batching import BatchingEngine
 from .contract import AdapterRemovingEngine, InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
 from .hf import HFEngine
 from .http import BackendError, HTTPEngine

@@ -2,7 +2,8 @@
 
 An engine turns :class:`GenRequest` (prompt token ids plus sampling settings) into
 :class:`GenResult` (the sampled token ids, their logprobs, the text and why it stopped).
-:class:`BatchingEngine` adds a background loop that groups concurrent requests into batches.
+:class:`~.batching.BatchingEngine` (in :mod:`.batching`) adds a background loop that groups concurrent
+requests into batches.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 import abc
 import collections
 import concurrent.futures
-import queue
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,7 @@ from ..chat_format import chat_template_text, render_chat
 from ..structured import ResponseFormat, ResponseFormatError
 from .pausing import Pausable
 
-__all__ = ["BatchingEngine", "Engine", "GenRequest", "GenResult"]
+__all__ = ["Engine", "GenRequest", "GenResult"]
 
 
 @dataclass
@@ -323,180 +322,3 @@ class Engine(Pausable, abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model_name!r}, version={self.version})"
-
-
-_STOP = object()
-
-
-class BatchingEngine(Engine):
-    """An engine whose requests go through one background loop that batches them.
-
-    The loop takes the first waiting request, keeps collecting for ``batch_window_s`` seconds
-    (or until ``max_batch_size`` requests), and hands the batch to :meth:`_generate_batch`.
-    Requests that arrive while a batch runs form the next one. Clients served together tend to
-    come back together (agents answering their next turn): while fewer requests than the last
-    batch held have arrived, the loop waits up to ``regroup_wait_s`` for them, so concurrent
-    agents keep sharing batches instead of drifting into smaller ones. A caller that knows how many
-    clients are about to send requests (the trainer, at the start of a step) says so with
-    :meth:`expect`, so the first batch holds them all rather than the first few to arrive.
-    """
-
-    def __init__(
-        self, max_batch_size: int = 16, batch_window_s: float = 0.01, regroup_wait_s: float = 0.1
-    ) -> None:
-        super().__init__()
-        if max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        self.max_batch_size = max_batch_size
-        self.batch_window_s = batch_window_s
-        self.regroup_wait_s = regroup_wait_s
-        self._last_batch = 1
-        self._expect_wait_s = 0.0
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._loop_thread: threading.Thread | None = None
-        self._loop_lock = threading.Lock()
-        self._abort_lock = threading.Lock()
-        self._aborted: set[int] = set()  # id()s of running requests to stop at the next step
-        self._running: dict[int, GenRequest] = {}  # id(future) -> its request, while in a batch
-
-    @abc.abstractmethod
-    def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        """Generate for one batch (called from the batching loop only).
-
-        A subclass that decodes step by step calls :meth:`_should_abort` for each unfinished row
-        and stops that row (``finish_reason="abort"``) when it says so.
-        """
-
-    def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool:
-        if future.cancel():
-            return True
-        with self._abort_lock:
-            request = self._running.get(id(future))
-            if request is None or future.done():
-                return False
-            self._aborted.add(id(request))
-            return True
-
-    def _should_abort(self, request: GenRequest) -> bool:
-        """Whether :meth:`cancel` asked a running request to stop (cheap: call it every step)."""
-        return bool(self._aborted) and id(request) in self._aborted
-
-    def expect(self, n: int, wait_s: float = 2.0) -> None:
-        """Announce that ``n`` requests are about to arrive together (``n`` agents starting).
-
-        The next batch waits up to ``wait_s`` seconds after its first request for the others
-        (up to ``max_batch_size``), instead of starting with the first few to arrive.
-
-        >>> class Echo(BatchingEngine):
-        ...     def _generate_batch(self, requests):
-        ...         return [GenResult(prompt_token_ids=r.prompt_token_ids, token_ids=[len(requests)],
-        ...                           logprobs=[0.0], text="", finish_reason="stop") for r in requests]
-        >>> import threading
-        >>> engine = Echo(max_batch_size=8)
-        >>> engine.expect(3)
-        >>> out = []
-        >>> threads = [threading.Thread(target=lambda: out.append(engine.submit(
-        ...     GenRequest(prompt_token_ids=[1])).result().token_ids)) for _ in range(3)]
-        >>> for t in threads: t.start()
-        >>> for t in threads: t.join()
-        >>> out  # one batch of all three
-        [[3], [3], [3]]
-        >>> engine.close()
-        """
-        if n < 1:
-            raise ValueError("expect(n) needs n >= 1")
-        self._last_batch = n
-        self._expect_wait_s = max(0.0, wait_s)
-
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        futures = [self.submit(r) for r in requests]
-        return [f.result() for f in futures]
-
-    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
-        if self._closed:
-            raise RuntimeError(f"{type(self).__name__} is closed")
-        self._ensure_loop()
-        fut: concurrent.futures.Future[GenResult] = concurrent.futures.Future()
-        self._queue.put((request, fut))
-        return fut
-
-    def _ensure_loop(self) -> None:
-        if self._loop_thread is not None and self._loop_thread.is_alive():
-            return
-        with self._loop_lock:
-            if self._loop_thread is None or not self._loop_thread.is_alive():
-                self._loop_thread = threading.Thread(
-                    target=self._loop, name=f"agl-{type(self).__name__}-batcher", daemon=True
-                )
-                self._loop_thread.start()
-
-    def _collect(self) -> list[tuple[GenRequest, concurrent.futures.Future[GenResult]]] | None:
-        first = self._queue.get()
-        if first is _STOP:
-            return None
-        batch = [first]
-        start = time.monotonic()
-        window = start + self.batch_window_s
-        regroup = start + max(self.batch_window_s, self.regroup_wait_s, self._expect_wait_s)
-        self._expect_wait_s = 0.0
-        target = min(self._last_batch, self.max_batch_size)
-        while len(batch) < self.max_batch_size:
-            timeout = (regroup if len(batch) < target else window) - time.monotonic()
-            try:
-                item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is _STOP:
-                self._queue.put(_STOP)
-                break
-            batch.append(item)
-        self._last_batch = len(batch)
-        return batch
-
-    def _loop(self) -> None:
-        while True:
-            batch = self._collect()
-            if batch is None:
-                return
-            live = [(r, f) for r, f in batch if f.set_running_or_notify_cancel()]
-            if not live:
-                continue
-            requests = [r for r, _ in live]
-            with self._abort_lock:
-                self._running.update((id(f), r) for r, f in live)
-            t0 = time.perf_counter()
-            try:
-                results = self._generate_batch(requests)
-                if len(results) != len(requests):
-                    raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
-            except BaseException as exc:  # every waiting caller gets the error; the loop goes on
-                for _, f in live:
-                    f.set_exception(exc)
-                self._forget(live)
-                continue
-            self._record_batch(requests, results, time.perf_counter() - t0)
-            for (_, f), res in zip(live, results, strict=True):
-                f.set_result(res)
-            self._forget(live)
-
-    def _forget(self, live: list[tuple[GenRequest, concurrent.futures.Future[GenResult]]]) -> None:
-        with self._abort_lock:
-            for r, f in live:
-                self._running.pop(id(f), None)
-                self._aborted.discard(id(r))
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(_STOP)
-        if self._loop_thread is not None:
-            self._loop_thread.join(timeout=30)
-        while True:  # fail whatever is still queued
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                item[1].set_exception(RuntimeError(f"{type(self).__name__} closed"))
-        super().close()

@@ -15,7 +15,8 @@ from typing import Any
 
 from ... import models
 from ..structured import ResponseFormat, ResponseFormatError, grammar, ll_tokenizer, tool_names
-from .base import BatchingEngine, GenRequest, GenResult
+from .base import GenRequest, GenResult
+from .batching import BatchingEngine
 from .hf_decode import decode_batch
 from .hf_sampling import LogprobsMode
 
