@@ -125,7 +125,7 @@ def run_fresh(script: Path, url: str, how: str) -> list[list[object]]:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow  # more than 3 s (docs/testing.md)
