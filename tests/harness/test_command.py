@@ -217,3 +217,40 @@ def test_bad_arguments_are_refused() -> None:
         agl.CommandAgent(["x"], network="none")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="command"):
         agl.CommandAgent([])
+
+
+def test_a_program_that_cannot_start_still_records_its_harness_span(tmp_path: Path) -> None:
+    store = agl.SQLiteStore(tmp_path / "spans.db")
+    missing = str(tmp_path / "no-such-cli")
+    agent = agl.CommandAgent(
+        [missing, "--print", "{task}"], network="host", workdir_root=tmp_path / "runs", keep_workdirs=True
+    )
+    with PolicyServer(engines.ScriptedEngine(["unused"]), store) as server:
+        tracer = agl.Tracer(store)
+        with pytest.raises(FileNotFoundError), tracer.rollout("add 2 and 2") as ro:
+            agent("add 2 and 2", server.llm(ro.id))
+    store.flush()
+    (span,) = [s for s in store.spans(ro.id) if s.kind == "agent" and s.name == "harness"]
+    assert span.status == "error"
+    assert span.error is not None and span.error.startswith(f"{missing}: cannot run: FileNotFoundError")
+    assert span.input["command"] == [missing, "--print", "add 2 and 2"]
+    (workdir,) = (tmp_path / "runs").glob("*/work")
+    assert span.input["cwd"] == str(workdir) and span.input["network"] == "host"
+    assert span.attributes == {"harness": True}
+    rollout = store.get_rollout(ro.id)
+    assert rollout is not None and rollout.status == "failed" and "no-such-cli" in (rollout.error or "")
+
+
+def test_a_verifier_that_cannot_start_still_records_its_span(served: tuple[PolicyServer, agl.Tracer]) -> None:
+    agent = agl.CommandAgent([sys.executable, FAKE, "env"], network="host", verifier=["/nonexistent/verify"])
+    server, tracer = served
+    with pytest.raises(FileNotFoundError), tracer.rollout("t") as ro:
+        agent("t", server.llm(ro.id))
+    spans = server.store.spans(ro.id)
+    assert [(s.name, s.status) for s in spans if s.kind in ("agent", "tool")] == [
+        ("harness", "ok"),
+        ("verifier", "error"),
+    ]
+    (verifier,) = [s for s in spans if s.name == "verifier"]
+    assert verifier.input == {"command": ["/nonexistent/verify"]}
+    assert (verifier.error or "").startswith("verifier: FileNotFoundError")

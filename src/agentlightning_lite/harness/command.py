@@ -24,7 +24,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from ..agent import LitAgent
-from ..tracer import Tracer
+from ..tracer import SpanHandle, Tracer
 from ..transitions import SIDE_AGENT
 from . import sandbox
 
@@ -123,7 +123,8 @@ class CommandAgent(LitAgent):
 
     Recorded in the rollout (when one is open, as under the trainer or ``agl-lite runner``): an
     ``agent`` span ``harness`` (input: the command, cwd; output: exit code, whether it timed out,
-    the duration, the tails of stdout and stderr; status ``error`` on a non-zero exit or timeout),
+    the duration, the tails of stdout and stderr; status ``error`` on a non-zero exit, a timeout or
+    a program that cannot start, such as a missing binary: the span is recorded and the error raised),
     and a ``tool`` span ``verifier`` for the verifier command. Every model call of the run is an
     ``llm`` span of the server, in this rollout.
 
@@ -310,6 +311,17 @@ class CommandAgent(LitAgent):
             if ro is not None
             else None
         )
+        try:
+            result = self._run(run, argv, span)
+        except BaseException as exc:  # recorded whatever happens: a missing binary has no exit code
+            if span is not None:
+                span.end(error=f"{self.command[0]}: cannot run: {type(exc).__name__}: {exc}")
+            raise
+        if span is not None:
+            span.end()
+        return result
+
+    def _run(self, run: HarnessRun, argv: list[str], span: SpanHandle | None) -> HarnessResult:
         out_path, err_path = run.run_dir / "stdout.txt", run.run_dir / "stderr.txt"
         start = time.monotonic()
         timed_out = False
@@ -349,7 +361,6 @@ class CommandAgent(LitAgent):
             if timed_out or result.exit_code != 0:
                 why = f"timed out after {self.timeout:g} s" if timed_out else f"exit code {result.exit_code}"
                 span.set_error(f"{self.command[0]}: {why}")
-            span.end()
         return result
 
     def _reward(self, run: HarnessRun, result: HarnessResult) -> float | None:
@@ -394,6 +405,10 @@ class CommandAgent(LitAgent):
         except subprocess.TimeoutExpired:
             result.verifier_exit_code = None
             result.verifier_output = f"timed out after {self.verifier_timeout:g} s"
+        except BaseException as exc:  # recorded whatever happens (a verifier that cannot start)
+            if span is not None:
+                span.end(error=f"verifier: {type(exc).__name__}: {exc}")
+            raise
         if span is not None:
             span.set_output({"exit_code": result.verifier_exit_code, "output": result.verifier_output})
             if result.verifier_exit_code != 0:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._compat import build_sdk_types
 from ..agent import call_agent
 from ..serving.llm import LLM
 from ..tracer import RolloutHandle, Tracer
@@ -129,6 +130,7 @@ class Runner:
         """Start the worker and heartbeat threads; returns at once."""
         if self._workers:
             return self
+        build_sdk_types(imported_only=True)  # before the agents' threads parse their first replies
         for i in range(self.workers):
             t = threading.Thread(target=self._work, args=(f"{self.worker_id}/{i}",), name=f"agl-runner-{i}")
             t.daemon = True

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._compat import build_sdk_types
 from ..agent import LitAgent, call_agent
 from ..tracer import Tracer
 from ..types import check_reward
@@ -96,6 +97,8 @@ def run_rollouts(
             f"{len(hung_threads())} agent threads are still running after their rollouts timed out "
             f"(at most {MAX_HUNG_THREADS}): the agent hangs; fix it (or give its blocking calls a timeout)"
         )
+    # the SDKs the agent imported build their response types now, not in its threads at once
+    build_sdk_types(imported_only=True)
     store = tracer.store
     started = [store.start_rollout(s.task, mode=s.mode, metadata=s.metadata) for s in specs]
     results: list[RolloutResult | None] = [None] * len(specs)

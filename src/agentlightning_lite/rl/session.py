@@ -15,8 +15,10 @@ it (``trainer.rollouts``); it knows nothing of the model's weights.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +95,7 @@ class Rollouts:
         self.agents = list(agents) if agents is not None else None
         self.agent_policy = dict(agent_policy or {})
         self._serving = Serving(self.source, engine, store, config, self.server_options)
+        self._turns = _EngineTurns()
 
     # -- serving ------------------------------------------------------------------------------
     def serving(self) -> AbstractContextManager[Any]:
@@ -117,7 +120,8 @@ class Rollouts:
         """Run one rollout per spec (with the session's prompts); one result per spec, in order.
 
         ``engine``: another engine plays the policy (``SFT(teacher=...)``), served for these rollouts
-        only, when they run in this process."""
+        only: on a server of its own when they run in this process; by the source's server (remote
+        runners call the trainer's) while they run, other rollouts of that server waiting meanwhile."""
         specs = [dataclasses.replace(s, metadata=with_prompts(s.metadata, self.prompts)) for s in specs]
         bar = progress(len(specs), desc) if desc else None
         tick = bar.update if bar is not None else None
@@ -126,9 +130,13 @@ class Rollouts:
                 source = InProcessRollouts(self.tracer, self.config)
                 with Serving(source, engine, self.store, self.config, self.server_options).session():
                     return source.collect(agent, specs, tick)
-            # the agents start together: let a batching engine wait for their first requests
-            self.engine.expect(min(len(specs), int(self.config.concurrency or 1)))
-            return self.source.collect(agent, specs, tick)
+            if engine is not None:
+                with self._turns.serve(self._serving.server, engine, self.engine):
+                    return self.source.collect(agent, specs, tick)
+            with self._turns.policy():
+                # the agents start together: let a batching engine wait for their first requests
+                self.engine.expect(min(len(specs), int(self.config.concurrency or 1)))
+                return self.source.collect(agent, specs, tick)
         finally:
             if bar is not None:
                 bar.close()
@@ -191,3 +199,45 @@ class Rollouts:
         specs = [RolloutSpec(task, "val", {"step": step, "task_index": i}) for i, task in enumerate(dataset)]
         with self.serving():
             return self.run(agent, specs, desc="evaluating")
+
+
+class _EngineTurns:
+    """Who the source's server serves: the policy (any number of runs at once), or, for one run at
+    a time, another engine (``SFT(teacher=...)`` with remote runners, whose agents call that server)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._policy_runs = 0
+        self._other = False
+
+    @contextlib.contextmanager
+    def policy(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._other)
+            self._policy_runs += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._policy_runs -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def serve(self, server: Any, engine: Any, policy: Any) -> Iterator[None]:
+        if server is None or getattr(server, "engine", None) is not policy:
+            raise RuntimeError(
+                f"another engine cannot play the policy here: the rollout source {server!r} does not "
+                "serve the trainer's engine as `server.engine`; run these rollouts in the trainer "
+                "(Trainer(runners=None)) or with agl.RemoteRunners"
+            )
+        with self._cond:
+            self._cond.wait_for(lambda: not self._other and self._policy_runs == 0)
+            self._other = True
+            server.engine = engine  # every route reads server.engine per request
+        try:
+            yield
+        finally:
+            with self._cond:
+                server.engine = policy
+                self._other = False
+                self._cond.notify_all()

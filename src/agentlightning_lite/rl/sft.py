@@ -43,7 +43,9 @@ class SFT:
         teacher: an engine that plays the policy during these rollouts (an
             ``agl.engines.ScriptedEngine`` replying with worked solutions, or another model's
             engine); it must tokenise with the policy's tokenizer so that the recorded token ids
-            are the policy's. ``None``: the policy itself (rejection-sampling fine-tuning).
+            are the policy's. With remote runners (``Trainer(runners=...)``) the trainer's server
+            serves it while the step's rollouts run (its other rollouts wait meanwhile).
+            ``None``: the policy itself (rejection-sampling fine-tuning).
         min_reward: calls of rollouts with a lower final reward (or none) are not trained on;
             ``None`` keeps every call.
         group_size: rollouts per task (more than 1 only makes sense when sampling the policy).

@@ -8,6 +8,8 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict
 
+from .._compat import build_sdk_types
+
 __all__ = ["LLM"]
 
 
@@ -80,9 +82,13 @@ class LLM(BaseModel):
         """An ``openai.OpenAI`` client for this endpoint (needs the ``openai`` package).
 
         Clients made here share one TLS context, so making one per rollout costs well under a
-        millisecond (instead of the ~20 ms of loading the CA certificates each time).
+        millisecond (instead of the ~20 ms of loading the CA certificates each time). The SDK's
+        response types are built first, once per process (see ``agentlightning_lite._compat``), so
+        that clients made in many threads at once parse their first replies safely.
         """
         from openai import DefaultHttpxClient, OpenAI
+
+        build_sdk_types("openai")
 
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultHttpxClient(verify=_tls_context())
@@ -91,6 +97,8 @@ class LLM(BaseModel):
     def async_openai_client(self, **kwargs: Any) -> Any:
         """An ``openai.AsyncOpenAI`` client for this endpoint (sharing one TLS context, as above)."""
         from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+        build_sdk_types("openai")
 
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultAsyncHttpxClient(verify=_tls_context())
@@ -113,6 +121,8 @@ class LLM(BaseModel):
         like the OpenAI client's, one ``llm`` span each with exact tokens."""
         from anthropic import Anthropic, DefaultHttpxClient
 
+        build_sdk_types("anthropic")
+
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultHttpxClient(verify=_tls_context())
         return Anthropic(base_url=self.anthropic_base_url, api_key=self.api_key, **kwargs)
@@ -120,6 +130,8 @@ class LLM(BaseModel):
     def async_anthropic_client(self, **kwargs: Any) -> Any:
         """An ``anthropic.AsyncAnthropic`` client for this endpoint (sharing one TLS context, as above)."""
         from anthropic import AsyncAnthropic, DefaultAsyncHttpxClient
+
+        build_sdk_types("anthropic")
 
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultAsyncHttpxClient(verify=_tls_context())
