@@ -97,6 +97,8 @@ async def serve_chat(
     params = p.record() | {"max_tokens": max_tokens, "tool_choice": req.tool_choice}
     if p.max_tokens is not None and max_tokens < p.max_tokens:
         params["max_tokens_requested"] = p.max_tokens
+    if req.chat_template_kwargs:
+        params["chat_template_kwargs"] = req.chat_template_kwargs
     attrs: dict[str, Any] = {
         "api": req.api,
         "request_id": req.request_id,
