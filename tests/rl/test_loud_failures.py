@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import random
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import agentlightning_lite as agl
-from agentlightning_lite.rl.config import SampleConfig
+from agentlightning_lite.rl.config import LoggingConfig, SampleConfig
 from agentlightning_lite.serving import PolicyServer
 from agentlightning_lite.serving.engines import ScriptedEngine
 
@@ -115,3 +117,33 @@ def test_truncated_setting_is_checked() -> None:
     assert SampleConfig().truncated == "keep"
     with pytest.raises(ValueError, match="truncated must be 'keep', 'mask' or 'penalty'"):
         SampleConfig(truncated="drop")
+
+
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
+def test_an_over_long_prompt_fails_its_rollout_and_the_step_trains_the_others(
+    tiny_engine: Any, tmp_path: Path
+) -> None:
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    engine.max_context = 256  # the long task's prompt (about 1000 byte tokens) does not fit
+
+    def agent(task: dict, llm: agl.LLM) -> float:
+        llm.openai_client(max_retries=0).chat.completions.create(
+            model=llm.model, max_tokens=4, messages=[{"role": "user", "content": task["q"]}]
+        )
+        return random.random()  # a spread in every group, so the step updates
+
+    trainer = agl.Trainer(
+        engine=engine,
+        store=agl.MemoryStore(),
+        output_dir=tmp_path,
+        algorithm=agl.GRPO(group_size=2, lr=1e-3),
+        batch_size=2,
+        logging_config=LoggingConfig(loggers=[]),
+    )
+    metrics = trainer.fit(agent, [{"q": "Hi."}, {"q": "x" * 1000}], steps=1)
+    assert trainer.step == 1
+    assert metrics["train/failed_rollouts"] == 2.0 and metrics["train/rollouts"] == 4.0
+    assert metrics["train/samples"] == 2.0 and not metrics.get("train/skipped_update")
+    failed = [r for r in trainer.store.rollouts(mode="train") if r.status == "failed"]
+    assert len(failed) == 2 and all(r.task == {"q": "x" * 1000} for r in failed)
+    assert all("maximum context length is 256 tokens" in (r.error or "") for r in failed)
