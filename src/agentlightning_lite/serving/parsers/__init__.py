@@ -100,7 +100,8 @@ class ModelReplyParser:
     ...             [{"type": "function", "function": {"name": "add"}}])
     >>> r.reasoning, r.content, r.calls
     ('Sum.', None, [('add', {'a': 2})])
-    >>> bad = p.parse("<tool_call>{not json</tool_call>", [{"type": "function", "function": {"name": "add"}}])
+    >>> bad = reply_parser("hermes").parse("<tool_call>{not json</tool_call>",
+    ...                                    [{"type": "function", "function": {"name": "add"}}])
     >>> bad.tool_parse_failed, bad.content, bad.calls  # hermes keeps a block it cannot read as content
     (True, '<tool_call>{not json</tool_call>', [])
     """
