@@ -126,6 +126,13 @@ def _intermediate_rewards(spans: Sequence[Span], calls: Sequence[Span]) -> list[
     return per_call
 
 
+def _finish_reason(span: Span) -> str | None:
+    """Why the call's generation ended, as recorded on its span (``None`` when it was not); the
+    engine's reason where the answer gave another (tool calls read from a reply cut at ``max_tokens``)."""
+    reason = span.attributes.get("engine_finish_reason") or span.attributes.get("finish_reason")
+    return reason if isinstance(reason, str) else None
+
+
 def rollout_transitions(
     rollout: Rollout,
     spans: Sequence[Span],
@@ -187,6 +194,7 @@ def _rollout_transitions(
                 response_logprobs=c.response_logprobs,
                 reward=reward,
                 final_reward=rollout.reward,
+                finish_reason=_finish_reason(c),
                 metadata={
                     "span_id": c.span_id,
                     "model": c.model,

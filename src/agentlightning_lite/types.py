@@ -163,7 +163,9 @@ class Rollout(BaseModel):
 class Transition(BaseModel):
     """One RL sample: a single call of the policy model with its credited reward.
 
-    ``reward`` is the reward after credit assignment; ``final_reward`` is the episode's reward.
+    ``reward`` is the reward after credit assignment; ``final_reward`` is the episode's reward;
+    ``finish_reason``: why the call's generation ended, as its span recorded it (``"stop"``,
+    ``"tool_calls"``, ``"length"``: cut at ``max_tokens``; ``None`` when not recorded).
 
     >>> import agentlightning_lite as agl
     >>> t = agl.Transition(rollout_id="r1", index=0, prompt=[{"role": "user", "content": "hi"}],
@@ -184,4 +186,5 @@ class Transition(BaseModel):
     response_logprobs: list[float] | None = None
     reward: float | None = None
     final_reward: float | None = None
+    finish_reason: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

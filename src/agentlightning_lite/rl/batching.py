@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["Sample", "TokenBatch", "collate", "forward_logprobs"]
+__all__ = ["Sample", "TokenBatch", "collate", "forward_logprobs", "trained"]
 
 #: most bytes of float32 logits that :func:`forward_logprobs` materialises at once (one chunk)
 LOGITS_CHUNK_BYTES = 32 * 2**20
@@ -109,6 +109,17 @@ class Sample:
         if any(c.engine_logprobs is None for c in calls):
             return None
         return [v or 0.0 for v in self._per_token(lambda c: list(c.engine_logprobs or []))]
+
+
+def trained(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples the loss trains: all but those masked (``meta["masked"]``: a reply cut at
+    ``max_tokens`` under ``SampleConfig(truncated="mask")``; they still count in GRPO's group baseline).
+
+    >>> cut = Sample([1], [2], None, 0.0, "g", meta={"masked": True})
+    >>> len(trained([Sample([1], [2], None, 1.0, "g"), cut]))
+    1
+    """
+    return [s for s in samples if not s.meta.get("masked")]
 
 
 @dataclass

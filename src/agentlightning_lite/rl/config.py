@@ -105,15 +105,29 @@ class SampleConfig:
             episode instead of one per call); only the generated tokens are trained and each keeps
             its own call's reward and advantage. A call whose prompt does not extend the previous
             one stays a separate sample (``trajectory/prefix_mismatches`` in the metrics).
+        truncated: what a call whose reply was cut at ``max_tokens`` (``finish_reason="length"``)
+            trains as (counted as ``samples/truncated`` in the step's metrics): ``"keep"`` (default:
+            like any other call; the cut reply is what the policy did and the episode's reward
+            already reflects it), ``"mask"`` (its reward still counts in its GRPO group's baseline,
+            its tokens get no loss) or ``"penalty"`` (its reward is ``truncated_reward``).
+            See docs/training.md, "Replies cut at max_tokens".
+        truncated_reward: the reward of a cut call under ``truncated="penalty"``.
+
+    >>> SampleConfig(truncated="penalty", truncated_reward=-1.0).truncated_reward
+    -1.0
     """
 
     max_seq_len: int = 2048
     max_staleness: int | None = None
     transitions: str = "call"
+    truncated: str = "keep"
+    truncated_reward: float = 0.0
 
     def __post_init__(self) -> None:
         if self.transitions not in ("call", "trajectory"):
             raise ValueError(f"transitions must be 'call' or 'trajectory', got {self.transitions!r}")
+        if self.truncated not in ("keep", "mask", "penalty"):
+            raise ValueError(f"truncated must be 'keep', 'mask' or 'penalty', got {self.truncated!r}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 or None, got {self.max_staleness}")
 

@@ -11,7 +11,11 @@ cause) instead of surfacing later as a flat reward curve. The numbers go into th
   (an estimate of the policy's per-token entropy: it falls towards 0 as the policy collapses);
 * ``diag/distinct_responses``: per task group, the share of distinct replies (1.0: every rollout of a
   task answered differently; ``1/group_size``: all alike, so GRPO has nothing to compare);
-* ``diag/distinct_2``: distinct token bigrams over all bigrams of the step's replies.
+* ``diag/distinct_2``: distinct token bigrams over all bigrams of the step's replies;
+* ``tools/parsed``: tool calls read from the served replies;
+* ``tools/unparsed``: served replies that hold a tool-call marker of the server's tool parser but
+  gave no call (recorded as ``tool_parse_failed`` on their span: a parser that does not fit the
+  model, or a model that writes broken calls; the server warns once with an excerpt).
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ logger = logging.getLogger(__name__)
 def _served(s: Span) -> bool:
     """A call the trainer's PolicyServer answered (it records ``policy`` and ``server`` on its spans)."""
     return bool(s.attributes.get("policy")) and s.attributes.get("server") == "agl"
+
+
+def _tool_calls(s: Span) -> int:
+    """How many tool calls the served reply of ``s`` gave (its output message's ``tool_calls``)."""
+    calls = s.output.get("tool_calls") if isinstance(s.output, dict) else None
+    return len(calls) if isinstance(calls, list) else 0
 
 
 def step_diagnostics(
@@ -112,7 +122,12 @@ def step_diagnostics(
                 agent,
                 agent_policy[agent],
             )
-    out = {"diag/policy_calls": float(len(served)), "diag/other_calls": float(len(other))}
+    out = {
+        "diag/policy_calls": float(len(served)),
+        "diag/other_calls": float(len(other)),
+        "tools/parsed": float(sum(_tool_calls(s) for s in served)),
+        "tools/unparsed": float(sum(bool(s.attributes.get("tool_parse_failed")) for s in served)),
+    }
     logprobs = [lp for s in served for lp in (s.response_logprobs or []) if math.isfinite(lp)]
     if logprobs:
         out["diag/entropy"] = -statistics.fmean(logprobs)

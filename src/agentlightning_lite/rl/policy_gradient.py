@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 import torch
 
+from .batching import trained
 from .trajectory import merge_trajectories
 
 if TYPE_CHECKING:
@@ -103,6 +104,9 @@ class PolicyGradient:
             stats.update(self.advantages(samples))  # each call's advantage (GRPO: within its group)
         if stats.get("train/skipped_update"):
             return stats  # e.g. every GRPO group had zero spread: no gradient
+        samples = trained(samples)  # masked ones counted in the baselines, left out of the loss
+        if not samples:
+            return {**stats, "train/skipped_update": 1.0}
         if ctx.merged:  # after the per-call advantages: each call keeps its own
             samples, merged = merge_trajectories(samples)
             stats.update(merged)

@@ -82,12 +82,17 @@ def build_samples(
     air: Sequence[AIRRule] | None = None,
     max_seq_len: int = 2048,
     max_staleness: int | None = None,
+    truncated: str = "keep",
+    truncated_reward: float = 0.0,
 ) -> tuple[list[Sample], dict[str, float]]:
-    """The training samples of ``results`` and their counts (``train/samples``, ``..._too_long``...).
+    """The training samples of ``results`` and their counts (``train/samples``, ``..._too_long``,
+    ``samples/truncated``...).
 
     ``version`` is the engine's weights version now; ``agents`` the trained agents (``None``: all);
     ``agent_policy`` maps an agent to the policy its calls train (``sample.meta["policy"]``; an agent
-    not in it trains ``"default"``).
+    not in it trains ``"default"``); ``truncated``/``truncated_reward``: what a call cut at
+    ``max_tokens`` trains as (:class:`~.config.SampleConfig`: ``"keep"``, ``"mask"``: ``meta["masked"]``,
+    ``"penalty"``: its reward is ``truncated_reward``).
     """
     keep = kept_rollouts(results, store, failed_reward, min_reward)
     by_id = {r.rollout_id: r for r in keep}
@@ -101,7 +106,7 @@ def build_samples(
         require_tokens=True,
     )
     samples: list[Sample] = []
-    too_long = stale = 0
+    too_long = stale = cut = 0
     for t in ts:
         assert t.prompt_token_ids is not None and t.response_token_ids is not None
         if not t.response_token_ids or t.reward is None:
@@ -114,24 +119,34 @@ def build_samples(
             continue
         r = by_id[t.rollout_id]
         params: dict[str, Any] = t.metadata.get("params") or {}
+        meta: dict[str, Any] = {"policy": policy_of.get(t.agent or "", "default")}
+        reward = float(t.reward)
+        if t.finish_reason == "length":  # cut at max_tokens: SampleConfig.truncated says how it trains
+            cut += 1
+            meta["truncated"] = True
+            if truncated == "mask":
+                meta["masked"] = True
+            elif truncated == "penalty":
+                reward = float(truncated_reward)
         samples.append(
             Sample(
                 prompt_ids=t.prompt_token_ids,
                 response_ids=t.response_token_ids,
                 engine_logprobs=t.response_logprobs,
-                reward=float(t.reward),
+                reward=reward,
                 group=r.spec.metadata.get("task_index"),
                 temperature=float(params.get("temperature", 1.0) or 1.0),
                 rollout_id=t.rollout_id,
                 index=t.index,
                 agent=t.agent,
-                meta={"policy": policy_of.get(t.agent or "", "default")},
+                meta=meta,
             )
         )
     stats = {
         "train/samples": float(len(samples)),
         "train/samples_too_long": float(too_long),
         "train/samples_stale": float(stale),
+        "samples/truncated": float(cut),
         "train/calls_per_rollout": len(ts) / max(len(keep), 1),
     }
     stats.update(step_diagnostics(results, store, agent_policy))  # warns at once when no call was served

@@ -158,6 +158,8 @@ class Rollouts:
             air=self.air,
             max_seq_len=self.sample_config.max_seq_len,
             max_staleness=self.sample_config.max_staleness,
+            truncated=self.sample_config.truncated,
+            truncated_reward=self.sample_config.truncated_reward,
         )
 
     def step(

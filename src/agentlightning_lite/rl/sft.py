@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .batching import Sample, collate, forward_logprobs, micro_batches
+from .batching import Sample, collate, forward_logprobs, micro_batches, trained
 from .distributed import DataParallel
 from .trajectory import merge_trajectories
 
@@ -110,6 +110,9 @@ class SFT:
     def update(self, ctx: StepContext, policy: Policy, samples: list[Sample]) -> dict[str, float]:
         """Teacher-forced epochs on the calls (:func:`sft_update`), seeded by the run's seed and step."""
         stats: dict[str, float] = {}
+        samples = trained(samples)  # replies cut at max_tokens under SampleConfig(truncated="mask")
+        if not samples:
+            return {"train/skipped_update": 1.0}
         if ctx.merged:
             samples, stats = merge_trajectories(samples)
         seed = ctx.seed * 1_000_003 + ctx.step

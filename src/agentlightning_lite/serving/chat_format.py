@@ -300,8 +300,11 @@ def render_chat(
     messages: Any,
     tools: Sequence[Any] | None = None,
     tool_choice: Any = None,
+    **template_kwargs: Any,
 ) -> str:
-    """The prompt text for ``messages`` (and ``tools``), ending with the assistant turn's header.
+    """The prompt text for ``messages`` (and ``tools``), ending with the assistant turn's header;
+    ``template_kwargs``: extra variables of the chat template (``enable_thinking=False``...; they
+    cannot change ``tokenize``, ``add_generation_prompt`` or ``tools``).
 
     >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
     >>> print(render_chat(ByteTokenizer(), [{"role": "user", "content": "Hi"}]))
@@ -313,7 +316,9 @@ def render_chat(
     offered, instruction = select_tools(tools, tool_choice)
     native = template_supports_tools(tokenizer)
     prepared = prepare_messages(messages, offered, instruction, native_tools=native)
-    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+    reserved = ("tokenize", "add_generation_prompt", "tools", "conversation", "messages")
+    kwargs: dict[str, Any] = {k: v for k, v in template_kwargs.items() if k not in reserved}
+    kwargs |= {"tokenize": False, "add_generation_prompt": True}
     if native and offered:
         kwargs["tools"] = offered
     try:

@@ -30,6 +30,8 @@ class ChatRequest:
     ``merge_system``: when the chat template refuses a system message after the first turn, such
     messages are merged into the leading one (the converted dialects, whose clients put them there).
     ``dropped_tools``: tools the client declared that the model is not offered (recorded on the span).
+    ``chat_template_kwargs``: extra variables of the chat template (vLLM's request field, e.g.
+    ``{"enable_thinking": False}`` for Qwen3), passed to the tokenizer's ``apply_chat_template``.
 
     >>> req = chat_request({"messages": [{"role": "user", "content": "Hi"}], "n": 2}, max_n=4)
     >>> req.api, req.params.n, req.request_id.startswith("chatcmpl-")
@@ -46,6 +48,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     merge_system: bool = False
     dropped_tools: list[str] = field(default_factory=list)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def chat_request(body: dict[str, Any], max_n: int) -> ChatRequest:
@@ -55,7 +58,14 @@ def chat_request(body: dict[str, Any], max_n: int) -> ChatRequest:
         raise bad_request(
             "Missing required parameter: 'messages'.", "messages", code="missing_required_parameter"
         )
+    template_kwargs = body.get("chat_template_kwargs")
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise bad_request(
+            f"'chat_template_kwargs' must be an object, got {type(template_kwargs).__name__}.",
+            "chat_template_kwargs",
+        )
     return ChatRequest(
+        chat_template_kwargs=dict(template_kwargs or {}),
         messages=body["messages"],
         params=params,
         request_id="chatcmpl-" + secrets.token_hex(12),
@@ -69,15 +79,21 @@ def chat_request(body: dict[str, Any], max_n: int) -> ChatRequest:
 def render_prompt(engine: ServingEngine, req: ChatRequest) -> tuple[str, Any, bool]:
     """The prompt text of ``req`` in the engine's chat template: ``(text, messages, merged)``, where
     ``messages`` are those rendered and ``merged`` says whether late system messages were merged into
-    the first (only when the template refuses them and ``req.merge_system``). Raises
-    :class:`~.chat_format.ChatFormatError` when the template cannot render the request."""
+    the first (only when the template refuses them and ``req.merge_system``); the template is given
+    ``req.chat_template_kwargs``. Raises :class:`~.chat_format.ChatFormatError` when the template
+    cannot render the request."""
+    extra = req.chat_template_kwargs
     try:
-        return engine.apply_chat_template(req.messages, req.tools, req.tool_choice), req.messages, False
+        return (
+            engine.apply_chat_template(req.messages, req.tools, req.tool_choice, **extra),
+            req.messages,
+            False,
+        )
     except ChatFormatError:
         if not req.merge_system or not has_late_system(req.messages):
             raise
     merged = merge_system_messages(req.messages)
-    return engine.apply_chat_template(merged, req.tools, req.tool_choice), merged, True
+    return engine.apply_chat_template(merged, req.tools, req.tool_choice, **extra), merged, True
 
 
 def has_late_system(messages: Any) -> bool:

@@ -23,11 +23,16 @@ __all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser"]
 class ParsedReply:
     """One generated reply, read: ``content`` (``None`` when the reply is only tool calls), the
     ``reasoning`` it wrote apart from its answer (``None`` when none), and its ``tool_calls`` (OpenAI's
-    shape: ``{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}``)."""
+    shape: ``{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}``).
+
+    ``tool_parse_failed``: tools were offered and the reply holds a call marker of the format (such
+    as ``<tool_call>``) but no call could be read from it (the server records it, with the reply's
+    whole text, on the call's span and warns once; what stays content is the format's rule)."""
 
     content: str | None
     reasoning: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_parse_failed: bool = field(default=False, repr=False)
 
     @property
     def calls(self) -> list[tuple[str, dict[str, Any]]]:
@@ -67,6 +72,8 @@ class HermesReplyParser:
     (None, {'name': 'calc', 'arguments': '{"x": 1}'})
     >>> HermesReplyParser().parse("4", None)
     ParsedReply(content='4', reasoning=None, tool_calls=[])
+    >>> HermesReplyParser().parse("<tool_call>{not json</tool_call>", tools).tool_parse_failed
+    True
     """
 
     name = "hermes"
@@ -77,4 +84,6 @@ class HermesReplyParser:
         if not tools:
             return ParsedReply(content=text)
         content, calls = parse_tool_calls(text, tools)
+        if not calls and "<tool_call>" in text:
+            return ParsedReply(content=text, tool_parse_failed=True)
         return ParsedReply(content=content, tool_calls=calls)

@@ -151,10 +151,15 @@ class Engine(Pausable, abc.ABC):
 
     # -- text <-> tokens ------------------------------------------------------------------
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None = None, tool_choice: Any = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        **template_kwargs: Any,
     ) -> str:
-        """The prompt text for OpenAI chat ``messages`` (tools rendered as the model expects)."""
-        return render_chat(self.tokenizer, list(messages), tools, tool_choice)
+        """The prompt text for OpenAI chat ``messages`` (tools rendered as the model expects);
+        ``template_kwargs``: extra variables of the chat template (``enable_thinking=False``...)."""
+        return render_chat(self.tokenizer, list(messages), tools, tool_choice, **template_kwargs)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text`` (no BOS added by default: chat templates write their own)."""

@@ -58,8 +58,13 @@ class ServingEngine(Protocol):
         """How many weight updates the engine has taken (read-only for callers)."""
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None = None, tool_choice: Any = None
-    ) -> str: ...
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """The prompt text of chat ``messages``; ``template_kwargs``: extra chat-template variables."""
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
 

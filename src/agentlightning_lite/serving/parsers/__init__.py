@@ -100,6 +100,10 @@ class ModelReplyParser:
     ...             [{"type": "function", "function": {"name": "add"}}])
     >>> r.reasoning, r.content, r.calls
     ('Sum.', None, [('add', {'a': 2})])
+    >>> bad = reply_parser("hermes").parse("<tool_call>{not json</tool_call>",
+    ...                                    [{"type": "function", "function": {"name": "add"}}])
+    >>> bad.tool_parse_failed, bad.content, bad.calls  # hermes keeps a block it cannot read as content
+    (True, '<tool_call>{not json</tool_call>', [])
     """
 
     def __init__(self, tool: ToolParser, reasoning: ReasoningParser | None = None, picked: str = "named"):
@@ -125,13 +129,16 @@ class ModelReplyParser:
             text = strip_end_markers(text)
         reasoning, rest = self.reasoning.split(text) if self.reasoning is not None else (None, text)
         calls: list[Call] = []
+        failed = False
         if not with_calls:
             content = self.tool.content_only(rest)
         else:
             content, calls = self.tool.read(rest, tools)
+            failed = not calls and self.tool.has_marker(rest)  # a call marker, no call read
         if not content and (reasoning is not None or rest != text):
             content = None  # all thinking: no answer yet
         return ParsedReply(
+            tool_parse_failed=failed,
             content=content,
             reasoning=reasoning,
             tool_calls=[

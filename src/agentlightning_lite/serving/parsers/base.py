@@ -176,10 +176,21 @@ def fix_types(args: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any
 class ToolParser:
     """One model family's tool-call format. Subclasses set ``name`` (vLLM's ``--tool-call-parser``
     name) and implement :meth:`read`; ``special_tokens``: its markers are special tokens, so it reads
-    the reply decoded with them."""
+    the reply decoded with them; ``markers``: the texts that begin a call in its format (a reply that
+    holds one but yields no call is a call the parser could not read: :meth:`has_marker`)."""
 
     name: ClassVar[str] = ""
     special_tokens: ClassVar[bool] = False
+    markers: ClassVar[tuple[str, ...]] = ()
+
+    def has_marker(self, text: str) -> bool:
+        """Whether ``text`` holds one of the format's call markers (:attr:`markers`).
+
+        >>> from agentlightning_lite.serving.parsers import TOOL_PARSERS
+        >>> TOOL_PARSERS["hermes"]().has_marker("<tool_call>{not json</tool_call>")
+        True
+        """
+        return any(m in text for m in self.markers)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
         """Split ``text`` into (content, calls); ``tools``: the offered tools (``None``: take any name)."""

@@ -47,6 +47,7 @@ class HermesToolParser(ToolParser):
     """
 
     name = "hermes"
+    markers = ("<tool_call>",)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
         content, calls = parse_tool_calls(text, tools)
@@ -68,6 +69,7 @@ class Llama3JsonToolParser(ToolParser):
 
     name = "llama3_json"
     special_tokens = True
+    markers = ("<|python_tag|>",)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
         plain = text.replace("<|python_tag|>", "")
@@ -103,6 +105,7 @@ class MistralToolParser(ToolParser):
     name = "mistral"
     special_tokens = True
     _MARK = "[TOOL_CALLS]"
+    markers = (_MARK,)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
         if self._MARK not in text:
@@ -154,6 +157,7 @@ class DeepSeekV31ToolParser(ToolParser):
     name = "deepseek_v31"
     special_tokens = True
     _BEGIN = "<｜tool▁calls▁begin｜>"
+    markers = (_BEGIN, "<｜tool▁call▁begin｜>")
     _CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
@@ -184,6 +188,7 @@ class KimiK2ToolParser(ToolParser):
     name = "kimi_k2"
     special_tokens = True
     _BEGIN = "<|tool_calls_section_begin|>"
+    markers = (_BEGIN, "<|tool_call_begin|>")
     _CALL = re.compile(
         r"<\|tool_call_begin\|>\s*(?P<id>[^<]+:\d+)\s*<\|tool_call_argument_begin\|>(?P<args>.*?)"
         r"(?:<\|tool_call_end\|>|(?=<\|tool_calls_section_end\|>)|\Z)",

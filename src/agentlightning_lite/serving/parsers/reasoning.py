@@ -176,6 +176,7 @@ class HarmonyToolParser(ToolParser):
 
     name = "openai"
     special_tokens = True
+    markers = ("to=functions.",)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
         msgs = harmony_messages(text)

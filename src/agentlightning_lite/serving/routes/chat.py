@@ -3,6 +3,7 @@ and :func:`serve_chat`, which serves the chat request of every dialect."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ from .calls import (
     usage,
 )
 from .request import Call, resolve_call
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -94,6 +97,8 @@ async def serve_chat(
     params = p.record() | {"max_tokens": max_tokens, "tool_choice": req.tool_choice}
     if p.max_tokens is not None and max_tokens < p.max_tokens:
         params["max_tokens_requested"] = p.max_tokens
+    if req.chat_template_kwargs:
+        params["chat_template_kwargs"] = req.chat_template_kwargs
     attrs: dict[str, Any] = {
         "api": req.api,
         "request_id": req.request_id,
@@ -136,7 +141,8 @@ async def serve_chat(
     choices, spans = [], []
     total = usage(len(prompt_ids), results)
     for i, res in enumerate(results):
-        reply = ctx.reply_parser.parse(reply_text(ctx, res), offered or None)
+        text = reply_text(ctx, res)
+        reply = ctx.reply_parser.parse(text, offered or None)
         calls = reply.tool_calls if req.parallel_tool_calls else reply.tool_calls[:1]
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.reasoning is not None:
@@ -144,6 +150,12 @@ async def serve_chat(
         if calls:
             message["tool_calls"] = calls
         finish = "tool_calls" if calls else res.finish_reason
+        extra: dict[str, Any] = {}
+        if reply.tool_parse_failed:  # the whole reply too: a format may drop what it cannot read
+            extra = {"tool_parse_failed": True, "reply_text": text}
+            warn_unparsed(ctx, text)
+        if finish != res.finish_reason:  # tool calls read from a reply cut at max_tokens: say so too
+            extra["engine_finish_reason"] = res.finish_reason
         choices.append(
             {
                 "index": i,
@@ -168,7 +180,8 @@ async def serve_chat(
                     "request_usage": total,
                     "weights_version": res.weights_version,
                     "adapter": res.adapter,
-                },
+                }
+                | extra,
                 output=message,
                 prompt_token_ids=res.prompt_token_ids,
                 response_token_ids=res.token_ids,
@@ -185,6 +198,21 @@ async def serve_chat(
         total=total,
         prompt_ids=prompt_ids,
         max_tokens=max_tokens,
+    )
+
+
+def warn_unparsed(ctx: ServingContext, text: str) -> None:
+    """Warn, the first time only, that a reply held a tool-call marker but no call could be read."""
+    if not ctx.rollouts.first_time("tool_parse_failed"):
+        return
+    excerpt = text if len(text) <= 200 else text[:200] + "..."
+    logger.warning(
+        "a reply holds a tool-call marker of the %r tool parser but no call could be read from it: it is "
+        "served as content and recorded with tool_parse_failed=true on its llm span (counted as "
+        "tools/unparsed in the training step's metrics; warned once). Check that the tool parser fits the "
+        "model (PolicyServer(tool_parser=...), docs/models.md). The reply: %r",
+        ctx.reply_parser.name,
+        excerpt,
     )
 
 
