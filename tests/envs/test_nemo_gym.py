@@ -23,6 +23,8 @@ from starlette.routing import Route  # noqa: E402
 
 from agentlightning_lite.serving import PolicyServer, engines  # noqa: E402
 
+pytest.importorskip("openai")  # the agents' client: imported here, not inside the first test
+
 TOOLS = [
     {
         "type": "function",

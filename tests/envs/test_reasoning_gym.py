@@ -9,6 +9,8 @@ import pytest
 import agentlightning_lite as agl
 from agentlightning_lite.serving import PolicyServer, engines
 
+pytest.importorskip("openai")  # the agents' client: imported here, not inside the first test
+
 reasoning_gym = pytest.importorskip("reasoning_gym")
 
 
