@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_getattr
 from .base import EnvAgent, Environment
+from .spec import make
 
 if TYPE_CHECKING:
     from .nemo_gym import NemoGym
     from .reasoning_gym import ReasoningGym
     from .textarena import TextArena
 
-__all__ = ["EnvAgent", "Environment", "NemoGym", "ReasoningGym", "TextArena"]
+__all__ = ["EnvAgent", "Environment", "NemoGym", "ReasoningGym", "TextArena", "make"]
 
 __getattr__ = lazy_getattr(
     __name__, {"ReasoningGym": ".reasoning_gym", "NemoGym": ".nemo_gym", "TextArena": ".textarena"}

@@ -71,6 +71,7 @@ class ReasoningGym(Environment):
         eval_temperature: float = 0.0,
         **config: Any,
     ) -> None:
+        _rg()  # the missing extra, named, before anything else
         self.name, self.size, self.seed, self.config = name, size, seed, dict(config)
         self.max_tokens = max_tokens
         self.system_prompt = system_prompt or _rg().utils.SYSTEM_PROMPTS["default"]
