@@ -106,3 +106,28 @@ def test_a_missing_extra_names_the_pip_line(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setitem(__import__("sys").modules, "textarena", None)
     with pytest.raises(ImportError, match=r'pip install "agentlightning-lite\[envs-textarena\]"'):
         agl.envs.TextArena("GuessTheNumber-v0", size=2)
+
+
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
+def test_fit_trains_on_an_environment(tiny_engine: Any, tmp_path: Path) -> None:
+    from agentlightning_lite.rl.config import LoggingConfig
+
+    env = agl.envs.ReasoningGym("basic_arithmetic", size=4, seed=2, max_tokens=8)
+    trainer = agl.Trainer(
+        engine=tiny_engine(),
+        algorithm=agl.GRPO(group_size=2, lr=1e-3),
+        batch_size=2,
+        store=agl.MemoryStore(),
+        output_dir=tmp_path,
+        logging_config=LoggingConfig(loggers=[]),
+    )
+    try:
+        trainer.fit(env.agent, env.tasks, steps=1)
+        rollouts = trainer.store.rollouts(mode="train")
+        assert len(rollouts) == 4 and trainer.step == 1
+        for rollout in rollouts:
+            [call] = [s for s in trainer.store.spans(rollout.rollout_id) if s.kind == "llm"]
+            reply = call.output["content"]
+            assert isinstance(reply, str) and rollout.reward == env.reward(rollout.task, reply)
+    finally:
+        trainer.close()
