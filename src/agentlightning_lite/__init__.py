@@ -36,6 +36,7 @@ _LAZY = {
     "PolicyServer": ".serving",
     "LLM": ".serving",
     "engines": ".serving",
+    "envs": ".envs",
     "models": ".models",
     "remote": ".remote",
     "RemoteRunners": ".remote",
@@ -45,7 +46,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import harness, models, remote
+    from . import envs, harness, models, remote
     from .agent import LitAgent
     from .apo import APO
     from .harness import CommandAgent
@@ -62,7 +63,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = importlib.import_module(_LAZY[name], __name__)
-    value = module if name in ("models", "remote", "harness") else getattr(module, name)
+    value = module if name in ("models", "remote", "harness", "envs") else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -95,6 +96,7 @@ __all__ = [
     "emit_reward",
     "emit_signal",
     "engines",
+    "envs",
     "export_sft",
     "harness",
     "load_prompts",

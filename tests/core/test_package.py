@@ -59,6 +59,7 @@ ADDED = {
     "harness": "CommandAgent and its recipes for Claude Code, Codex and opencode",
     "TIS": "truncated importance sampling, an off-policy correction (UpdateConfig(correction=...))",
     "MaskedIS": "masked importance sampling (token or sequence level), an off-policy correction",
+    "envs": "environments from the hubs (reasoning-gym, NeMo Gym, TextArena): tasks, tools, reward",
 }
 
 

@@ -1,4 +1,4 @@
-"""``agl-lite train``: run ``Trainer.fit`` on an agent given as ``module:function``."""
+"""``agl-lite train``: run ``Trainer.fit`` on an agent given as ``module:function``, or on an environment."""
 
 from __future__ import annotations
 
@@ -37,13 +37,29 @@ def add_parser(sub: Any) -> None:
             "of a benchmark package under benchmarks/ that provides `agent` and `load_dataset(split, "
             "data_dir=None)`. A `prepare(tasks)` function next to the agent, when there is one, runs "
             "once before training (to build an index, say). The agent is a function (task, llm) -> "
-            "reward or an agl.LitAgent. The dataset is a JSONL file (one task per line) or a JSON list."
+            "reward or an agl.LitAgent. The dataset is a JSONL file (one task per line) or a JSON list. "
+            "With --env KIND:NAME (reasoning_gym:basic_arithmetic, textarena:GuessTheNumber-v0, "
+            "nemo_gym:http://127.0.0.1:8000 with --data rows.jsonl) an environment supplies the tasks and "
+            "the reward, and its default agent plays them unless AGENT is given (docs/environments.md)."
         ),
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument(
-        "agent", metavar="AGENT", help="module:function, file.py:function, or a benchmark name"
+        "agent",
+        metavar="AGENT",
+        nargs="?",
+        default=None,
+        help="module:function, file.py:function, or a benchmark name (optional with --env)",
+    )
+    train.add_argument(
+        "--env",
+        default=None,
+        metavar="KIND:NAME",
+        help="an environment: reasoning_gym:DATASET, textarena:GAME or nemo_gym:URL (tasks in --data)",
+    )
+    train.add_argument(
+        "--env-size", type=int, default=100, help="--env: training tasks to generate (default 100)"
     )
     train.add_argument("--data", default=None, help="training tasks: a .jsonl file or a .json list")
     train.add_argument("--val-data", default=None, help="held-out tasks: success rate before and after")
@@ -218,12 +234,8 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return engine, options
 
 
-def train(args: argparse.Namespace) -> int:
-    """Run ``agl-lite train``: evaluate, ``Trainer.fit``, evaluate again, save the adapter."""
-    for name in ("steps", "batch_size", "group_size", "lora_r", "concurrency"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise CLIError(f"--{name.replace('_', '-')} must be >= 1", EXIT_USAGE)
+def agent_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | None]:
+    """AGENT with ``--data``/``--val-data`` (or a benchmark's own datasets): agent, tasks, held-out."""
     agent, module = load_agent(args.agent)
     if args.data is not None:
         tasks = load_tasks(args.data, args.limit)
@@ -237,6 +249,45 @@ def train(args: argparse.Namespace) -> int:
     elif args.data is None and hasattr(module, "load_dataset"):
         val = list(module.load_dataset("val", data_dir=args.data_dir))[: args.val_limit]
     prepare_tasks(module, tasks + (val or []))
+    return agent, tasks, val
+
+
+def env_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | None]:
+    """``--env``: the environment's agent (or AGENT's), its training tasks and its held-out tasks.
+
+    Held-out tasks come from ``--val-data``, else (reasoning-gym, TextArena) ``--val-limit`` tasks
+    generated from another seed, else none.
+    """
+    from ..envs import make
+
+    try:
+        env = make(args.env, size=args.env_size, seed=args.seed, data=args.data)
+        held_out = None
+        if args.val_data is None and args.val_limit and not args.env.startswith("nemo"):
+            held_out = make(args.env, size=args.val_limit, seed=args.seed + 1_000_003).tasks
+    except (ValueError, ImportError, RuntimeError, OSError) as exc:
+        raise CLIError(f"--env {args.env}: {exc}", EXIT_USAGE) from None
+    agent = env.agent if args.agent is None else load_agent(args.agent)[0]
+    tasks = env.tasks[: args.limit]
+    val = load_tasks(args.val_data, args.val_limit) if args.val_data is not None else held_out
+    if not tasks:
+        raise CLIError(f"--env {args.env} gave no tasks", EXIT_USAGE)
+    return agent, tasks, val
+
+
+def train(args: argparse.Namespace) -> int:
+    """Run ``agl-lite train``: evaluate, ``Trainer.fit``, evaluate again, save the adapter."""
+    for name in ("steps", "batch_size", "group_size", "lora_r", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CLIError(f"--{name.replace('_', '-')} must be >= 1", EXIT_USAGE)
+    if args.env is not None:
+        agent, tasks, val = env_tasks(args)
+        args.agent = args.agent or args.env
+    elif args.agent is None:
+        raise CLIError("give AGENT (module:function) or --env KIND:NAME", EXIT_USAGE)
+    else:
+        agent, tasks, val = agent_tasks(args)
 
     import agentlightning_lite as agl
     from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig
