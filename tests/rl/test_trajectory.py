@@ -172,6 +172,43 @@ def test_a_mismatched_prefix_falls_back_to_separate_samples() -> None:
     assert len(out) == 2 and all(s.parts is None for s in out) and stats["trajectory/prefix_mismatches"] == 1
 
 
+@pytest.mark.parametrize("dropped", ["thinking", "tail"])
+def test_a_history_that_drops_part_of_a_response_is_never_merged(dropped: str) -> None:
+    tok = ByteTokenizer()
+    header = "<|im_start|>assistant\n"
+    p1 = tok.encode(f"<|im_start|>user\nWeather in Paris?<|im_end|>\n{header}")
+    if dropped == "thinking":  # Qwen3's template drops earlier turns' <think>...</think> from the history
+        r1 = tok.encode("<think>\nAsk the tool.\n</think>\n\n<tool_call>get_weather</tool_call><|im_end|>")
+        kept = tok.encode("<tool_call>get_weather</tool_call><|im_end|>")
+    else:  # the history keeps the response's first tokens only: a long shared prefix, still not exact
+        r1 = tok.encode("<tool_call>get_weather</tool_call> and more<|im_end|>")
+        kept = r1[:-10] + tok.encode("<|im_end|>")
+    obs = tok.encode(f"\n<|im_start|>user\n<tool_response>sunny</tool_response><|im_end|>\n{header}")
+    p2 = p1 + kept + obs
+    r2 = tok.encode("Sunny.<|im_end|>")
+    p3 = p2 + r2 + tok.encode(f"\n<|im_start|>user\nThanks<|im_end|>\n{header}")  # call 3 extends call 2
+    r3 = tok.encode("Welcome.<|im_end|>")
+    assert p2[: len(p1)] == p1 and p2[: len(p1 + r1)] != p1 + r1  # the prompt kept, the response not whole
+    calls = [
+        Sample(p, r, None, reward=float(k), group=0, advantage=float(k) - 1, rollout_id="r0", index=k)
+        for k, (p, r) in enumerate([(p1, r1), (p2, r2), (p3, r3)])
+    ]
+    out, stats = merge_trajectories(calls)
+    assert stats["trajectory/prefix_mismatches"] == 1.0  # the split is counted
+    assert stats["trajectory/merged_calls"] == 1.0 and stats["trajectory/sequences"] == 2.0
+    first, rest = sorted(out, key=lambda s: len(s.prompt_ids))
+    # call 1 trains alone, on exactly its own tokens
+    assert first.parts is None and (first.prompt_ids, first.response_ids) == (p1, r1)
+    assert first.token_mask() == [1.0] * len(r1)
+    # calls 2 and 3 merge: the sequence is call 3's prompt + response, call 1's response is not in it
+    assert [c.index for c in rest.parts or []] == [1, 2]
+    assert rest.prompt_ids + rest.response_ids == p3 + r3
+    assert rest.prompt_ids == p2
+    mask = rest.token_mask()
+    trained = [t for t, m in zip(rest.response_ids, mask, strict=True) if m]
+    assert trained == r2 + r3
+
+
 def test_trainer_rejects_an_unknown_transitions_mode(engine: Any, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="transitions must be 'call' or 'trajectory'"):
         agl.Trainer(
