@@ -117,8 +117,7 @@ def tokenizer(family: Family) -> PreTrainedTokenizerFast:
 
 def test_every_template_has_its_source_recorded() -> None:
     sources = (TEMPLATES / "SOURCES.md").read_text(encoding="utf-8")
-    files = sorted(p.name for p in TEMPLATES.glob("*.jinja"))
-    assert files == sorted(f.template for f in FAMILIES)
+    files = sorted(f.template for f in FAMILIES)  # the models' own templates: test_model_templates.py
     for name in files:
         row = next(line for line in sources.splitlines() if f"`{name}`" in line)
         assert "vllm-project/vllm" in row and "Apache-2.0" in row

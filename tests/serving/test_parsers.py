@@ -711,7 +711,11 @@ def test_each_tool_parser_reads_its_format(name: str, text: str, content: str | 
     reply = parse(text, name, tools=TOOLS)
     assert (reply.content, reply.calls) == (content, calls)
     for call, (fn, _) in zip(reply.tool_calls, calls, strict=True):  # OpenAI's shape for the routes
-        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["type"] == "function"
+        if name == "mistral":  # 9 letters and digits, as Mistral's templates take back
+            assert len(call["id"]) == 9 and call["id"].isalnum()
+        else:
+            assert call["id"].startswith("call_")
         assert call["function"]["name"] == fn
         assert isinstance(call["function"]["arguments"], str)
 
@@ -723,7 +727,7 @@ def test_every_tool_parser_has_ten_cases_and_vllms_names() -> None:
         "hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral", "deepseek_v31", "glm45", "kimi_k2",
         "openai",
     }  # fmt: skip
-    assert set(REASONING_PARSERS) == {"qwen3", "deepseek_r1", "openai_gptoss", "gpt_oss"}
+    assert set(REASONING_PARSERS) == {"qwen3", "deepseek_r1", "mistral", "openai_gptoss", "gpt_oss"}
 
 
 def test_without_tools_any_name_is_a_call_and_the_server_reads_no_calls() -> None:
@@ -998,3 +1002,25 @@ def test_responses_and_messages_answer_the_reasoning_as_their_own_items(serve: A
     assert [b.type for b in final.content] == ["thinking", "text"] and final.content[
         0
     ].thinking == "Plan: greet."
+
+
+@pytest.mark.parametrize(
+    ("text", "reasoning", "content"),
+    [
+        ("[THINK]Add them.[/THINK]The sum is 4.", "Add them.", "The sum is 4."),
+        ("The sum is 4.", None, "The sum is 4."),  # no [THINK]: all answer
+        ("[THINK]Still adding", "Still adding", None),  # cut short while thinking
+        ("Well.[THINK]Add.[/THINK] 4", "Add.", "Well. 4"),  # text before [THINK] stays answer
+    ],
+)
+def test_mistral_reasoning_splits_think_tokens(text: str, reasoning: str | None, content: str | None) -> None:
+    reply = parse(text, "mistral", "mistral")
+    assert (reply.reasoning, reply.content) == (reasoning, content)
+
+
+def test_mistral_reads_a_call_with_its_call_id_and_makes_nine_character_ids() -> None:
+    reply = parse('[TOOL_CALLS]get_weather[CALL_ID]Kp3x9QaZ1[ARGS]{"city": "Paris"}</s>', "mistral")
+    assert reply.calls == [("get_weather", {"city": "Paris"})]
+    ids = {c["id"] for c in parse('[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}', "mistral").tool_calls}
+    assert len(ids) == 2 and all(len(i) == 9 and i.isalnum() for i in ids)
+    assert parse("[THINK]x[/THINK]", "mistral", "mistral").calls == []

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..chat_format import new_tool_call_id
 from ..reply import ParsedReply
 from .base import Call, ToolParser, coerce, fix_types, strip_end_markers
 from .json_tools import (
@@ -35,6 +34,7 @@ from .reasoning import (
     DeepSeekR1ReasoningParser,
     GptOssReasoningParser,
     HarmonyToolParser,
+    MistralReasoningParser,
     Qwen3ReasoningParser,
     ReasoningParser,
 )
@@ -75,6 +75,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "qwen3": Qwen3ReasoningParser,
     "deepseek_r1": DeepSeekR1ReasoningParser,
+    "mistral": MistralReasoningParser,
     "openai_gptoss": GptOssReasoningParser,
     "gpt_oss": GptOssReasoningParser,
 }
@@ -143,7 +144,7 @@ class ModelReplyParser:
             reasoning=reasoning,
             tool_calls=[
                 {
-                    "id": new_tool_call_id(),
+                    "id": self.tool.call_id(),
                     "type": "function",
                     "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
                 }
@@ -174,6 +175,8 @@ def detect(chat_template: str | dict[str, str] | None) -> tuple[str, str | None]
     ('qwen3_coder', 'qwen3')
     >>> detect("{% for m in messages %}{{ m.content }}{% endfor %}")
     ('hermes', None)
+    >>> detect("{{ '[TOOL_CALLS]' + name + '[ARGS]' }}{{ '[THINK]' + block.thinking + '[/THINK]' }}")
+    ('mistral', 'mistral')
     """
     t = " ".join(chat_template.values()) if isinstance(chat_template, dict) else chat_template or ""
     think = "<think>" in t
@@ -185,7 +188,7 @@ def detect(chat_template: str | dict[str, str] | None) -> tuple[str, str | None]
         # DeepSeek-R1 always thinks (deepseek_r1); V3.1 thinks when asked to (qwen3's rules)
         return "deepseek_v31", ("qwen3" if "thinking" in t else "deepseek_r1") if think else None
     if "[TOOL_CALLS]" in t:
-        return "mistral", None
+        return "mistral", "mistral" if "[THINK]" in t else None
     if "<arg_key>" in t:
         return "glm45", "qwen3" if think else None
     if "<tool_call>" in t:

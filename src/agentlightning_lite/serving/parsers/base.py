@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import secrets
+import string
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-__all__ = ["Call", "ToolParser", "coerce", "fix_types", "tool_names", "tool_properties"]
+__all__ = ["Call", "ToolParser", "alphanumeric_id", "coerce", "fix_types", "tool_names", "tool_properties"]
 
 #: a tool call read from a reply: the tool's name and its arguments
 Call = tuple[str, dict[str, Any]]
@@ -29,6 +31,16 @@ _END_MARKERS = re.compile(
 
 _ALIASES = {"str": "string", "text": "string", "int": "integer", "float": "number", "bool": "boolean"}
 _PRIORITY = ("null", "integer", "number", "boolean", "object", "array", "string")
+
+
+def alphanumeric_id(length: int = 9) -> str:
+    """A random id of ``length`` letters and digits (Mistral's tool call ids: its chat templates
+    reject any other id in the history).
+
+    >>> len(alphanumeric_id()), alphanumeric_id().isalnum()
+    (9, True)
+    """
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(length))
 
 
 def strip_end_markers(text: str) -> str:
@@ -199,6 +211,15 @@ class ToolParser:
     def content_only(self, text: str) -> str | None:
         """The content of a reply read without tools (its text, unless the format wraps it)."""
         return text
+
+    def call_id(self) -> str:
+        """A fresh id for a call read from a reply (OpenAI's ``call_`` + 24 hex characters; a format
+        whose template checks the ids it is given back makes its own).
+
+        >>> ToolParser().call_id().startswith("call_")
+        True
+        """
+        return "call_" + secrets.token_hex(12)
 
     @staticmethod
     def allowed(name: Any, tools: Sequence[dict[str, Any]] | None) -> bool:

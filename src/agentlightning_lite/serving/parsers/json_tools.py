@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..chat_format import parse_tool_calls
-from .base import Call, ToolParser, fix_types, tool_properties
+from .base import Call, ToolParser, alphanumeric_id, fix_types, tool_properties
 
 __all__ = [
     "DeepSeekV31ToolParser",
@@ -94,18 +94,26 @@ class Llama3JsonToolParser(ToolParser):
 
 class MistralToolParser(ToolParser):
     """Mistral: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (tokenizers before v11) and
-    ``[TOOL_CALLS]name[ARGS]{...}`` (v11 on; ``[TOOL_CALLS]name{...}`` too), one ``[TOOL_CALLS]`` per
-    call. The text before the first ``[TOOL_CALLS]`` is the content (none when only whitespace); a
+    ``[TOOL_CALLS]name[ARGS]{...}`` (v11 on; ``[TOOL_CALLS]name{...}`` too, and
+    ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``, the form Mistral Small 3.2's template writes earlier
+    calls in), one ``[TOOL_CALLS]`` per call. The text before the first ``[TOOL_CALLS]`` is the content (none when only whitespace); a
     call that cannot be read leaves the whole reply as content (vLLM keeps the text after the marker).
+    Call ids are 9 letters and digits, as vLLM's: Mistral's chat templates reject any other id when
+    the call comes back in the history.
 
     >>> MistralToolParser().read('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', None)
     (None, [('get_weather', {'city': 'Paris'})])
+    >>> len(MistralToolParser().call_id())
+    9
     """
 
     name = "mistral"
     special_tokens = True
     _MARK = "[TOOL_CALLS]"
     markers = (_MARK,)
+
+    def call_id(self) -> str:
+        return alphanumeric_id(9)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
         if self._MARK not in text:
@@ -129,7 +137,7 @@ class MistralToolParser(ToolParser):
             return [c for c in found if c is not None] if found and all(found) else []
         calls: list[Call] = []
         for seg in segments:
-            m = re.match(r"\s*([^\[{\s]+)\s*(?:\[ARGS\])?\s*", seg)
+            m = re.match(r"\s*([^\[{\s]+)\s*(?:\[CALL_ID\][^\[{]*)?(?:\[ARGS\])?\s*", seg)
             if m is None or not self.named(m.group(1)):
                 return []
             try:

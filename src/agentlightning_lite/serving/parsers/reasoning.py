@@ -1,5 +1,5 @@
 """Reasoning parsers: split the thinking a reply wrote from the rest (``qwen3``, ``deepseek_r1``,
-``openai_gptoss``: vLLM's ``--reasoning-parser`` names), and gpt-oss's Harmony messages, which the
+``mistral``, ``openai_gptoss``: vLLM's ``--reasoning-parser`` names), and gpt-oss's Harmony messages, which the
 ``openai`` tool parser reads too."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ __all__ = [
     "DeepSeekR1ReasoningParser",
     "GptOssReasoningParser",
     "HarmonyToolParser",
+    "MistralReasoningParser",
     "Qwen3ReasoningParser",
     "ReasoningParser",
     "harmony_messages",
@@ -89,6 +90,32 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
             return (text or None), ""
         reasoning, _, content = text.partition("</think>")
         return (reasoning or None), content
+
+
+class MistralReasoningParser(ReasoningParser):
+    """Magistral, Ministral 3 Reasoning, Devstral (vLLM's ``mistral``): ``[THINK]...[/THINK]`` then the
+    answer, the markers being control tokens (read from the reply decoded with them). As vLLM's: a reply
+    without ``[THINK]`` is all answer; one cut short inside the thinking (no ``[/THINK]``) is all
+    reasoning; text before ``[THINK]`` stays answer.
+
+    >>> MistralReasoningParser().split("[THINK]2+2 is 4.[/THINK]The sum is 4.")
+    ('2+2 is 4.', 'The sum is 4.')
+    >>> MistralReasoningParser().split("The sum is 4.")
+    (None, 'The sum is 4.')
+    >>> MistralReasoningParser().split("[THINK]Still adding")
+    ('Still adding', '')
+    """
+
+    name = "mistral"
+    special_tokens = True
+    _START, _END = "[THINK]", "[/THINK]"
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        before, mark, after = text.partition(self._START)
+        if not mark:
+            return None, text
+        reasoning, closed, rest = after.partition(self._END)
+        return (reasoning or None), before + rest if closed else before
 
 
 class Message(NamedTuple):

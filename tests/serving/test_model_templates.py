@@ -1,0 +1,200 @@
+# ruff: noqa: RUF001  (DeepSeek's markers are written with full-width bars)
+"""The chat templates the models themselves ship (``templates/SOURCES.md``) through the server's rendering
+and parsing: a conversation with tools, an earlier call and its result renders; ``detect`` picks the
+family's parsers; a call as the template writes it for an earlier turn parses back; and what each
+template does that a trainer should know (docs/models.md, "Real templates tested")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast
+
+from agentlightning_lite.serving import parsers
+from agentlightning_lite.serving.chat_format import (
+    ChatFormatError,
+    prepare_messages,
+    render_chat,
+    template_supports_tools,
+)
+
+from ._families import ARGS, BY_NAME, CALL, CONVERSATION, FAMILIES, RESULT, TEMPLATES, TOOLS, USER, ModelFamily
+
+IDS = [f.name for f in FAMILIES]
+
+
+def tokenizer(family: ModelFamily) -> PreTrainedTokenizerFast:
+    """A tokenizer carrying the family's template (a one-word vocabulary: only the rendering is tested)."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")),
+        chat_template=family.text(),
+        bos_token=family.bos or None,
+        eos_token=family.eos,
+        unk_token="<unk>",
+    )
+
+
+def written_call(family: ModelFamily, call: dict | None = None, **template: object) -> str:
+    """The assistant turn the template writes for an earlier call (as the server renders history),
+    up to the token that ends a reply."""
+    tok = tokenizer(family)
+    generation_prompt = render_chat(tok, [USER], tools=TOOLS)
+    assert generation_prompt.endswith(family.turn_start)
+    history = prepare_messages(
+        [USER, {"role": "assistant", "content": None, "tool_calls": [call or CALL]}],
+        TOOLS,
+        native_tools=family.native,
+    )
+    called = tok.apply_chat_template(
+        history, tools=TOOLS if family.native else None, tokenize=False, add_generation_prompt=False, **template
+    )
+    assert isinstance(called, str) and called.startswith(generation_prompt), called
+    return called[len(generation_prompt) :].split(family.eos)[0]
+
+
+def test_every_model_template_has_its_source_recorded() -> None:
+    sources = (TEMPLATES / "SOURCES.md").read_text(encoding="utf-8")
+    for family in FAMILIES:
+        (row,) = [line for line in sources.splitlines() if line.startswith(f"| `{family.template}`")]
+        assert "llama.cpp" in row and f"models/templates/{family.template}" in row, row
+        assert any(len(cell.strip(" `")) == 40 for cell in row.split("|")), row  # the commit
+        assert any(lic in row for lic in ("Apache-2.0", "MIT", "Llama 3.1 Community License")), row
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_detect_picks_the_family_parsers(family: ModelFamily) -> None:
+    assert parsers.detect(family.text()) == (family.tool_parser, family.reasoning_parser)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_the_prompt_carries_the_tools_the_earlier_call_and_its_result(family: ModelFamily) -> None:
+    tok = tokenizer(family)
+    assert template_supports_tools(tok) == family.native
+    prompt = render_chat(tok, CONVERSATION, tools=TOOLS)
+    assert prompt.startswith(family.bos) and prompt.endswith(family.resume or family.turn_start), prompt[-80:]
+    assert "get_weather" in prompt and "How many days ahead." in prompt  # the tool, as offered
+    history = prompt[prompt.index(USER["content"]) :]
+    assert "Paris" in history and "days" in history  # the earlier call's arguments
+    assert history.index("get_weather") < history.index(RESULT)  # the call, then its result
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.native], ids=[f.name for f in FAMILIES if f.native])
+def test_a_call_as_the_template_writes_it_parses_back(family: ModelFamily) -> None:
+    reply = written_call(family)
+    parsed = parsers.reply_parser(family.tool_parser, family.reasoning_parser).parse(reply, TOOLS)
+    assert parsed.calls == [("get_weather", ARGS)], reply
+    assert not parsed.tool_parse_failed and not (parsed.content or "").strip(), reply
+
+
+@pytest.mark.parametrize("name", ["qwen3", "glm-4.6", "ministral-3-reasoning", "gpt-oss"])
+def test_the_thinking_of_an_earlier_turn_is_not_in_the_next_prompt(name: str) -> None:
+    """The server renders an assistant message from its content and calls: the thinking a reply wrote
+    (``reasoning_content``, which OpenAI clients do not send back anyway) is gone from the history, so
+    the next prompt does not start with the previous prompt + reply: trajectory mode splits there."""
+    family = BY_NAME[name]
+    turn = {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "The tool knows."}
+    prompt = render_chat(tokenizer(family), [USER, turn, CONVERSATION[2]], tools=TOOLS)
+    assert "The tool knows." not in prompt and "get_weather" in prompt
+
+
+def test_qwen3_writes_an_empty_think_block_on_the_last_turn_only() -> None:
+    """Qwen3's template closes an empty thinking block on the final assistant turn, and on no earlier one
+    without thinking: the same reply renders differently as last message and as history."""
+    family = BY_NAME["qwen3"]
+    last = written_call(family)
+    assert last.startswith("<think>\n\n</think>\n\n<tool_call>")
+    prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
+    assert "<think>" not in prompt and "<|im_start|>assistant\n<tool_call>" in prompt
+
+
+def test_llama31_takes_one_call_per_turn_and_sends_results_as_json_text() -> None:
+    family = BY_NAME["llama3.1"]
+    two = {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "Kp3x9QaZ2"}]}
+    with pytest.raises(ChatFormatError, match="single tool-calls"):
+        render_chat(tokenizer(family), [USER, two], tools=TOOLS)
+    prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
+    assert '<|start_header_id|>ipython<|end_header_id|>\n\n"Sunny, 24 degrees Celsius"<|eot_id|>' in prompt
+    # the tools are in the first user message, not the system prompt
+    assert prompt.index("get_weather") > prompt.index("<|start_header_id|>user")
+    assert written_call(family) == json.dumps({"name": "get_weather", "parameters": ARGS})  # no python_tag
+
+
+def test_mistral_small_takes_only_nine_character_call_ids_which_the_mistral_parser_makes() -> None:
+    family = BY_NAME["mistral-small-3.2"]
+    openai_style = {**CALL, "id": "call_0123456789abcdef01234567"}
+    with pytest.raises(ChatFormatError, match="length 9"):
+        render_chat(tokenizer(family), [USER, {"role": "assistant", "tool_calls": [openai_style]}], tools=TOOLS)
+    parsed = parsers.reply_parser("mistral").parse(f"[TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}", TOOLS)
+    served = parsed.tool_calls[0]
+    assert len(served["id"]) == 9 and served["id"].isalnum()
+    history = [
+        USER,
+        {"role": "assistant", "content": None, "tool_calls": [served]},
+        {"role": "tool", "tool_call_id": served["id"], "content": RESULT},
+    ]
+    prompt = render_chat(tokenizer(family), history, tools=TOOLS)
+    assert f"[TOOL_CALLS]get_weather[CALL_ID]{served['id']}[ARGS]" in prompt
+    assert prompt.endswith(f"[TOOL_RESULTS]{served['id']}[TOOL_CONTENT]{RESULT}[/TOOL_RESULTS]")
+
+
+def test_ministral_reasoning_describes_its_think_tokens_and_writes_calls_without_ids() -> None:
+    family = BY_NAME["ministral-3-reasoning"]
+    prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
+    assert prompt.startswith("<s>[SYSTEM_PROMPT]") and "[THINK]Your thoughts" in prompt  # its default system
+    assert f"[TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}</s>[TOOL_RESULTS]{RESULT}[/TOOL_RESULTS]" in prompt
+    reply = parsers.parse(
+        f"[THINK]The tool knows.[/THINK][TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}", "mistral", "mistral"
+    )
+    assert (reply.reasoning, reply.content, reply.calls) == ("The tool knows.", None, [("get_weather", ARGS)])
+
+
+def test_deepseek_v31_renders_no_tools_so_the_server_describes_them_and_writes_history_as_hermes() -> None:
+    """DeepSeek-V3.1's own template never reads ``tools`` (its model card has the caller describe them in
+    the system prompt): the server puts its own tool prompt (asking for ``<tool_call>`` blocks) in the
+    system message and writes earlier calls that way, which the ``deepseek_v31`` parser that ``auto``
+    picks does not read. The template's own call form needs the arguments as JSON text."""
+    family = BY_NAME["deepseek-v3.1"]
+    prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
+    assert "<tool_call>" in prompt and "tool▁calls▁begin" not in prompt
+    hermes_form = written_call(family)
+    assert parsers.reply_parser("hermes").parse(hermes_form, TOOLS).calls == [("get_weather", ARGS)]
+    assert parsers.reply_parser("deepseek_v31").parse(hermes_form, TOOLS).calls == []
+    tok = tokenizer(family)
+    as_object = {**CALL, "function": {"name": "get_weather", "arguments": ARGS}}
+    with pytest.raises(TypeError, match="concatenate"):
+        tok.apply_chat_template([USER, {"role": "assistant", "content": "", "tool_calls": [as_object]}], tokenize=False)
+    own = tok.apply_chat_template([USER, {"role": "assistant", "content": "", "tool_calls": [CALL]}], tokenize=False)
+    assert isinstance(own, str)
+    reply = own[own.rindex("<｜Assistant｜></think>") + len(family.turn_start) :].split(family.eos)[0]
+    assert reply.startswith("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>")
+    assert parsers.reply_parser("deepseek_v31", "qwen3").parse(reply, TOOLS).calls == [("get_weather", ARGS)]
+
+
+def test_kimi_k2_needs_arguments_as_an_object() -> None:
+    """Kimi K2's template writes ``arguments | tojson``: the server passes them as an object (written as
+    JSON once); given as JSON text they are written encoded twice, and the call would not parse back."""
+    family = BY_NAME["kimi-k2"]
+    assert written_call(family).endswith(f"<|tool_call_argument_begin|>{json.dumps(ARGS)}<|tool_call_end|>"
+                                         "<|tool_calls_section_end|>")  # fmt: skip
+    raw = tokenizer(family).apply_chat_template([USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}],
+                                                tokenize=False)  # fmt: skip
+    assert isinstance(raw, str) and json.dumps(json.dumps(ARGS)) in raw
+    twice = raw[raw.rindex("<|im_middle|>") + len("<|im_middle|>") :].split(family.eos)[0]
+    assert parsers.reply_parser("kimi_k2").parse(twice, TOOLS).calls == []
+
+
+def test_gpt_oss_writes_history_calls_in_another_header_order_than_the_model() -> None:
+    """gpt-oss's template writes an earlier call as ``assistant to=functions.NAME<|channel|>commentary
+    json``; the model writes ``<|channel|>commentary to=functions.NAME <|constrain|>json``: both parse to
+    the same call, but the rendered history is not the tokens the model generated."""
+    family = BY_NAME["gpt-oss"]
+    history = written_call(family)
+    assert history == f" to=functions.get_weather<|channel|>commentary json<|message|>{json.dumps(ARGS)}"
+    generated = f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{json.dumps(ARGS)}"
+    for text in (history, generated):
+        assert parsers.reply_parser("openai", "openai_gptoss").parse(text, TOOLS).calls == [("get_weather", ARGS)]
+    prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
+    assert f'<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"{RESULT}"<|end|>' in prompt
