@@ -56,6 +56,7 @@ class ModelFamily:
     resume: str = ""  # what a prompt ending with a tool result ends with (default: turn_start)
     native: bool = True  # the template renders the tools (else the server's tool prompt does)
     special: tuple[str, ...] = ()  # the format's special tokens (added tokens of the tiny tokenizer)
+    plain: tuple[str, ...] = ()  # markers that are added tokens but not special (decoded with the text)
     reply: str = ""  # a reply in the family's format: thinking (where it has one) and a call, then eos
     reasoning: str | None = None  # the thinking parsed from ``reply``
     config: str = ""  # the transformers config class of the family's architecture (tiny models)
@@ -73,7 +74,8 @@ FAMILIES = [
         "qwen3",
         "<|im_start|>assistant\n",
         "<|im_end|>",
-        special=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"),
+        special=("<|im_start|>", "<|im_end|>"),
+        plain=("<tool_call>", "</tool_call>", "<think>", "</think>"),  # as in Qwen3's tokenizer
         reply=f"<think>\nThe tool knows.\n</think>\n\n<tool_call>\n{_JSON_CALL}\n</tool_call><|im_end|>",
         reasoning="\nThe tool knows.\n",
         config="Qwen3Config",
@@ -85,7 +87,8 @@ FAMILIES = [
         None,
         "<|im_start|>assistant\n",
         "<|im_end|>",
-        special=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"),
+        special=("<|im_start|>", "<|im_end|>"),
+        plain=("<tool_call>", "</tool_call>"),
         reply="<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n"
         "</parameter>\n</function>\n</tool_call><|im_end|>",
         config="Qwen3Config",
@@ -183,9 +186,10 @@ TINY = [f for f in FAMILIES if f.config]
 
 
 def tokenizer(family: ModelFamily) -> Any:
-    """A byte-level tokenizer (every byte a token, no merges) holding the family's special tokens as
-    added tokens and its real chat template: any text encodes, each marker is one token."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    """A byte-level tokenizer (every byte a token, no merges) holding the family's markers as added
+    tokens (special or not, as the family's tokenizer has them) and its real chat template: any text
+    encodes, each marker is one token."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
 
@@ -202,6 +206,7 @@ def tokenizer(family: ModelFamily) -> Any:
         pad_token=family.eos,
     )
     tok.add_special_tokens({"additional_special_tokens": [t for t in family.special if t not in vocab]})
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.plain])
     return tok
 
 
