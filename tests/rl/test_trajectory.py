@@ -217,3 +217,35 @@ def test_trainer_rejects_an_unknown_transitions_mode(engine: Any, tmp_path: Path
             output_dir=tmp_path,
             sample_config=SampleConfig(transitions="episode"),
         )
+
+
+@pytest.mark.parametrize("first_cut", ["keep", "mask"])
+def test_a_merged_trajectory_longer_than_max_tokens_keeps_its_later_turns(first_cut: str) -> None:
+    """Three calls that each used their whole ``max_tokens`` merge into one sample whose response is
+    longer than any call may generate; nothing cuts it there: the last turn's tokens are trained. With the
+    first call cut and masked (``SampleConfig(truncated="mask")``), the later turns still train."""
+    from agentlightning_lite.rl.batching import trained
+
+    max_tokens = 8
+    rng = random.Random(3)
+    calls = episode(rng, 3)
+    prompt = calls[0].prompt_ids
+    for k, s in enumerate(calls):  # every reply exactly max_tokens long, each prompt extending the last
+        s.prompt_ids = list(prompt)
+        s.response_ids = [rng.randrange(0, 256) for _ in range(max_tokens)]
+        s.engine_logprobs = [-1.0] * max_tokens
+        prompt = prompt + s.response_ids + [rng.randrange(0, 256) for _ in range(3)]
+        s.meta = {"truncated": True, "masked": True} if (k == 0 and first_cut == "mask") else {}
+    merged, stats = merge_trajectories(trained(calls))
+    (sample,) = merged
+    kept = calls[1:] if first_cut == "mask" else calls
+    assert stats["trajectory/merged_calls"] == len(kept) - 1 and stats["trajectory/prefix_mismatches"] == 0
+    assert len(sample.response_ids) > max_tokens and sum(sample.token_mask()) == max_tokens * len(kept)
+    batch = collate(merged, pad_id=0)
+    mask = batch.response_mask[0]
+    assert int(mask.sum()) == max_tokens * len(kept) and batch.response_len == len(sample.response_ids)
+    last = calls[-1]
+    start = len(last.prompt_ids) - len(sample.prompt_ids)
+    assert batch.response_ids[0, start:].tolist() == last.response_ids  # the last turn, whole
+    assert mask[start:].tolist() == [1.0] * max_tokens
+    assert batch.segment_ids is not None and set(batch.segment_ids[0, start:].tolist()) == {len(kept)}
