@@ -36,7 +36,9 @@ class ForcedReplyEngine(HFEngine):
         super().__init__(model, **kw)
         self.reply_ids = reply_ids
 
-    def _decode(self, requests: Sequence[GenRequest], version: int, adapter: str | None = None) -> list[GenResult]:
+    def _decode(
+        self, requests: Sequence[GenRequest], version: int, adapter: str | None = None
+    ) -> list[GenResult]:
         out = []
         for r in requests:
             reply = torch.tensor(self.reply_ids)

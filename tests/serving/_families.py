@@ -162,7 +162,9 @@ FAMILIES = [
         "<｜begin▁of▁sentence｜>",
         native=False,  # the template renders no tools: the server describes them itself
     ),
-    ModelFamily("glm-4.6", "GLM-4.6.jinja", "glm45", "qwen3", "<|assistant|>", "<|observation|>", "[gMASK]<sop>"),
+    ModelFamily(
+        "glm-4.6", "GLM-4.6.jinja", "glm45", "qwen3", "<|assistant|>", "<|observation|>", "[gMASK]<sop>"
+    ),
     ModelFamily(
         "kimi-k2",
         "moonshotai-Kimi-K2.jinja",

@@ -21,7 +21,18 @@ from agentlightning_lite.serving.chat_format import (
     template_supports_tools,
 )
 
-from ._families import ARGS, BY_NAME, CALL, CONVERSATION, FAMILIES, RESULT, TEMPLATES, TOOLS, USER, ModelFamily
+from ._families import (
+    ARGS,
+    BY_NAME,
+    CALL,
+    CONVERSATION,
+    FAMILIES,
+    RESULT,
+    TEMPLATES,
+    TOOLS,
+    USER,
+    ModelFamily,
+)
 
 IDS = [f.name for f in FAMILIES]
 
@@ -49,7 +60,11 @@ def written_call(family: ModelFamily, call: dict | None = None, **template: obje
         native_tools=family.native,
     )
     called = tok.apply_chat_template(
-        history, tools=TOOLS if family.native else None, tokenize=False, add_generation_prompt=False, **template
+        history,
+        tools=TOOLS if family.native else None,
+        tokenize=False,
+        add_generation_prompt=False,
+        **template,
     )
     assert isinstance(called, str) and called.startswith(generation_prompt), called
     return called[len(generation_prompt) :].split(family.eos)[0]
@@ -81,7 +96,9 @@ def test_the_prompt_carries_the_tools_the_earlier_call_and_its_result(family: Mo
     assert history.index("get_weather") < history.index(RESULT)  # the call, then its result
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.native], ids=[f.name for f in FAMILIES if f.native])
+@pytest.mark.parametrize(
+    "family", [f for f in FAMILIES if f.native], ids=[f.name for f in FAMILIES if f.native]
+)
 def test_a_call_as_the_template_writes_it_parses_back(family: ModelFamily) -> None:
     reply = written_call(family)
     parsed = parsers.reply_parser(family.tool_parser, family.reasoning_parser).parse(reply, TOOLS)
@@ -95,7 +112,12 @@ def test_the_thinking_of_an_earlier_turn_is_not_in_the_next_prompt(name: str) ->
     (``reasoning_content``, which OpenAI clients do not send back anyway) is gone from the history, so
     the next prompt does not start with the previous prompt + reply: trajectory mode splits there."""
     family = BY_NAME[name]
-    turn = {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "The tool knows."}
+    turn = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [CALL],
+        "reasoning_content": "The tool knows.",
+    }
     prompt = render_chat(tokenizer(family), [USER, turn, CONVERSATION[2]], tools=TOOLS)
     assert "The tool knows." not in prompt and "get_weather" in prompt
 
@@ -126,7 +148,9 @@ def test_mistral_small_takes_only_nine_character_call_ids_which_the_mistral_pars
     family = BY_NAME["mistral-small-3.2"]
     openai_style = {**CALL, "id": "call_0123456789abcdef01234567"}
     with pytest.raises(ChatFormatError, match="length 9"):
-        render_chat(tokenizer(family), [USER, {"role": "assistant", "tool_calls": [openai_style]}], tools=TOOLS)
+        render_chat(
+            tokenizer(family), [USER, {"role": "assistant", "tool_calls": [openai_style]}], tools=TOOLS
+        )
     parsed = parsers.reply_parser("mistral").parse(f"[TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}", TOOLS)
     served = parsed.tool_calls[0]
     assert len(served["id"]) == 9 and served["id"].isalnum()
@@ -144,7 +168,9 @@ def test_ministral_reasoning_describes_its_think_tokens_and_writes_calls_without
     family = BY_NAME["ministral-3-reasoning"]
     prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
     assert prompt.startswith("<s>[SYSTEM_PROMPT]") and "[THINK]Your thoughts" in prompt  # its default system
-    assert f"[TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}</s>[TOOL_RESULTS]{RESULT}[/TOOL_RESULTS]" in prompt
+    assert (
+        f"[TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}</s>[TOOL_RESULTS]{RESULT}[/TOOL_RESULTS]" in prompt
+    )
     reply = parsers.parse(
         f"[THINK]The tool knows.[/THINK][TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}", "mistral", "mistral"
     )
@@ -165,8 +191,12 @@ def test_deepseek_v31_renders_no_tools_so_the_server_describes_them_and_writes_h
     tok = tokenizer(family)
     as_object = {**CALL, "function": {"name": "get_weather", "arguments": ARGS}}
     with pytest.raises(TypeError, match="concatenate"):
-        tok.apply_chat_template([USER, {"role": "assistant", "content": "", "tool_calls": [as_object]}], tokenize=False)
-    own = tok.apply_chat_template([USER, {"role": "assistant", "content": "", "tool_calls": [CALL]}], tokenize=False)
+        tok.apply_chat_template(
+            [USER, {"role": "assistant", "content": "", "tool_calls": [as_object]}], tokenize=False
+        )
+    own = tok.apply_chat_template(
+        [USER, {"role": "assistant", "content": "", "tool_calls": [CALL]}], tokenize=False
+    )
     assert isinstance(own, str)
     reply = own[own.rindex("<｜Assistant｜></think>") + len(family.turn_start) :].split(family.eos)[0]
     assert reply.startswith("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>")
@@ -177,10 +207,10 @@ def test_kimi_k2_needs_arguments_as_an_object() -> None:
     """Kimi K2's template writes ``arguments | tojson``: the server passes them as an object (written as
     JSON once); given as JSON text they are written encoded twice, and the call would not parse back."""
     family = BY_NAME["kimi-k2"]
-    assert written_call(family).endswith(f"<|tool_call_argument_begin|>{json.dumps(ARGS)}<|tool_call_end|>"
-                                         "<|tool_calls_section_end|>")  # fmt: skip
-    raw = tokenizer(family).apply_chat_template([USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}],
-                                                tokenize=False)  # fmt: skip
+    end = f"<|tool_call_argument_begin|>{json.dumps(ARGS)}<|tool_call_end|><|tool_calls_section_end|>"
+    assert written_call(family).endswith(end)
+    turn = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    raw = tokenizer(family).apply_chat_template([USER, turn], tokenize=False)
     assert isinstance(raw, str) and json.dumps(json.dumps(ARGS)) in raw
     twice = raw[raw.rindex("<|im_middle|>") + len("<|im_middle|>") :].split(family.eos)[0]
     assert parsers.reply_parser("kimi_k2").parse(twice, TOOLS).calls == []
@@ -193,8 +223,15 @@ def test_gpt_oss_writes_history_calls_in_another_header_order_than_the_model() -
     family = BY_NAME["gpt-oss"]
     history = written_call(family)
     assert history == f" to=functions.get_weather<|channel|>commentary json<|message|>{json.dumps(ARGS)}"
-    generated = f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{json.dumps(ARGS)}"
+    generated = (
+        f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{json.dumps(ARGS)}"
+    )
     for text in (history, generated):
-        assert parsers.reply_parser("openai", "openai_gptoss").parse(text, TOOLS).calls == [("get_weather", ARGS)]
+        assert parsers.reply_parser("openai", "openai_gptoss").parse(text, TOOLS).calls == [
+            ("get_weather", ARGS)
+        ]
     prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
-    assert f'<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"{RESULT}"<|end|>' in prompt
+    assert (
+        f'<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"{RESULT}"<|end|>'
+        in prompt
+    )

@@ -1021,6 +1021,6 @@ def test_mistral_reasoning_splits_think_tokens(text: str, reasoning: str | None,
 def test_mistral_reads_a_call_with_its_call_id_and_makes_nine_character_ids() -> None:
     reply = parse('[TOOL_CALLS]get_weather[CALL_ID]Kp3x9QaZ1[ARGS]{"city": "Paris"}</s>', "mistral")
     assert reply.calls == [("get_weather", {"city": "Paris"})]
-    ids = {c["id"] for c in parse('[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}', "mistral").tool_calls}
+    ids = {c["id"] for c in parse("[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}", "mistral").tool_calls}
     assert len(ids) == 2 and all(len(i) == 9 and i.isalnum() for i in ids)
     assert parse("[THINK]x[/THINK]", "mistral", "mistral").calls == []

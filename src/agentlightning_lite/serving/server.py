@@ -100,11 +100,11 @@ class PolicyServer(ThreadedUvicorn):
 
     Replies are read by vLLM's parsers of the same names (:mod:`.parsers`): ``tool_parser`` (``hermes``,
     ``qwen3_coder``, ``llama3_json``, ``pythonic``, ``mistral``, ``deepseek_v31``, ``glm45``,
-    ``kimi_k2``, ``openai``) and ``reasoning_parser`` (``qwen3``, ``deepseek_r1``, ``mistral``, ``openai_gptoss``;
-    ``None``: no reasoning); ``"auto"`` (the default of both) reads the family from the engine's chat
-    template (:func:`.parsers.detect`; a template without tool markers gets ``hermes``, what the tool
-    prompt asks for) and logs its pick. Reasoning found goes to the message's ``reasoning_content``;
-    each ``llm`` span records ``tool_parser`` and ``reasoning_parser``.
+    ``kimi_k2``, ``openai``) and ``reasoning_parser`` (``qwen3``, ``deepseek_r1``, ``mistral``,
+    ``openai_gptoss``; ``None``: no reasoning); ``"auto"`` (the default of both) reads the family from
+    the engine's chat template (:func:`.parsers.detect`; a template without tool markers gets
+    ``hermes``, what the tool prompt asks for) and logs its pick. Reasoning found goes to the message's
+    ``reasoning_content``; each ``llm`` span records ``tool_parser`` and ``reasoning_parser``.
 
     >>> import agentlightning_lite as agl
     >>> from agentlightning_lite.serving import PolicyServer, engines

@@ -96,8 +96,9 @@ class MistralToolParser(ToolParser):
     """Mistral: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (tokenizers before v11) and
     ``[TOOL_CALLS]name[ARGS]{...}`` (v11 on; ``[TOOL_CALLS]name{...}`` too, and
     ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``, the form Mistral Small 3.2's template writes earlier
-    calls in), one ``[TOOL_CALLS]`` per call. The text before the first ``[TOOL_CALLS]`` is the content (none when only whitespace); a
-    call that cannot be read leaves the whole reply as content (vLLM keeps the text after the marker).
+    calls in), one ``[TOOL_CALLS]`` per call. The text before the first ``[TOOL_CALLS]`` is the content
+    (none when only whitespace); a call that cannot be read leaves the whole reply as content (vLLM
+    keeps the text after the marker).
     Call ids are 9 letters and digits, as vLLM's: Mistral's chat templates reject any other id when
     the call comes back in the history.
 

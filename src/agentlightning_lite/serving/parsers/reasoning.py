@@ -1,6 +1,6 @@
 """Reasoning parsers: split the thinking a reply wrote from the rest (``qwen3``, ``deepseek_r1``,
-``mistral``, ``openai_gptoss``: vLLM's ``--reasoning-parser`` names), and gpt-oss's Harmony messages, which the
-``openai`` tool parser reads too."""
+``mistral``, ``openai_gptoss``: vLLM's ``--reasoning-parser`` names), and gpt-oss's Harmony messages,
+which the ``openai`` tool parser reads too."""
 
 from __future__ import annotations
 
