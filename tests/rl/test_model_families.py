@@ -1,5 +1,6 @@
 """One GRPO step per model family, on a tiny random-weight model of the family's architecture (Qwen3,
-Llama, Mistral) with a tokenizer that holds the family's special tokens and its real chat template.
+Llama, Mistral, GLM-4.5, DeepSeek-V3 for DeepSeek-V3.1 and Kimi K2, gpt-oss) with a tokenizer that holds
+the family's markers and its real chat template.
 
 A random model does not write the family's format, so the engine answers with a given reply (the
 family's thinking and tool call, as token ids) and the model's own log-probabilities of it. The server
@@ -72,7 +73,7 @@ def test_one_grpo_step_on_a_reply_in_the_family_format(family: ModelFamily, tmp_
     engine = ForcedReplyEngine(
         str(model_dir),
         reply_ids,
-        lora=agl.LoRA(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+        lora=agl.LoRA(r=4, alpha=8, target_modules=list(family.lora_targets)),
         seed=0,
         model_name=family.name,
     )

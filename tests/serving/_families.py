@@ -40,6 +40,18 @@ CONVERSATION = [
     {"role": "tool", "tool_call_id": CALL_ID, "name": "get_weather", "content": RESULT},
 ]
 _JSON_CALL = json.dumps({"name": "get_weather", "arguments": ARGS})
+# tiny mixture-of-experts settings (GLM-4.5/4.6, DeepSeek-V3, Kimi K2) and DeepSeek's latent attention
+_MOE = {
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+}
+_MLA = {**_MOE, "q_lora_rank": None, "kv_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 4,
+        "v_head_dim": 8}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,9 @@ class ModelFamily:
     reply: str = ""  # a reply in the family's format: thinking (where it has one) and a call, then eos
     reasoning: str | None = None  # the thinking parsed from ``reply``
     config: str = ""  # the transformers config class of the family's architecture (tiny models)
-    extra: dict[str, Any] = field(default_factory=dict)
+    config_options: dict[str, Any] = field(default_factory=dict)  # what that architecture needs besides
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    ends: tuple[str, ...] = ()  # more tokens that end a reply (the generation config's eos ids)
 
     def text(self) -> str:
         return (TEMPLATES / self.template).read_text(encoding="utf-8")
@@ -79,6 +93,7 @@ FAMILIES = [
         reply=f"<think>\nThe tool knows.\n</think>\n\n<tool_call>\n{_JSON_CALL}\n</tool_call><|im_end|>",
         reasoning="\nThe tool knows.\n",
         config="Qwen3Config",
+        config_options={"head_dim": 8},
     ),
     ModelFamily(
         "qwen3-coder",
@@ -92,6 +107,7 @@ FAMILIES = [
         reply="<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n"
         "</parameter>\n</function>\n</tool_call><|im_end|>",
         config="Qwen3Config",
+        config_options={"head_dim": 8},
     ),
     ModelFamily(
         "llama3.1",
@@ -111,6 +127,8 @@ FAMILIES = [
         ),
         reply='<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}<|eom_id|>',
         config="LlamaConfig",
+        config_options={"head_dim": 8},
+        ends=("<|eom_id|>",),
     ),
     ModelFamily(
         "mistral-small-3.2",
@@ -151,6 +169,7 @@ FAMILIES = [
         reply=f"[THINK]The tool knows.[/THINK][TOOL_CALLS]get_weather[ARGS]{json.dumps(ARGS)}</s>",
         reasoning="The tool knows.",
         config="MistralConfig",
+        config_options={"head_dim": 8},
     ),
     ModelFamily(
         "deepseek-v3.1",
@@ -161,9 +180,62 @@ FAMILIES = [
         "<｜end▁of▁sentence｜>",
         "<｜begin▁of▁sentence｜>",
         native=False,  # the template renders no tools: the server describes them itself
+        special=(
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+            "<｜tool▁output▁begin｜>",
+            "<｜tool▁output▁end｜>",
+        ),
+        plain=("<think>", "</think>"),
+        reply=f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{json.dumps(ARGS)}"
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        config="DeepseekV3Config",
+        config_options=_MLA,
+        lora_targets=("q_proj", "kv_b_proj"),
     ),
     ModelFamily(
-        "glm-4.6", "GLM-4.6.jinja", "glm45", "qwen3", "<|assistant|>", "<|observation|>", "[gMASK]<sop>"
+        "glm-4.6",
+        "GLM-4.6.jinja",
+        "glm45",
+        "qwen3",
+        "<|assistant|>",
+        "<|observation|>",
+        "[gMASK]<sop>",
+        special=(
+            "[gMASK]",
+            "<sop>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<|observation|>",
+            "<|endoftext|>",
+        ),
+        # not special tokens in GLM's tokenizer (vLLM's glm45 parser says so)
+        plain=(
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "<arg_key>",
+            "</arg_key>",
+            "<arg_value>",
+            "</arg_value>",
+            "<tool_response>",
+            "</tool_response>",
+        ),
+        reply="<think>The tool knows.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call><|observation|>",
+        reasoning="The tool knows.",
+        config="Glm4MoeConfig",
+        config_options={"head_dim": 8, **_MOE},
+        ends=("<|user|>", "<|endoftext|>"),
     ),
     ModelFamily(
         "kimi-k2",
@@ -172,6 +244,23 @@ FAMILIES = [
         None,
         "<|im_assistant|>assistant<|im_middle|>",
         "<|im_end|>",
+        special=(
+            "<|im_system|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_middle|>",
+            "<|im_end|>",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+        ),
+        reply="<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        f"{json.dumps(ARGS)}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
+        config="DeepseekV3Config",  # Kimi K2's architecture is DeepSeek-V3's
+        config_options=_MLA,
+        lora_targets=("q_proj", "kv_b_proj"),
     ),
     ModelFamily(
         "gpt-oss",
@@ -180,10 +269,31 @@ FAMILIES = [
         "openai_gptoss",
         "<|start|>assistant",
         "<|call|>",
+        special=(
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|return|>",
+            "<|call|>",
+        ),
+        reply="<|channel|>analysis<|message|>The tool knows.<|end|><|start|>assistant<|channel|>commentary "
+        f"to=functions.get_weather <|constrain|>json<|message|>{json.dumps(ARGS)}<|call|>",
+        reasoning="The tool knows.",
+        config="GptOssConfig",
+        config_options={
+            "head_dim": 8,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        ends=("<|return|>",),
     ),
 ]
 BY_NAME = {f.name: f for f in FAMILIES}
-#: the families built as tiny random-weight models (their architecture is in transformers here)
+#: the families built as tiny random-weight models (each architecture is in transformers)
 TINY = [f for f in FAMILIES if f.config]
 
 
@@ -214,13 +324,13 @@ def tokenizer(family: ModelFamily) -> Any:
 
 def tiny_model_dir(family: ModelFamily, path: Path) -> Path:
     """A Hugging Face model directory at ``path``: :func:`tokenizer` and a seeded two-layer model of
-    the family's architecture (hidden size 32)."""
+    the family's architecture (hidden size 32; four experts where it is a mixture of experts)."""
     import torch
     import transformers
 
     tok = tokenizer(family)
     eos = tok.convert_tokens_to_ids(family.eos)
-    ends = sorted({eos, *(tok.convert_tokens_to_ids(t) for t in ("<|eom_id|>",) if t in family.special)})
+    ends = [eos, *(tok.convert_tokens_to_ids(t) for t in family.ends)]
     config = getattr(transformers, family.config)(
         vocab_size=len(tok),
         hidden_size=32,
@@ -228,12 +338,12 @@ def tiny_model_dir(family: ModelFamily, path: Path) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=8,
         max_position_embeddings=4096,
         eos_token_id=ends if len(ends) > 1 else eos,
         pad_token_id=eos,
         bos_token_id=tok.bos_token_id,
         tie_word_embeddings=True,
+        **family.config_options,
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
