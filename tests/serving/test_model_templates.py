@@ -235,3 +235,21 @@ def test_gpt_oss_writes_history_calls_in_another_header_order_than_the_model() -
         f'<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"{RESULT}"<|end|>'
         in prompt
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "closed"),
+    [
+        ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        ("glm-4.6", "<|assistant|>\n<think></think>"),
+    ],
+)
+def test_thinking_turned_off_closes_an_empty_think_block_in_the_prompt(name: str, closed: str) -> None:
+    """``chat_template_kwargs={"enable_thinking": False}`` makes the template close an empty thinking block
+    at the end of the prompt; the reply is then the answer alone, which ``qwen3`` reads as all answer."""
+    family = BY_NAME[name]
+    prompt = render_chat(tokenizer(family), [USER], tools=TOOLS, enable_thinking=False)
+    assert prompt.endswith(closed)
+    assert not render_chat(tokenizer(family), [USER], tools=TOOLS).endswith(closed)
+    reply = parsers.reply_parser(family.tool_parser, "qwen3").parse("It will be sunny.", TOOLS)
+    assert (reply.reasoning, reply.content) == (None, "It will be sunny.")
