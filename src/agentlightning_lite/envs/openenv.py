@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from ..tracer import Tracer
+from ..tracer import Tracer, emit_signal
 from .base import Environment, require
 
 __all__ = ["OpenEnv", "render_observation", "text_action"]
@@ -162,7 +162,7 @@ class OpenEnv(Environment):
     (default :func:`text_action` of the server's action schema: the reply as the action's one
     required string field). The reward is the sum of the rewards of every step (``reward="sum"``;
     ``"last"``: the last reward the environment gave); an episode cut at ``max_turns`` keeps what it
-    gathered.
+    gathered. ``timeout`` is how long a server's answer, or a model call, may take (seconds).
 
     MCP tools: when the action schema is ``CallToolAction`` (an ``MCPEnvironment``), or
     ``tools=True``, every rollout lists the environment's tools (a ``list_tools`` step) and offers
@@ -197,7 +197,7 @@ class OpenEnv(Environment):
         max_turns: int = 30,
         max_tokens: int = 512,
         system_prompt: str = SYSTEM,
-        timeout: float = 60.0,
+        timeout: float = 300.0,
         action_cls: type | None = None,
         observation_cls: type | None = None,
         max_sessions: int | None = None,
@@ -270,6 +270,7 @@ class OpenEnv(Environment):
             self._served = None
 
     def __enter__(self) -> OpenEnv:
+        """``with agl.envs.OpenEnv(MyEnvironment) as env:`` stops the server this started at the end."""
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -301,11 +302,8 @@ class OpenEnv(Environment):
         except RuntimeError as exc:  # the server's error frame: the action was refused or failed
             with self._lock:
                 self.rejected_actions += 1
-            current = Tracer.current_rollout()
-            if current is not None:
-                import agentlightning_lite as agl
-
-                agl.emit_signal("openenv.rejected", value=str(exc), status="error", action=action)
+            if Tracer.current_rollout() is not None:
+                emit_signal("openenv.rejected", value=str(exc), status="error", action=repr(action))
             raise RuntimeError(f"OpenEnv {self.name} rejected the action {action!r}: {exc}") from exc
         if result.reward is not None:
             rewards.append(float(result.reward))
