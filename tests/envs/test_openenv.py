@@ -351,6 +351,8 @@ def test_mcp_tools_offered_called_and_their_results_reach_the_environment() -> N
 
 def test_make_and_the_cli_build_it_from_a_url(guess_url: str, tmp_path: Path) -> None:
     env = agl.envs.make(f"openenv:{guess_url}", size=3, seed=2)
+    ws = agl.envs.OpenEnv(guess_url.replace("http://", "ws://") + "/", size=1)
+    assert ws.base_url == guess_url and ws.action_schema["title"] == "GuessAction"
     assert isinstance(env, agl.envs.OpenEnv) and env.tasks == [{"seed": 2}, {"seed": 3}, {"seed": 4}]
     options: dict[str, Any] = dict(agent=None, data=None, val_data=None, limit=None, env_size=3, seed=0)
     agent, tasks, val = env_tasks(argparse.Namespace(**options, env=f"openenv:{guess_url}", val_limit=2))

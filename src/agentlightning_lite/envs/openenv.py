@@ -163,6 +163,11 @@ class OpenEnv(Environment):
     required string field). The reward is the sum of the rewards of every step (``reward="sum"``;
     ``"last"``: the last reward the environment gave); an episode cut at ``max_turns`` keeps what it
     gathered. ``timeout`` is how long a server's answer, or a model call, may take (seconds).
+    ``max_sessions`` bounds the sessions open at once (more rollouts wait for one): unbounded for a
+    URL, and for a class served here 64, or 1 when it is not marked ``SUPPORTS_CONCURRENT_SESSIONS``
+    (its server refuses a second). A class's action and observation classes come from its
+    ``Environment[Action, Observation, State]`` base (``CallToolAction`` for an ``MCPEnvironment``),
+    or ``action_cls=`` / ``observation_cls=``.
 
     MCP tools: when the action schema is ``CallToolAction`` (an ``MCPEnvironment``), or
     ``tools=True``, every rollout lists the environment's tools (a ``list_tools`` step) and offers
@@ -213,7 +218,9 @@ class OpenEnv(Environment):
         self._lock = threading.Lock()
         self._served: _Served | None = None
         if isinstance(env, str):
-            self.base_url, self.name = env.rstrip("/"), env
+            scheme, sep, rest = env.rstrip("/").partition("://")
+            http = {"ws": "http", "wss": "https"}.get(scheme.lower(), scheme)
+            self.base_url, self.name = (f"{http}{sep}{rest}" if sep else env.rstrip("/")), env
         elif isinstance(env, type):
             if action_cls is None or observation_cls is None:
                 found = _env_classes(env)
