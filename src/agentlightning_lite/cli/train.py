@@ -39,7 +39,8 @@ def add_parser(sub: Any) -> None:
             "once before training (to build an index, say). The agent is a function (task, llm) -> "
             "reward or an agl.LitAgent. The dataset is a JSONL file (one task per line) or a JSON list. "
             "With --env KIND:NAME (reasoning_gym:basic_arithmetic, textarena:GuessTheNumber-v0, "
-            "nemo_gym:http://127.0.0.1:8000 with --data rows.jsonl) an environment supplies the tasks and "
+            "nemo_gym:http://127.0.0.1:8000 with --data rows.jsonl, openenv:http://127.0.0.1:8000) an "
+            "environment supplies the tasks and "
             "the reward, and its default agent plays them unless AGENT is given (docs/environments.md)."
         ),
         epilog=EXIT_CODES_HELP,
@@ -56,7 +57,10 @@ def add_parser(sub: Any) -> None:
         "--env",
         default=None,
         metavar="KIND:NAME",
-        help="an environment: reasoning_gym:DATASET, textarena:GAME or nemo_gym:URL (tasks in --data)",
+        help=(
+            "an environment: reasoning_gym:DATASET, textarena:GAME, nemo_gym:URL (tasks in --data) or "
+            "openenv:URL (reset arguments in --data, else seeds)"
+        ),
     )
     train.add_argument(
         "--env-size", type=int, default=100, help="--env: training tasks to generate (default 100)"
@@ -255,15 +259,16 @@ def agent_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | N
 def env_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | None]:
     """``--env``: the environment's agent (or AGENT's), its training tasks and its held-out tasks.
 
-    Held-out tasks come from ``--val-data``, else (reasoning-gym, TextArena) ``--val-limit`` tasks
-    generated from another seed, else none.
+    Held-out tasks come from ``--val-data``, else (reasoning-gym, TextArena, OpenEnv without
+    ``--data``) ``--val-limit`` tasks generated from another seed, else none.
     """
     from ..envs import make
 
     try:
         env = make(args.env, size=args.env_size, seed=args.seed, data=args.data)
         held_out = None
-        if args.val_data is None and args.val_limit and not args.env.startswith("nemo"):
+        generated = not args.env.startswith("nemo") and not (args.env.startswith("openenv") and args.data)
+        if args.val_data is None and args.val_limit and generated:
             held_out = make(args.env, size=args.val_limit, seed=args.seed + 1_000_003).tasks
     except (ValueError, ImportError, RuntimeError, OSError) as exc:
         raise CLIError(f"--env {args.env}: {exc}", EXIT_USAGE) from None

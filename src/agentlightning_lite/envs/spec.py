@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ KINDS = {
     "reasoning_gym": "reasoning_gym:basic_arithmetic",
     "nemo_gym": "nemo_gym:http://127.0.0.1:8000",
     "textarena": "textarena:GuessTheNumber-v0",
+    "openenv": "openenv:http://127.0.0.1:8000",
 }
 
 
@@ -21,8 +23,10 @@ def make(
     spec: str, size: int = 100, seed: int = 0, data: str | Path | None = None, **options: Any
 ) -> Environment:
     """The environment ``spec`` names: ``reasoning_gym:<dataset>``, ``nemo_gym:<base url>`` (its
-    tasks from ``data``, a JSONL file of rows) or ``textarena:<game>``; ``size`` tasks from ``seed``
-    (reasoning-gym and TextArena). ``options`` go to the environment's constructor.
+    tasks from ``data``, a JSONL file of rows), ``textarena:<game>`` or ``openenv:<base url>`` (an
+    OpenEnv server; its tasks are ``reset`` arguments: the rows of ``data``, a JSONL file, else
+    ``{"seed": s}``); ``size`` tasks from ``seed`` (reasoning-gym, TextArena, OpenEnv without
+    ``data``). ``options`` go to the environment's constructor.
 
     >>> env = make("reasoning_gym:basic_arithmetic", size=3, seed=5)
     >>> env
@@ -30,7 +34,7 @@ def make(
     >>> make("gym:CartPole")
     Traceback (most recent call last):
     ...
-    ValueError: unknown environment kind 'gym' in 'gym:CartPole': one of reasoning_gym, nemo_gym, textarena
+    ValueError: unknown environment kind 'gym' in 'gym:CartPole': one of reasoning_gym, ..., openenv
     """
     kind, sep, name = spec.partition(":")
     kind = kind.strip().lower().replace("-", "_")
@@ -50,4 +54,11 @@ def make(
         if data is None:
             raise ValueError(f"{spec}: NeMo Gym tasks are dataset rows: give them (a JSONL file) as data")
         return NemoGym(name, data=data, **options)
+    if kind == "openenv":
+        from .openenv import OpenEnv
+
+        if data is not None:
+            lines = Path(data).read_text(encoding="utf-8").splitlines()
+            options = {**options, "tasks": [json.loads(line) for line in lines if line.strip()]}
+        return OpenEnv(name, size=size, seed=seed, **options)
     raise ValueError(f"unknown environment kind {kind!r} in {spec!r}: one of {', '.join(KINDS)}")

@@ -1,0 +1,387 @@
+"""OpenEnv environments (Gym-style reset/step servers, MCP tools) as an environment.
+
+One rollout is one WebSocket session with the environment server (``GenericEnvClient``): ``reset``
+with the task's keyword arguments, then ``step`` until the observation says ``done``. A session is
+the server's own environment instance for the whole episode; the HTTP ``/reset`` and ``/step``
+routes each start a fresh one, so they are not used.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import typing
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from ..tracer import Tracer, emit_signal
+from .base import Environment, require
+
+__all__ = ["OpenEnv", "render_observation", "text_action"]
+
+EXTRA = "envs-openenv"
+SYSTEM = (
+    "You are acting in an environment. Each user message is what the environment shows you; "
+    "reply with your next action, or call one of the tools when tools are offered."
+)
+# the fields every OpenEnv observation has besides its own
+_COMMON = ("metadata", "done", "reward")
+
+
+def _oe() -> Any:
+    require("openenv", EXTRA, "agl.envs.OpenEnv")
+    return require("openenv.core", EXTRA, "agl.envs.OpenEnv")
+
+
+def render_observation(observation: dict[str, Any]) -> str:
+    """The text of an observation for the model: its one text field, else its fields as JSON
+    (``metadata`` only when nothing else is there).
+
+    >>> render_observation({"prompt": "Guess a digit.", "metadata": {}})
+    'Guess a digit.'
+    >>> render_observation({"board": [1, 2], "turn": "x", "metadata": {}})
+    '{"board": [1, 2], "turn": "x"}'
+    >>> render_observation({"metadata": {"question": "What is a?"}})
+    '{"question": "What is a?"}'
+    """
+    fields = {k: v for k, v in observation.items() if k not in _COMMON and v not in (None, "", [], {})}
+    if len(fields) == 1 and isinstance(next(iter(fields.values())), str):
+        return str(next(iter(fields.values())))
+    shown = fields or observation.get("metadata") or {}
+    return json.dumps(shown, default=str) if shown else ""
+
+
+def text_action(schema: dict[str, Any]) -> Callable[[str], dict[str, Any]] | None:
+    """The default ``action_from_reply`` for an action JSON schema: the reply as the action's one
+    required string field; ``None`` when the action is not one text field.
+
+    >>> schema = {"title": "GuessAction", "required": ["guess"],
+    ...           "properties": {"guess": {"type": "string"}, "metadata": {"type": "object"}}}
+    >>> text_action(schema)("7")
+    {'guess': '7'}
+    >>> text_action({"properties": {"x": {"type": "integer"}}, "required": ["x"]}) is None
+    True
+    """
+    props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
+    required = [k for k in schema.get("required") or [] if k != "metadata"]
+    strings = [k for k in required if (props.get(k) or {}).get("type") == "string"]
+    if len(required) != 1 or len(strings) != 1:
+        return None
+    field = strings[0]
+    return lambda reply: {field: reply}
+
+
+def _is_mcp(schema: dict[str, Any]) -> bool:
+    return schema.get("title") in ("CallToolAction", "ListToolsAction") or "tool_name" in (
+        schema.get("properties") or {}
+    )
+
+
+def _tool_text(observation: dict[str, Any]) -> tuple[str, bool]:
+    """A ``call_tool`` observation as the tool message's text; whether the tool failed."""
+    error = observation.get("error")
+    if error:
+        message = error.get("message", error) if isinstance(error, dict) else error
+        return f"error: {message}", True
+    result = observation.get("result")
+    if isinstance(result, dict):
+        parts = [p.get("text", "") for p in result.get("content") or [] if isinstance(p, dict)]
+        if parts and all(isinstance(p, str) for p in parts):
+            return "".join(parts), bool(result.get("is_error"))
+        if "data" in result:
+            result = result["data"]
+    return (result if isinstance(result, str) else json.dumps(result, default=str)), False
+
+
+def _chat_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for tool in tools:
+        params = tool.get("input_schema") or tool.get("inputSchema") or {"type": "object", "properties": {}}
+        spec = {"name": tool["name"], "description": tool.get("description") or "", "parameters": params}
+        out.append({"type": "function", "function": spec})
+    return out
+
+
+def _env_classes(env_cls: type) -> tuple[type, type]:
+    """The action and observation classes of an OpenEnv ``Environment`` subclass, from its
+    ``Environment[Action, Observation, State]`` base (``CallToolAction`` for an ``MCPEnvironment``)."""
+    core = _oe()
+    for klass in env_cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            args = typing.get_args(base)
+            if typing.get_origin(base) is core.Environment and len(args) >= 2:
+                if all(isinstance(a, type) for a in args[:2]):
+                    return args[0], args[1]
+    if core.MCPEnvironment is not None and issubclass(env_cls, core.MCPEnvironment):
+        return core.CallToolAction, core.CallToolObservation
+    raise ValueError(
+        f"{env_cls.__name__}: cannot tell its action and observation classes (it does not subclass "
+        "Environment[MyAction, MyObservation, State]); pass action_cls= and observation_cls="
+    )
+
+
+class _Served:
+    """An OpenEnv ``Environment`` class served by ``create_app`` under uvicorn on 127.0.0.1 (a free
+    port), in a thread of this process."""
+
+    def __init__(self, env_cls: type, action_cls: type, observation_cls: type, max_sessions: int) -> None:
+        uvicorn = require("uvicorn", EXTRA, "agl.envs.OpenEnv")
+        app = _oe().create_app(env_cls, action_cls, observation_cls, max_concurrent_envs=max_sessions)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="agl-openenv", daemon=True
+        )
+        self.thread.start()
+        while not self.server.started:
+            self.thread.join(0.02)
+            if not self.thread.is_alive():
+                self.sock.close()
+                raise RuntimeError(f"the OpenEnv server for {env_cls.__name__} did not start")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+class OpenEnv(Environment):
+    """An OpenEnv environment: a server at ``base_url``, or an OpenEnv ``Environment`` class served
+    here (``create_app`` under uvicorn on 127.0.0.1, a free port, stopped by :meth:`close`).
+
+    The tasks are ``reset`` keyword arguments: ``tasks`` as given, else ``{"seed": s}`` for
+    ``size`` seeds from ``seed``. A rollout is one WebSocket session: ``reset(**task)``, then a
+    model call per turn until the environment says ``done`` or ``max_turns`` model calls. Each
+    observation is rendered (``render``, default :func:`render_observation`) as a user message of one
+    growing conversation; the model's reply becomes the action through ``action_from_reply``
+    (default :func:`text_action` of the server's action schema: the reply as the action's one
+    required string field). The reward is the sum of the rewards of every step (``reward="sum"``;
+    ``"last"``: the last reward the environment gave); an episode cut at ``max_turns`` keeps what it
+    gathered. ``timeout`` is how long a server's answer, or a model call, may take (seconds).
+    ``max_sessions`` bounds the sessions open at once (more rollouts wait for one): unbounded for a
+    URL, and for a class served here 64, or 1 when it is not marked ``SUPPORTS_CONCURRENT_SESSIONS``
+    (its server refuses a second). A class's action and observation classes come from its
+    ``Environment[Action, Observation, State]`` base (``CallToolAction`` for an ``MCPEnvironment``),
+    or ``action_cls=`` / ``observation_cls=``.
+
+    MCP tools: when the action schema is ``CallToolAction`` (an ``MCPEnvironment``), or
+    ``tools=True``, every rollout lists the environment's tools (a ``list_tools`` step) and offers
+    them to the model as OpenAI tools; each tool call is a ``call_tool`` step of the same session
+    (a ``tool`` span; its reward counts), its result sent back as a ``tool`` message. A reply with
+    no tool call steps ``action_from_reply(reply)``, or ends the episode when the environment takes
+    no text action.
+
+    An action the environment rejects (a validation or execution error) fails the rollout with
+    the environment's message; :attr:`rejected_actions` counts them, and each is an error
+    ``signal`` span ``openenv.rejected``. A server that is down raises a ``ConnectionError`` naming
+    it. Needs ``pip install "agentlightning-lite[envs-openenv]"``.
+
+    >>> import agentlightning_lite as agl
+    >>> env = agl.envs.OpenEnv("http://127.0.0.1:8000", size=3, seed=7)  # doctest: +SKIP
+    >>> env.tasks  # doctest: +SKIP
+    [{'seed': 7}, {'seed': 8}, {'seed': 9}]
+    >>> # trainer.fit(env.agent, env.tasks); env.close()
+    """
+
+    def __init__(
+        self,
+        env: str | type,
+        size: int = 100,
+        seed: int = 0,
+        *,
+        tasks: Sequence[dict[str, Any]] | None = None,
+        action_from_reply: Callable[[str], Any] | None = None,
+        render: Callable[[dict[str, Any]], str] = render_observation,
+        tools: bool | None = None,
+        reward: Literal["sum", "last"] = "sum",
+        max_turns: int = 30,
+        max_tokens: int = 512,
+        system_prompt: str = SYSTEM,
+        timeout: float = 300.0,
+        action_cls: type | None = None,
+        observation_cls: type | None = None,
+        max_sessions: int | None = None,
+        temperature: float = 1.0,
+        eval_temperature: float = 0.0,
+    ) -> None:
+        _oe()  # the missing extra, named, before anything else
+        if reward not in ("sum", "last"):
+            raise ValueError(f"reward is 'sum' or 'last', got {reward!r}")
+        self.reward_mode, self.max_turns, self.max_tokens = reward, max_turns, max_tokens
+        self.system_prompt, self.timeout, self.render = system_prompt, timeout, render
+        self.rejected_actions = 0
+        self._lock = threading.Lock()
+        self._served: _Served | None = None
+        if isinstance(env, str):
+            scheme, sep, rest = env.rstrip("/").partition("://")
+            http = {"ws": "http", "wss": "https"}.get(scheme.lower(), scheme)
+            self.base_url, self.name = (f"{http}{sep}{rest}" if sep else env.rstrip("/")), env
+        elif isinstance(env, type):
+            if action_cls is None or observation_cls is None:
+                found = _env_classes(env)
+                action_cls, observation_cls = action_cls or found[0], observation_cls or found[1]
+            if max_sessions is None:
+                max_sessions = 64 if getattr(env, "SUPPORTS_CONCURRENT_SESSIONS", False) else 1
+            self._served = _Served(env, action_cls, observation_cls, max_sessions)
+            self.base_url, self.name = self._served.url, env.__name__
+        else:
+            raise TypeError(f"OpenEnv takes a server URL or an OpenEnv Environment class, got {env!r}")
+        # a server with one session at a time (an environment not marked SUPPORTS_CONCURRENT_SESSIONS)
+        # refuses a second: rollouts wait for a free session here instead
+        self._sessions = threading.BoundedSemaphore(max_sessions) if max_sessions else None
+        try:
+            self.action_schema: dict[str, Any] = self._schema()["action"]
+        except BaseException:
+            self.close()
+            raise
+        self.tools = _is_mcp(self.action_schema) if tools is None else tools
+        if action_from_reply is None and not _is_mcp(self.action_schema):
+            action_from_reply = text_action(self.action_schema)
+            if action_from_reply is None and not self.tools:
+                self.close()
+                fields = sorted(set(self.action_schema.get("properties") or {}) - {"metadata"})
+                raise ValueError(
+                    f"OpenEnv {self.name}: its action ({self.action_schema.get('title')}, fields {fields}) "
+                    "is not one text field; pass action_from_reply=, a function from the model's reply "
+                    "to the action dict"
+                )
+        self.action_from_reply = action_from_reply
+        task_list = (
+            [dict(t) for t in tasks] if tasks is not None else [{"seed": seed + i} for i in range(size)]
+        )
+        super().__init__(task_list, temperature=temperature, eval_temperature=eval_temperature)
+
+    def _schema(self) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/schema", timeout=self.timeout) as reply:
+                data: dict[str, Any] = json.loads(reply.read().decode())
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConnectionError(
+                f"the OpenEnv server at {self.base_url} is not answering ({reason}): start it, or "
+                "pass its Environment class to serve it here"
+            ) from exc
+        if "action" not in data:
+            raise RuntimeError(f"{self.base_url}/schema is not an OpenEnv server's schema: {str(data)[:300]}")
+        return data
+
+    def close(self) -> None:
+        """Stop the server this environment started (when given a class); nothing for a URL."""
+        if self._served is not None:
+            self._served.stop()
+            self._served = None
+
+    def __enter__(self) -> OpenEnv:
+        """``with agl.envs.OpenEnv(MyEnvironment) as env:`` stops the server this started at the end."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
+        """One episode in one WebSocket session; the sum (or the last) of its rewards."""
+        client = _oe().GenericEnvClient(base_url=self.base_url, message_timeout_s=self.timeout).sync()
+        if self._sessions is not None:
+            self._sessions.acquire()
+        try:
+            try:
+                client.connect()
+            except ConnectionError as exc:
+                raise ConnectionError(
+                    f"the OpenEnv server at {self.base_url} is not answering: {exc}"
+                ) from exc
+            return self._episode(client, dict(task), llm, temperature)
+        finally:
+            try:
+                client.close()
+            finally:
+                if self._sessions is not None:
+                    self._sessions.release()
+
+    def _step(self, client: Any, action: Any, rewards: list[float]) -> Any:
+        try:
+            result = client.step(action)
+        except RuntimeError as exc:  # the server's error frame: the action was refused or failed
+            with self._lock:
+                self.rejected_actions += 1
+            if Tracer.current_rollout() is not None:
+                emit_signal("openenv.rejected", value=str(exc), status="error", action=repr(action))
+            raise RuntimeError(f"OpenEnv {self.name} rejected the action {action!r}: {exc}") from exc
+        if result.reward is not None:
+            rewards.append(float(result.reward))
+        return result
+
+    def _episode(self, client: Any, task: dict[str, Any], llm: Any, temperature: float) -> float:
+        rewards: list[float] = []
+        result = client.reset(**task)
+        if result.reward is not None:
+            rewards.append(float(result.reward))
+        tools: list[dict[str, Any]] = []
+        if self.tools and not result.done:
+            listed = self._step(client, {"type": "list_tools"}, rewards)
+            tools = _chat_tools(listed.observation.get("tools") or [])
+        system = llm.prompt("system", default=self.system_prompt)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": self.render(result.observation)},
+        ]
+        openai = llm.openai_client(max_retries=0, timeout=self.timeout)
+        done = result.done
+        for _ in range(self.max_turns):
+            if done:
+                break
+            options: dict[str, Any] = {"tools": tools} if tools else {}
+            reply = openai.chat.completions.create(
+                model=llm.model,
+                messages=messages,
+                max_tokens=self.max_tokens,
+                temperature=temperature,
+                **options,
+            )
+            message = reply.choices[0].message
+            calls = list(message.tool_calls or [])
+            messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+            if calls:
+                for call in calls:
+                    text, done = self._call_tool(client, call.function.name, call.function.arguments, rewards)
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+                    if done:
+                        break
+                continue
+            if self.action_from_reply is None:  # tools only, and the model answered without one
+                break
+            result = self._step(client, self.action_from_reply(message.content or ""), rewards)
+            done = result.done
+            if not done:
+                messages.append({"role": "user", "content": self.render(result.observation)})
+        if self.reward_mode == "last":
+            return rewards[-1] if rewards else 0.0
+        return float(sum(rewards))
+
+    def _call_tool(self, client: Any, name: str, arguments: str, rewards: list[float]) -> tuple[str, bool]:
+        """One ``call_tool`` step (a ``tool`` span): the result's text for the model; whether done."""
+        current = Tracer.current_rollout()
+        tracer = current.tracer if current is not None else Tracer()
+        with tracer.span("tool", name, input=arguments) as span:
+            try:
+                args = json.loads(arguments or "{}")
+            except json.JSONDecodeError as exc:
+                span.set_error(exc)
+                text = f"error: the arguments are not JSON: {exc}"
+                span.set_output(text)
+                return text, False
+            action = {"type": "call_tool", "tool_name": name, "arguments": args}
+            result = self._step(client, action, rewards)
+            text, failed = _tool_text(result.observation)
+            if failed:
+                span.set_error(RuntimeError(text))
+            span.set_output(text)
+        return text, bool(result.done)
+
+    def __repr__(self) -> str:
+        return f"OpenEnv({self.name!r}, {len(self.tasks)} tasks)"
