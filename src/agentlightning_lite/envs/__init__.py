@@ -1,4 +1,5 @@
-"""Environments from the hubs: tasks, tools and the reward from reasoning-gym, NeMo Gym or TextArena.
+"""Environments from the hubs: tasks, tools and the reward from reasoning-gym, NeMo Gym, TextArena or
+verifiers.
 
 An environment's default agent plays its tasks against the PolicyServer like any agent, so
 ``trainer.fit(env.agent, env.tasks)`` trains on it with every algorithm, and
@@ -20,9 +21,16 @@ if TYPE_CHECKING:
     from .nemo_gym import NemoGym
     from .reasoning_gym import ReasoningGym
     from .textarena import TextArena
+    from .verifiers import Verifiers
 
-__all__ = ["EnvAgent", "Environment", "NemoGym", "ReasoningGym", "TextArena", "make"]
+__all__ = ["EnvAgent", "Environment", "NemoGym", "ReasoningGym", "TextArena", "Verifiers", "make"]
 
 __getattr__ = lazy_getattr(
-    __name__, {"ReasoningGym": ".reasoning_gym", "NemoGym": ".nemo_gym", "TextArena": ".textarena"}
+    __name__,
+    {
+        "ReasoningGym": ".reasoning_gym",
+        "NemoGym": ".nemo_gym",
+        "TextArena": ".textarena",
+        "Verifiers": ".verifiers",
+    },
 )

@@ -14,6 +14,7 @@ KINDS = {
     "reasoning_gym": "reasoning_gym:basic_arithmetic",
     "nemo_gym": "nemo_gym:http://127.0.0.1:8000",
     "textarena": "textarena:GuessTheNumber-v0",
+    "verifiers": "verifiers:my_tasks.py:load_taskset",
 }
 
 
@@ -21,8 +22,10 @@ def make(
     spec: str, size: int = 100, seed: int = 0, data: str | Path | None = None, **options: Any
 ) -> Environment:
     """The environment ``spec`` names: ``reasoning_gym:<dataset>``, ``nemo_gym:<base url>`` (its
-    tasks from ``data``, a JSONL file of rows) or ``textarena:<game>``; ``size`` tasks from ``seed``
-    (reasoning-gym and TextArena). ``options`` go to the environment's constructor.
+    tasks from ``data``, a JSONL file of rows), ``textarena:<game>`` or ``verifiers:<taskset>``
+    (``pkg.module:name``, ``path/file.py:name`` or verifiers' own taskset id); ``size`` tasks from
+    ``seed`` (reasoning-gym and TextArena: the generator's seed; verifiers: a shuffle of the
+    taskset). ``options`` go to the environment's constructor.
 
     >>> env = make("reasoning_gym:basic_arithmetic", size=3, seed=5)
     >>> env
@@ -30,7 +33,7 @@ def make(
     >>> make("gym:CartPole")
     Traceback (most recent call last):
     ...
-    ValueError: unknown environment kind 'gym' in 'gym:CartPole': one of reasoning_gym, nemo_gym, textarena
+    ValueError: unknown environment kind 'gym' in 'gym:CartPole': one of reasoning_gym, ..., verifiers
     """
     kind, sep, name = spec.partition(":")
     kind = kind.strip().lower().replace("-", "_")
@@ -44,6 +47,10 @@ def make(
         from .textarena import TextArena
 
         return TextArena(name, size=size, seed=seed, **options)
+    if kind == "verifiers":
+        from .verifiers import Verifiers
+
+        return Verifiers(name, size=size, seed=seed, **options)
     if kind == "nemo_gym":
         from .nemo_gym import NemoGym
 
