@@ -433,6 +433,12 @@ def envs_verifiers(session: nox.Session) -> None:
     t0 = time.monotonic()
     session.run("python", "-m", "pytest", "-q", "-rs", "tests/envs/test_verifiers.py", *session.posargs)
     session.log(f"tests/envs/test_verifiers.py: {time.monotonic() - t0:.0f} s with " + json.dumps(versions))
+    # docs/environments.md's verifiers block (the main environment's docs test skips it: no verifiers there)
+    blocks = [b for b in _blocks(ROOT / "docs" / "environments.md") if "agl.envs.Verifiers(" in b]
+    if not blocks:
+        session.error("docs/environments.md has no agl.envs.Verifiers block")
+    for i, code in enumerate(blocks):
+        _run_block(session, code, f"environments_verifiers_{i}")
 
 
 # -- end of agl.envs.Verifiers ----------------------------------------------------------------------

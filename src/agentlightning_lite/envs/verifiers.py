@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..tracer import Tracer
+from ..tracer import Tracer, emit_signal
 from .base import Environment, require
 
 __all__ = ["Verifiers", "chat_messages"]
@@ -288,8 +288,6 @@ class Verifiers(Environment):
         named rewards and metrics go to the current rollout as a ``signal`` span ``verifiers``."""
         trace = self.score(task, reply, messages)
         if Tracer.current_rollout() is not None:
-            from ..tracer import emit_signal
-
             rewards = {k: [r.score, r.weight] for k, r in trace.rewards.items() if r is not None}
             emit_signal("verifiers", json.loads(json.dumps({"rewards": rewards, "metrics": trace.metrics})))
         return float(trace.reward)
