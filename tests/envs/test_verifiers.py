@@ -165,6 +165,22 @@ def test_make_and_the_cli_spec(spec: str) -> None:
     assert agent.env.vf_task(val[0]).data.prompt == val[0]["data"]["prompt"]
 
 
+def test_a_taskset_by_its_verifiers_id(tmp_path: Path, monkeypatch: Any) -> None:
+    package = tmp_path / "agl_sum_tasks"  # an installed taskset package, as verifiers' loaders find them
+    package.mkdir()
+    (package / "__init__.py").write_text(TASKSET + '\n__all__ = ["SumTaskset"]\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = agl.envs.Verifiers("agl-sum-tasks")  # verifiers normalises the id to the module's name
+    assert [t["data"]["answer"] for t in env.tasks] == ["4", "7", "10", "9"]
+    assert env.reward(env.tasks[0], "4") == 1.5
+    shuffled = agl.envs.make("verifiers:agl-sum-tasks", size=2, seed=0)  # what --env gives: shuffled by seed
+    assert [t["key"] for t in shuffled.tasks] == [
+        t["key"] for t in agl.envs.Verifiers(env.taskset, 2, seed=0).tasks
+    ]
+    with pytest.raises(ImportError, match="taskset 'no-such-taskset' not found"):
+        agl.envs.Verifiers("no-such-taskset")
+
+
 UNSUPPORTED = """
 import verifiers.v1 as vf
 
