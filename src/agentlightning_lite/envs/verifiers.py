@@ -201,7 +201,8 @@ class Verifiers(Environment):
         eval_temperature: float = 0.0,
     ) -> None:
         vf = _vf()  # the missing extra, named, before anything else
-        self.name = taskset if isinstance(taskset, str) else type(taskset).__name__
+        named = getattr(taskset, "__name__", type(taskset).__name__)
+        self.name: str = taskset if isinstance(taskset, str) else named
         self.max_tokens = max_tokens
         self.taskset = _load_taskset(taskset, config)
         view = self.taskset
@@ -293,8 +294,11 @@ class Verifiers(Environment):
         return float(trace.reward)
 
     def play(self, task: Mapping[str, Any], llm: Any, temperature: float) -> float:
-        """One chat call with the task's messages; the task's reward of the reply."""
+        """One chat call with the task's messages; the task's reward of the reply. The task's system
+        prompt is read through ``llm.prompt("system", default=...)``, so ``agl.APO`` can optimise it."""
         messages = self.messages(task)
+        if messages and messages[0]["role"] == "system" and isinstance(messages[0]["content"], str):
+            messages[0] = {"role": "system", "content": llm.prompt("system", default=messages[0]["content"])}
         client = llm.openai_client(max_retries=0)
         completion = client.chat.completions.create(
             model=llm.model, messages=messages, max_tokens=self.max_tokens, temperature=temperature
