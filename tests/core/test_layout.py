@@ -92,7 +92,7 @@ LAYERS: list[set[str]] = [
     {"store"},
     {"tracer", "span_handles", "join", "credit", "air", "lora_settings"},
     {"transitions", "prompts", "otel", "sft_export", "run_settings"},
-    {"serving", "adapters", "harness", "envs"},
+    {"serving", "adapters", "harness", "envs", "rewards"},
     {"rl"},
     {"apo", "remote", "ui"},
     {"<root>"},  # the facade: its heavy names load on first use (no import statement)

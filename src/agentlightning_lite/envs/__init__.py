@@ -1,5 +1,5 @@
-"""Environments from the hubs: tasks, tools and the reward from reasoning-gym, NeMo Gym, TextArena or
-OpenEnv.
+"""Environments from the hubs: tasks, tools and the reward from reasoning-gym, NeMo Gym, TextArena,
+OpenEnv or verifiers.
 
 An environment's default agent plays its tasks against the PolicyServer like any agent, so
 ``trainer.fit(env.agent, env.tasks)`` trains on it with every algorithm, and
@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from .openenv import OpenEnv
     from .reasoning_gym import ReasoningGym
     from .textarena import TextArena
+    from .verifiers import Verifiers
 
-__all__ = ["EnvAgent", "Environment", "NemoGym", "OpenEnv", "ReasoningGym", "TextArena", "make"]
+__all__ = ["EnvAgent", "Environment", "NemoGym", "OpenEnv", "ReasoningGym", "TextArena", "Verifiers", "make"]
 
 __getattr__ = lazy_getattr(
     __name__,
@@ -32,5 +33,6 @@ __getattr__ = lazy_getattr(
         "NemoGym": ".nemo_gym",
         "TextArena": ".textarena",
         "OpenEnv": ".openenv",
+        "Verifiers": ".verifiers",
     },
 )

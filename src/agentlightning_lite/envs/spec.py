@@ -16,6 +16,7 @@ KINDS = {
     "nemo_gym": "nemo_gym:http://127.0.0.1:8000",
     "textarena": "textarena:GuessTheNumber-v0",
     "openenv": "openenv:http://127.0.0.1:8000",
+    "verifiers": "verifiers:my_tasks.py:load_taskset",
 }
 
 
@@ -23,10 +24,12 @@ def make(
     spec: str, size: int = 100, seed: int = 0, data: str | Path | None = None, **options: Any
 ) -> Environment:
     """The environment ``spec`` names: ``reasoning_gym:<dataset>``, ``nemo_gym:<base url>`` (its
-    tasks from ``data``, a JSONL file of rows), ``textarena:<game>`` or ``openenv:<base url>`` (an
+    tasks from ``data``, a JSONL file of rows), ``textarena:<game>``, ``openenv:<base url>`` (an
     OpenEnv server; its tasks are ``reset`` arguments: the rows of ``data``, a JSONL file, else
-    ``{"seed": s}``); ``size`` tasks from ``seed`` (reasoning-gym, TextArena, OpenEnv without
-    ``data``). ``options`` go to the environment's constructor.
+    ``{"seed": s}``) or ``verifiers:<taskset>`` (``pkg.module:name``, ``path/file.py:name`` or
+    verifiers' own taskset id); ``size`` tasks from ``seed`` (reasoning-gym and TextArena: the
+    generator's seed; OpenEnv without ``data``: seeds; verifiers: a shuffle of the taskset).
+    ``options`` go to the environment's constructor.
 
     >>> env = make("reasoning_gym:basic_arithmetic", size=3, seed=5)
     >>> env
@@ -34,7 +37,7 @@ def make(
     >>> make("gym:CartPole")
     Traceback (most recent call last):
     ...
-    ValueError: unknown environment kind 'gym' in 'gym:CartPole': one of reasoning_gym, ..., openenv
+    ValueError: unknown environment kind 'gym' in 'gym:CartPole': one of reasoning_gym, ..., verifiers
     """
     kind, sep, name = spec.partition(":")
     kind = kind.strip().lower().replace("-", "_")
@@ -48,6 +51,10 @@ def make(
         from .textarena import TextArena
 
         return TextArena(name, size=size, seed=seed, **options)
+    if kind == "verifiers":
+        from .verifiers import Verifiers
+
+        return Verifiers(name, size=size, seed=seed, **options)
     if kind == "nemo_gym":
         from .nemo_gym import NemoGym
 
