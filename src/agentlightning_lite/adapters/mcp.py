@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import logging
 import threading
 import warnings
@@ -24,11 +25,6 @@ from ..store.base import Store
 from ..tracer import SpanHandle, Tracer
 from . import _tool_claims
 from ._common import Installed, Instrumentation, as_tracer
-
-try:  # mcp 2.x: the high-level client; its call_tool may make several session calls (input rounds)
-    from mcp.client.client import Client as _HighLevelClient
-except ImportError:  # mcp 1.x has none
-    _HighLevelClient = None
 
 __all__ = ["SOURCE", "instrument", "is_error", "result_output", "uninstrument"]
 
@@ -224,7 +220,13 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _classes() -> list[type]:
-    return [ClientSession] + ([_HighLevelClient] if _HighLevelClient is not None else [])
+    """``ClientSession``, and mcp 2.x's high-level ``mcp.Client`` (whose ``call_tool`` may make several
+    session calls: input rounds, a retry) so that its call is one span."""
+    try:
+        high_level = getattr(importlib.import_module("mcp.client.client"), "Client", None)
+    except ImportError:  # mcp 1.x has none
+        high_level = None
+    return [ClientSession] + ([high_level] if isinstance(high_level, type) else [])
 
 
 def _patch() -> None:
@@ -232,13 +234,13 @@ def _patch() -> None:
         if cls not in _originals:
             current = cls.__dict__["call_tool"]
             _originals[cls] = current
-            cls.call_tool = _wrap(current)  # type: ignore[method-assign]
+            setattr(cls, "call_tool", _wrap(current))  # noqa: B010
 
 
 def _unpatch() -> None:
     for cls, original in list(_originals.items()):
         if getattr(cls.__dict__.get("call_tool"), "__agl_wrapped__", None) is original:
-            cls.call_tool = original  # type: ignore[method-assign]
+            setattr(cls, "call_tool", original)  # noqa: B010
             del _originals[cls]
         # else another library wrapped ours since: ours stays under it, recording nothing when no
         # instrumentation is active, and is not wrapped a second time by the next instrument()
@@ -252,7 +254,8 @@ def instrument(tracer: Tracer | Store | None = None) -> Instrumentation:
     result (structured content, else text) and errors (an ``isError`` result and an exception both fail it).
 
     With no ``tracer``, a call is recorded into the rollout open where it is made (nothing, with one
-    warning after each ``instrument()``, when none is); with one, into its store (an implicit rollout when none of its is open).
+    warning after each ``instrument()``, when none is); with one, into its store (an implicit rollout
+    when none of its is open).
     ``ClientSession.call_tool`` is wrapped once however often this is called, and a call is recorded once
     per destination; ``handle.uninstrument()`` (or :func:`uninstrument`) removes the destination, and the
     wrapper with the last one. A framework adapter's ``tool`` span open for the same call (LangChain, the
