@@ -58,9 +58,9 @@ def _matches(span_name: str, tool: str) -> bool:
 def claim(tool: str, rollout_id: str | None) -> OpenTool | None:
     """The open framework span of a call to ``tool``, now busy; ``None`` when there is none.
 
-    Of the spans not busy whose name is ``tool`` (or ends in ``_tool``, ``.tool``...), spans of rollout
-    ``rollout_id`` first, exact names first, the earliest opened first. A span may be claimed again after
-    :func:`release` (a retried call), for as long as the framework keeps it open.
+    Of the spans not busy whose name is ``tool`` (or ends in ``_tool``, ``.tool``...) and, when a rollout
+    is open (``rollout_id``), that belong to it: exact names first, the earliest opened first. A span may
+    be claimed again after :func:`release` (a retried call), for as long as the framework keeps it open.
 
     >>> import agentlightning_lite as agl
     >>> tracer = agl.Tracer()
@@ -68,15 +68,23 @@ def claim(tool: str, rollout_id: str | None) -> OpenTool | None:
     ...     h = tracer.start_span("tool", "srv_add", rollout_id=ro.id)
     ...     add(h, tracer.store)
     ...     first, second = claim("add", ro.id), claim("add", ro.id)
-    ...     release(first); remove(h); h.end()
-    >>> (first.handle is h, first.calls, second)
-    (True, 1, None)
+    ...     release(first)
+    ...     other_rollout, again = claim("add", "another-rollout"), claim("add", ro.id)
+    ...     remove(h); h.end()
+    >>> (first.handle is h, second, other_rollout, again is first, first.calls)
+    (True, None, None, True, 2)
     """
     with _lock:
-        found = [o for o in _open if not o.busy and _matches(o.handle.name, tool)]
+        found = [
+            o
+            for o in _open
+            if not o.busy
+            and _matches(o.handle.name, tool)
+            and (rollout_id is None or o.handle.rollout_id == rollout_id)
+        ]
         if not found:
             return None
-        found.sort(key=lambda o: (o.handle.rollout_id != rollout_id, o.handle.name != tool, o.seq))
+        found.sort(key=lambda o: (o.handle.name != tool, o.seq))
         chosen = found[0]
         chosen.busy = True
         chosen.calls += 1
