@@ -396,3 +396,42 @@ def test_langchain_mcp_adapters_with_callback_record_each_call_once(store, serve
     assert "division by zero" in tools["divide"].error
     ts = agl.transitions(store, credit=agl.credit.Discounted(1.0), air=[agl.air.ToolStatus(0.1, -0.5)])
     assert ts[0].metadata["intermediate_rewards"] == [("tool_ok:add", 0.1), ("tool_error:divide", -0.5)]
+
+
+# -- AutoGen AgentChat's MCP workbench ------------------------------------------------------------------
+
+
+@pytest.mark.slow  # starts an MCP server process and runs an agent
+def test_autogen_mcp_workbench_with_instrument_record_each_call_once(store, serve, server_params):
+    pytest.importorskip("autogen_ext.tools.mcp", exc_type=ImportError)
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_ext.models.openai import OpenAIChatCompletionClient
+    from autogen_ext.tools.mcp import McpWorkbench, StdioServerParams
+
+    from agentlightning_lite.adapters import autogen as agl_autogen
+
+    info: Any = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown"}
+    info["structured_output"] = False
+    tracer = agl.Tracer(store)
+    server = serve(calc_script, store)
+
+    async def run(llm: agl.LLM) -> Any:
+        params = StdioServerParams(command=server_params.command, args=list(server_params.args))
+        async with McpWorkbench(params) as calc:
+            model = OpenAIChatCompletionClient(
+                model=llm.model, base_url=llm.base_url, api_key=llm.api_key, model_info=info, max_retries=0
+            )
+            agent = AssistantAgent("math", model_client=model, workbench=calc, reflect_on_tool_use=True)
+            return await agent.run(task="2+3, 1/0?")
+
+    with agl_autogen.instrument(), agl_mcp.instrument():
+        with tracer.rollout("2+3, 1/0?") as ro:
+            result = asyncio.run(run(server.llm(ro.id)))
+            ro.reward(1.0)
+    assert result.messages[-1].content == "2 + 3 = 5; 1 / 0 is undefined."
+    tools = tool_spans(store, ro.id)  # each tool once: AutoGen's span, completed by the MCP call
+    assert set(tools) == {"add", "divide"}
+    assert {s.attributes["agl.source"] for s in tools.values()} == {"autogen"}
+    assert {s.agent for s in tools.values()} == {"math"}
+    assert tools["add"].status == "ok" and tools["add"].attributes["mcp.is_error"] is False
+    assert tools["divide"].status == "error" and tools["divide"].attributes["mcp.is_error"] is True

@@ -2,9 +2,9 @@
 
 :func:`instrument` wraps the ``mcp`` client SDK's ``ClientSession.call_tool`` (and, in mcp 2.x, the
 high-level ``mcp.Client.call_tool``) once. A plain ``mcp`` client, the OpenAI Agents SDK's MCP servers
-(``agents.mcp.MCPServerStdio`` and the others) and LangChain's MCP adapters all call tools through it.
-A call whose framework ``tool`` span is already open (a framework adapter records it) completes that span
-instead of recording a second one.
+(``agents.mcp.MCPServerStdio`` and the others), LangChain's MCP adapters and AutoGen's ``McpWorkbench``
+all call tools through it. A call whose framework ``tool`` span is already open (a framework adapter
+records it) completes that span instead of recording a second one.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def instrument(tracer: Tracer | Store | None = None) -> Instrumentation:
     ``ClientSession.call_tool`` is wrapped once however often this is called, and a call is recorded once
     per destination; ``handle.uninstrument()`` (or :func:`uninstrument`) removes the destination, and the
     wrapper with the last one. A framework adapter's ``tool`` span open for the same call (LangChain, the
-    Agents SDK) gets the MCP outcome (its ``isError`` fails it) instead of a second span being recorded.
+    Agents SDK, AutoGen) gets the MCP outcome (its ``isError`` fails it) instead of a second span.
 
     >>> from mcp import ClientSession
     >>> from agentlightning_lite.adapters import mcp as agl_mcp
