@@ -15,6 +15,8 @@ the example its documentation shows, so an extra that misses a package it needs 
 * ``extras-cli``: the README's trace-only example, then ``agl-lite runs`` / ``agl-lite show`` on its store.
 * ``extras-ui``: the same store, served by ``agl-lite ui``; its page lists the rollout.
 * ``extras-adapters``: every ``python`` block of ``docs/adapters.md``.
+* ``extras-mcp``: the complete run of ``docs/adapters/mcp.md`` (mcp 2.x), then the MCP tests with the
+  Agents SDK added.
 
 ``envs-verifiers``: ``tests/envs/test_verifiers.py`` with ``[serve,envs-verifiers]`` and pytest alone
 (verifiers 0.4 pins mcp==2.0.0, which the adapters extra's crewai cannot take: not in the dev install).
@@ -365,6 +367,38 @@ def extras_adapters(session: nox.Session) -> None:
         session.error(f"docs/adapters.md has {len(blocks)} python blocks, expected at least 5")
     for i, code in enumerate(blocks):
         _run_block(session, code, f"adapters_block_{i}")
+
+
+# -- MCP tools (the `mcp` extra) ----------------------------------------------------------------------
+
+#: what the MCP tests add to the `mcp` extra: the Agents SDK's MCP servers (their agent runs on a
+#: PolicyServer with a ScriptedEngine: no torch) and pytest
+MCP_TEST_PACKAGES = ["pytest", "openai-agents>=0.20", "starlette>=0.37", "uvicorn>=0.30"]
+
+
+@nox.session(name="extras-mcp")
+def extras_mcp(session: nox.Session) -> None:
+    """[mcp] alone (mcp 2.x): the complete run of docs/adapters/mcp.md; then, with the Agents SDK added,
+    tests/adapters/test_mcp.py (a plain client, mcp.Client, and the SDK's MCPServerStdio, against a real
+    stdio MCP server). The main environment covers mcp 1.x (CrewAI there requires mcp<2)."""
+    _fresh(session, "mcp", torch=False)
+    _assert_absent(session, "torch")
+    version = _versions(session, ["mcp"])["mcp"]
+    if not version or not version.startswith("2."):
+        session.error(f"the mcp extra installed mcp {version}, expected 2.x")
+    blocks = _blocks(ROOT / "docs" / "adapters" / "mcp.md")
+    if not blocks:
+        session.error("docs/adapters/mcp.md has no python block")
+    for i, code in enumerate(blocks):
+        _run_block(session, code, f"mcp_block_{i}")
+    _install(session, *MCP_TEST_PACKAGES)
+    versions = _versions(session, ["mcp", "openai-agents", "openai"])
+    session.log("mcp tests with " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    session.run("python", "-c", "import agents.mcp")  # a missing or broken SDK must fail, not skip
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/adapters/test_mcp.py", *session.posargs)
+
+
+# -- end of MCP tools -----------------------------------------------------------------------------------
 
 
 # -- a real vLLM ----------------------------------------------------------------------------------------

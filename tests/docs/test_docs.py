@@ -7,7 +7,8 @@ Markers, an HTML comment on the line(s) right before a block:
   (the framework adapters' pages).
 
 Each block runs on its own (fresh globals, in an empty temporary directory), so every block must be
-self-contained. Blocks that load the embedded model (``Trainer(``, ``HFEngine(``) are marked slow.
+self-contained. Blocks that load the embedded model (``Trainer(``, ``HFEngine(``) or start an MCP server
+(``stdio_client(``) are marked slow.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 _FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(skip|requires)\s*(.*?)\s*-->")
-_SLOW = ("Trainer(", "HFEngine(", "evaluate(")
+_SLOW = ("Trainer(", "HFEngine(", "evaluate(", "stdio_client(")  # load the model; start an MCP server
 
 #: pages whose blocks are known not to run yet; xfail (not skip) so they show up
 PENDING: dict[str, str] = {}

@@ -3,7 +3,8 @@
 Import the one you need (each imports its framework): ``adapters.langchain.LightningCallback``,
 ``adapters.openai_agents.LightningProcessor``, ``adapters.autogen`` (``LightningModelClient``,
 ``LightningEventHandler``), ``adapters.crewai.LightningListener``; each module also has a zero-code
-``instrument()`` returning a handle whose ``uninstrument()`` undoes it.
+``instrument()`` returning a handle whose ``uninstrument()`` undoes it. ``adapters.mcp.instrument()``
+records the tool calls made to MCP servers through the ``mcp`` client SDK, by any of them or none.
 
 >>> from agentlightning_lite.adapters import FRAMEWORKS
 >>> FRAMEWORKS

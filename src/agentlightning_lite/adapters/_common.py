@@ -17,6 +17,7 @@ from typing import Any
 from ..join import RESPONSE_ID, SOURCE, join_rollout
 from ..store.base import Store
 from ..tracer import SpanHandle, Tracer
+from . import _tool_claims
 
 __all__ = ["Installed", "Instrumentation", "Recorder", "as_tracer", "message_dict"]
 
@@ -158,6 +159,8 @@ class Recorder:
                 span_id=span_id,
             )
             self._open[key] = _Open(h, parent.tracer, parent.root)
+            if kind == "tool":
+                _tool_claims.add(h, parent.tracer.store)
             return h
         target = self._target()
         if target is None:
@@ -176,6 +179,8 @@ class Recorder:
             span_id=span_id,
         )
         self._open[key] = _Open(h, tracer, key if parent_id is None else None)
+        if kind == "tool":
+            _tool_claims.add(h, tracer.store)
         return h
 
     def end(
@@ -196,6 +201,8 @@ class Recorder:
         if o is None:
             return None
         h = o.handle
+        if h.kind == "tool":
+            _tool_claims.remove(h)
         if attributes:
             h.attributes.update(attributes)
         h.end(output=output, error=error, end_time=end_time)
