@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._json import jsonable_copy
 from ..errors import RolloutExistsError, UnknownRolloutError
 from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
@@ -21,6 +22,16 @@ logger = logging.getLogger(__name__)
 
 #: the metadata key under which a rollout records the process that started it
 OWNER_KEY = "agl.owner"
+
+#: the methods a store's own fast rollout hooks stand in for
+_ROLLOUT_METHODS = (
+    "start_rollout",
+    "finish_rollout",
+    "get_rollout",
+    "_insert_rollout",
+    "_update_rollout",
+    "_rollout_for_update",
+)
 
 #: how many rollouts' late-write warnings are remembered (one warning per rollout, then debug)
 _WARNED_LIMIT = 4096
@@ -84,6 +95,19 @@ def host_name() -> str:
 def owner() -> dict[str, Any]:
     """This process as a rollout's owner: ``{"pid": ..., "host": ...}``."""
     return {"pid": os.getpid(), "host": host_name()}
+
+
+def rollout_payload(task: Any, metadata: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """The task and metadata :meth:`Store.start_rollout` records: JSON-safe copies, the metadata with
+    its owner (this process unless it names one).
+
+    >>> task, meta = rollout_payload({"q": (1, 2)}, {"step": 3})
+    >>> task, sorted(meta), meta["agl.owner"]["pid"] == os.getpid()
+    ({'q': [1, 2]}, ['agl.owner', 'step'], True)
+    """
+    if not metadata:  # the tracer's usual case: the copy of {OWNER_KEY: owner()}, made directly
+        return jsonable_copy(task), {OWNER_KEY: {"pid": os.getpid(), "host": host_name()}}
+    return jsonable_copy(task), jsonable_copy({**metadata, OWNER_KEY: metadata.get(OWNER_KEY) or owner()})
 
 
 class Store(abc.ABC):
@@ -180,6 +204,26 @@ class Store(abc.ABC):
         if rollout is None:
             raise UnknownRolloutError(rollout_id)
         self._update_rollout(rollout.model_copy(update={"reward": checked}))
+
+    # The tracer's way to start and finish its rollouts: the same as start_rollout/finish_rollout,
+    # but it needs no Rollout back, so a store may record the rollout without building one.
+    def _open_rollout(
+        self, task: Any, mode: str, metadata: dict[str, Any] | None, rollout_id: str | None
+    ) -> str:
+        return self.start_rollout(task, mode=mode, metadata=metadata, rollout_id=rollout_id).rollout_id
+
+    def _close_rollout(
+        self, rollout_id: str, status: str, reward: float | None, error: str | None, only_if_running: bool
+    ) -> None:
+        self.finish_rollout(
+            rollout_id, status=status, reward=reward, error=error, only_if_running=only_if_running
+        )
+
+    def _own_rollout_hooks(self, base: type) -> bool:
+        """Whether this store's class keeps ``base``'s rollout methods (a subclass that overrides one
+        of them gets the generic :meth:`_open_rollout`/:meth:`_close_rollout`, which call it)."""
+        cls = type(self)
+        return all(getattr(cls, name) is getattr(base, name) for name in _ROLLOUT_METHODS)
 
     @abc.abstractmethod
     def get_rollout(self, rollout_id: str) -> Rollout | None:

@@ -29,6 +29,7 @@ __all__ = [
     "NotOurDatabase",
     "check_schema",
     "db_row",
+    "db_row_raw",
     "rollout_row",
     "rollouts_sql",
     "row_rollout",
@@ -129,10 +130,24 @@ if sys.byteorder == "little":
             None if lp is None else array("d", lp).tobytes(),
         )
 
+    def db_row_raw(r: SpanRow) -> tuple[Any, ...]:
+        """:func:`db_row` with the text as it is: binding it raises ``UnicodeEncodeError`` for text
+        that UTF-8 cannot hold (a lone surrogate), and then :func:`db_row` is the one to use."""
+        p, q, lp = r[14], r[15], r[16]
+        return (
+            *r[:14],
+            None if p is None else array("i", p).tobytes(),
+            None if q is None else array("i", q).tobytes(),
+            None if lp is None else array("d", lp).tobytes(),
+        )
+
 else:  # pragma: no cover - big-endian machines
 
     def db_row(r: SpanRow) -> tuple[Any, ...]:
         return (*_text_columns(r), ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
+
+    def db_row_raw(r: SpanRow) -> tuple[Any, ...]:
+        return (*r[:14], ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
 
 
 def rollout_row(r: Rollout) -> tuple[Any, ...]:
