@@ -289,7 +289,8 @@ class SQLiteStore(Store):
         self.add_span_rows([span_to_row(s) for s in spans])
 
     def add_span_rows(self, rows: Sequence[SpanRow]) -> None:
-        self._check_open()
+        if self._closed or self._forked or self._error is not None:
+            self._check_open()
         with self._lock:
             self._rows.extend(rows)
             full = len(self._rows) >= self.batch_size

@@ -54,7 +54,7 @@ def drop_late(
     conn: sqlite3.Connection, rows: list[SpanRow]
 ) -> tuple[list[SpanRow], list[tuple[SpanRow, str, float]]]:
     """Split a span batch into the rows to write and those that started after their rollout ended."""
-    raw = {r[1]: utf8_safe(r[1]) for r in rows}  # each rollout id, as the table holds it
+    raw = {rid: utf8_safe(rid) for rid in {r[1] for r in rows}}  # each rollout id, as the table holds it
     ids = list(set(raw.values()))
     ended: dict[str, tuple[str, float]] = {}
     for i in range(0, len(ids), 500):

@@ -132,13 +132,14 @@ if sys.byteorder == "little":
 
     def db_row_raw(r: SpanRow) -> tuple[Any, ...]:
         """:func:`db_row` with the text as it is: binding it raises ``UnicodeEncodeError`` for text
-        that UTF-8 cannot hold (a lone surrogate), and then :func:`db_row` is the one to use."""
+        that UTF-8 cannot hold (a lone surrogate), and then :func:`db_row` is the one to use. The token
+        fields are arrays, which sqlite3 binds as the same blobs (through the buffer protocol)."""
         p, q, lp = r[14], r[15], r[16]
         return (
             *r[:14],
-            None if p is None else array("i", p).tobytes(),
-            None if q is None else array("i", q).tobytes(),
-            None if lp is None else array("d", lp).tobytes(),
+            None if p is None else array("i", p),
+            None if q is None else array("i", q),
+            None if lp is None else array("d", lp),
         )
 
 else:  # pragma: no cover - big-endian machines
