@@ -147,7 +147,7 @@ class SpanHandle:
                 if current is not None:
                     rollout_id = current.id
                 else:  # no rollout open: this span opens an implicit one and closes it
-                    rollout_id = tracer.store._open_rollout(None, "trace", None, None)
+                    rollout_id = tracer.store.open_rollout(None, "trace", None, None)
                     owner = RolloutHandle(tracer, rollout_id, created=True)
         if parent_id is None and parent is not None and parent.rollout_id == rollout_id:
             parent_id = parent.span_id
@@ -375,7 +375,7 @@ class RolloutHandle:
         if status is None:
             status = "succeeded" if error is None else "failed"
         # a rollout marked timeout by a trainer while this agent ran on stays as it was
-        self.tracer.store._close_rollout(self.id, status, final, error, not self._created)
+        self.tracer.store.close_rollout(self.id, status, final, error, not self._created)
 
     def __enter__(self) -> RolloutHandle:
         self._token = rollout_var.set(self)

@@ -205,23 +205,48 @@ class Store(abc.ABC):
             raise UnknownRolloutError(rollout_id)
         self._update_rollout(rollout.model_copy(update={"reward": checked}))
 
-    # The tracer's way to start and finish its rollouts: the same as start_rollout/finish_rollout,
-    # but it needs no Rollout back, so a store may record the rollout without building one.
-    def _open_rollout(
-        self, task: Any, mode: str, metadata: dict[str, Any] | None, rollout_id: str | None
+    def open_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
     ) -> str:
+        """:meth:`start_rollout`, returning only the new rollout's id: the tracer's way in, for which a
+        store may record the rollout without building its :class:`~agentlightning_lite.Rollout`.
+
+        >>> import agentlightning_lite as agl
+        >>> store = agl.MemoryStore()
+        >>> rid = store.open_rollout({"q": "2+2?"}, mode="train")
+        >>> store.get_rollout(rid).status
+        'running'
+        """
         return self.start_rollout(task, mode=mode, metadata=metadata, rollout_id=rollout_id).rollout_id
 
-    def _close_rollout(
-        self, rollout_id: str, status: str, reward: float | None, error: str | None, only_if_running: bool
+    def close_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+        only_if_running: bool = False,
     ) -> None:
+        """:meth:`finish_rollout` without the rollout back (the same checks and errors).
+
+        >>> import agentlightning_lite as agl
+        >>> store = agl.MemoryStore()
+        >>> rid = store.open_rollout("task")
+        >>> store.close_rollout(rid, reward=1.0)
+        >>> store.get_rollout(rid).status, store.get_rollout(rid).reward
+        ('succeeded', 1.0)
+        """
         self.finish_rollout(
             rollout_id, status=status, reward=reward, error=error, only_if_running=only_if_running
         )
 
     def _own_rollout_hooks(self, base: type) -> bool:
         """Whether this store's class keeps ``base``'s rollout methods (a subclass that overrides one
-        of them gets the generic :meth:`_open_rollout`/:meth:`_close_rollout`, which call it)."""
+        of them gets the generic :meth:`open_rollout`/:meth:`close_rollout`, which call it)."""
         cls = type(self)
         return all(getattr(cls, name) is getattr(base, name) for name in _ROLLOUT_METHODS)
 

@@ -57,11 +57,15 @@ class MemoryStore(Store):
         self._ended: dict[str, float] = {}  # finished rollout id -> its end time
         self._fast = self._own_rollout_hooks(MemoryStore)
 
-    def _open_rollout(
-        self, task: Any, mode: str, metadata: dict[str, Any] | None, rollout_id: str | None
+    def open_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
     ) -> str:
         if not self._fast or (rollout_id is not None and type(rollout_id) is not str):
-            return super()._open_rollout(task, mode, metadata, rollout_id)
+            return super().open_rollout(task, mode, metadata, rollout_id)
         if mode not in ROLLOUT_MODES:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         rid = rollout_id or new_rollout_id()
@@ -73,8 +77,13 @@ class MemoryStore(Store):
             self._spans.setdefault(rid, {})
         return rid
 
-    def _close_rollout(
-        self, rollout_id: str, status: str, reward: float | None, error: str | None, only_if_running: bool
+    def close_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+        only_if_running: bool = False,
     ) -> None:
         if self._fast:
             if status not in ROLLOUT_STATUSES or status == "running":
@@ -99,7 +108,7 @@ class MemoryStore(Store):
                     )
                     self._ended[rollout_id] = end
                     return
-        super()._close_rollout(rollout_id, status, reward, error, only_if_running)
+        super().close_rollout(rollout_id, status, reward, error, only_if_running)
 
     def _decoded(self, r: Rollout | _RolloutRow) -> Rollout:
         """The rollout ``r`` as a Rollout (a row is decoded on its first read); call with the lock held."""

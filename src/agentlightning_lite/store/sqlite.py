@@ -98,7 +98,7 @@ class SQLiteStore(Store):
         self._inserts: list[tuple[Any, ...]] = []
         self._rows: list[SpanRow] = []
         self._updates: list[tuple[Any, ...]] = []
-        # rollouts started here and still running: the Rollout, or the row _open_rollout queued
+        # rollouts started here and still running: the Rollout, or the row open_rollout queued
         self._live: dict[str, Rollout | tuple[Any, ...]] = {}
         self._error: BaseException | None = None  # the background flush's last failure
         self._open()
@@ -297,11 +297,15 @@ class SQLiteStore(Store):
         if full:
             self.flush()
 
-    def _open_rollout(
-        self, task: Any, mode: str, metadata: dict[str, Any] | None, rollout_id: str | None
+    def open_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
     ) -> str:
         if not self._fast or rollout_id is not None:  # a given id: start_rollout checks it is new
-            return super()._open_rollout(task, mode, metadata, rollout_id)
+            return super().open_rollout(task, mode, metadata, rollout_id)
         if mode not in ROLLOUT_MODES:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         self._check_open()
@@ -314,8 +318,13 @@ class SQLiteStore(Store):
             self._inserts.append(row)
         return rid
 
-    def _close_rollout(
-        self, rollout_id: str, status: str, reward: float | None, error: str | None, only_if_running: bool
+    def close_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+        only_if_running: bool = False,
     ) -> None:
         if self._fast:
             if status not in ROLLOUT_STATUSES or status == "running":
@@ -325,7 +334,7 @@ class SQLiteStore(Store):
             full = False
             with self._lock:
                 row = self._live.get(rollout_id)
-                if type(row) is tuple:  # started by _open_rollout and still running
+                if type(row) is tuple:  # started by open_rollout and still running
                     del self._live[rollout_id]
                     self._updates.append(
                         (
@@ -342,7 +351,7 @@ class SQLiteStore(Store):
                 if full:
                     self.flush()
                 return
-        super()._close_rollout(rollout_id, status, reward, error, only_if_running)
+        super().close_rollout(rollout_id, status, reward, error, only_if_running)
 
     def _insert_rollout(self, rollout: Rollout) -> None:
         self._check_open()

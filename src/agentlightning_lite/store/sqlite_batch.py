@@ -17,7 +17,13 @@ _SQLITE_FULL, _SQLITE_IOERR = 13, 10
 
 
 def full_reason(exc: BaseException) -> str | None:
-    """What went wrong when ``exc`` means the file could not grow (full disk, size limit), else None."""
+    """What went wrong when ``exc`` means the file could not grow (full disk, size limit), else None.
+
+    >>> full_reason(sqlite3.OperationalError("database or disk is full"))
+    'the disk is full, or the file reached its size limit'
+    >>> full_reason(sqlite3.OperationalError("no such table: x")) is None
+    True
+    """
     if not isinstance(exc, sqlite3.Error):
         return None
     code = getattr(exc, "sqlite_errorcode", None)
@@ -33,7 +39,16 @@ def full_reason(exc: BaseException) -> str | None:
 def merge_updates(
     inserts: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Fold updates of rollouts inserted in the same batch into their insert rows."""
+    """Fold updates of rollouts inserted in the same batch into their insert rows.
+
+    >>> inserts = [("r1", "null", "train", "running", 1.0, None, None, "{}", None)]
+    >>> updates = [("succeeded", 2.0, 1.0, None, "{}", "r1"), ("failed", 3.0, None, "x", "{}", "r0")]
+    >>> merged, rest = merge_updates(inserts, updates)
+    >>> merged
+    [('r1', 'null', 'train', 'succeeded', 1.0, 2.0, 1.0, '{}', None)]
+    >>> rest
+    [('failed', 3.0, None, 'x', '{}', 'r0')]
+    """
     if not inserts or not updates:
         return inserts, updates
     index = {row[0]: i for i, row in enumerate(inserts)}
@@ -53,7 +68,20 @@ def merge_updates(
 def drop_late(
     conn: sqlite3.Connection, rows: list[SpanRow]
 ) -> tuple[list[SpanRow], list[tuple[SpanRow, str, float]]]:
-    """Split a span batch into the rows to write and those that started after their rollout ended."""
+    """Split a span batch into the rows to write and those that started after their rollout ended.
+
+    >>> from .sqlite_schema import SCHEMA
+    >>> conn = sqlite3.connect(":memory:")
+    >>> conn.executescript(SCHEMA) and None
+    >>> _ = conn.execute(
+    ...     "INSERT INTO rollouts VALUES ('r1', 'null', 'train', 'succeeded', 1.0, 2.0, 1.0, '{}', NULL)"
+    ... )
+    >>> row = SpanRow("s1", "r1", None, "reward", "reward", None, 3.0, 3.0, "ok", None, "null", "1", "{}",
+    ...               None, None, None, None)
+    >>> keep, late = drop_late(conn, [row, row._replace(span_id="s0", start_time=1.5)])
+    >>> [r.span_id for r in keep], [(r.span_id, status, end) for r, status, end in late]
+    (['s0'], [('s1', 'succeeded', 2.0)])
+    """
     raw = {rid: utf8_safe(rid) for rid in {r[1] for r in rows}}  # each rollout id, as the table holds it
     ids = list(set(raw.values()))
     ended: dict[str, tuple[str, float]] = {}
@@ -81,7 +109,16 @@ def drop_late(
 
 
 def moved_rows(conn: sqlite3.Connection, rows: list[SpanRow]) -> list[tuple[SpanRow, str]]:
-    """The rows of a written batch whose span id is stored under another rollout (refused)."""
+    """The rows of a written batch whose span id is stored under another rollout (refused).
+
+    >>> conn = sqlite3.connect(":memory:")
+    >>> _ = conn.execute("CREATE TABLE spans (span_id TEXT, rollout_id TEXT)")
+    >>> _ = conn.execute("INSERT INTO spans VALUES ('s1', 'r1')")
+    >>> row = SpanRow("s1", "r2", None, "tool", "t", None, 1.0, 1.0, "ok", None, "null", "null", "{}",
+    ...               None, None, None, None)
+    >>> [(r.span_id, stored) for r, stored in moved_rows(conn, [row, row._replace(rollout_id="r1")])]
+    [('s1', 'r1')]
+    """
     out = []
     for r in rows:
         stored = conn.execute("SELECT rollout_id FROM spans WHERE span_id = ?", (utf8_safe(r[0]),)).fetchone()
