@@ -71,17 +71,53 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
 def jsonable_copy(value: Any) -> Any:
     """A JSON-safe deep copy of ``value``: the C JSON codec when it can, :func:`to_jsonable` otherwise.
 
+    Plain JSON data (dicts with ``str`` keys, lists, tuples, ``str``, ``int``, finite ``float``,
+    ``bool``, ``None``, of exactly those types) is copied directly, with the same result as a
+    round trip through JSON.
+
     >>> src = {"messages": [{"role": "user", "content": "hi"}]}
     >>> dst = jsonable_copy(src)
     >>> dst == src, dst["messages"] is src["messages"]
     (True, False)
+    >>> jsonable_copy({"t": (1, 2.5, float("nan"))})
+    {'t': [1, 2.5, 'nan']}
     """
     if isinstance(value, _PRIMITIVES):
         return value
     try:
+        return _plain_copy(value)
+    except (_NotPlain, RecursionError):
+        pass
+    try:
         return _loads(_dumps(value))
     except (TypeError, ValueError, RecursionError):
         return to_jsonable(value)
+
+
+class _NotPlain(Exception):
+    """Raised by :func:`_plain_copy` for anything but plain JSON data."""
+
+
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _plain_copy(v: Any) -> Any:
+    """``json.loads(json.dumps(v))`` for plain JSON data, without the text; raises ``_NotPlain`` else."""
+    t = type(v)
+    if t in _PLAIN_SCALARS:
+        return v
+    if t is dict:
+        out = {}
+        for k, x in v.items():
+            if type(k) is not str:  # JSON would turn the key into text: leave it to the codec
+                raise _NotPlain
+            out[k] = x if type(x) in _PLAIN_SCALARS else _plain_copy(x)
+        return out
+    if t is list or t is tuple:
+        return [x if type(x) in _PLAIN_SCALARS else _plain_copy(x) for x in v]
+    if t is float and math.isfinite(v):
+        return v
+    raise _NotPlain
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -123,17 +159,45 @@ def utf8_safe(text: str) -> str:
     return text
 
 
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# One C encoder made once (``json.dumps`` makes one a call), the same options as ``_dumps``; without
+# the check for circular references (a cycle ends in RecursionError, then :func:`to_jsonable`).
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_c_encoder = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(None, _not_json, _encode_str, None, ":", ",", False, False, False)
+)
+_float_repr = float.__repr__
+_int_repr = int.__repr__
+
+
 def dumps(value: Any) -> str:
     """JSON-encode ``value`` compactly, converting unknown objects with :func:`to_jsonable`.
 
     The result always encodes as UTF-8 (lone surrogates are written as ``\\u`` escapes).
+
+    >>> dumps({"a": [1, 2.5, None, True]}), dumps(0.1), dumps(float("nan")), dumps({1: "x"})
+    ('{"a":[1,2.5,null,true]}', '0.1', '"nan"', '{"1":"x"}')
     """
     if value is None:
         return "null"
-    if type(value) is str:
+    t = type(value)
+    if t is str:
         return utf8_safe(_encode_str(value))
+    if t is float:
+        if math.isfinite(value):
+            return _float_repr(value)
+    elif t is int:
+        return _int_repr(value)
+    elif t is bool:
+        return "true" if value else "false"
     try:
-        return utf8_safe(_dumps(value))
+        text = _dumps(value) if _c_encoder is None else "".join(_c_encoder(value, 0))
+        return utf8_safe(text)
     except (TypeError, ValueError, RecursionError):
         return utf8_safe(json.dumps(to_jsonable(value), separators=(",", ":"), ensure_ascii=False))
 

@@ -6,13 +6,15 @@ import itertools
 import os
 import time
 
-_state: dict[str, object] = {}
+_prefix = ""
+_counter = itertools.count()
 
 
 def _reset() -> None:
     # a per-process random prefix and counter; renewed in a forked child so ids never repeat
-    _state["prefix"] = os.urandom(4).hex()
-    _state["counter"] = itertools.count()
+    global _prefix, _counter
+    _prefix = os.urandom(4).hex()
+    _counter = itertools.count()
 
 
 _reset()
@@ -37,4 +39,4 @@ def new_span_id() -> str:
     >>> len(a), a[:8] == b[:8], a < b
     (20, True, True)
     """
-    return f"{_state['prefix']}{next(_state['counter']):012x}"  # type: ignore[call-overload]
+    return f"{_prefix}{next(_counter):012x}"

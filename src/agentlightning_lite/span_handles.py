@@ -11,7 +11,7 @@ import contextvars
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ._json import dumps
 from .ids import new_span_id
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 __all__ = ["RolloutHandle", "SpanHandle", "instant_row", "rollout_var", "span_var"]
 
 logger = logging.getLogger(__name__)
+
+_now = time.time
+_new_row = tuple.__new__  # SpanRow's own __new__, without its Python-level call
 
 #: the rollout open in this task or thread (what :meth:`Tracer.current_rollout
 #: <agentlightning_lite.tracer.Tracer.current_rollout>` reads)
@@ -40,9 +43,11 @@ def _error_text(exc: BaseException) -> str:
 
 
 def instant_row(
-    ro: RolloutHandle, kind: str, name: str, output: Any, attributes: dict[str, Any], status: str
+    ro: RolloutHandle, kind: str, name: str, output: Any, attributes: dict[str, Any] | str, status: str
 ) -> SpanRow:
     """The row of a zero-length span (a reward, a signal, a prompt read) in ``ro``, under the current span.
+
+    ``attributes``: a dict, or the compact JSON text of one (what the row holds) when the caller has it.
 
     >>> import agentlightning_lite as agl
     >>> tracer = agl.Tracer(agl.MemoryStore())
@@ -54,25 +59,28 @@ def instant_row(
     parent = span_var.get()
     if parent is not None and parent.rollout_id != ro.id:
         parent = None
-    now = time.time()
-    return SpanRow(
-        new_span_id(),
-        ro.id,
-        None if parent is None else parent.span_id,
-        kind,
-        name,
-        None if parent is None else parent.agent,
-        now,
-        now,
-        status,
-        None,
-        "null",
-        dumps(output),
-        dumps(attributes),
-        None,
-        None,
-        None,
-        None,
+    now = _now()
+    return _new_row(
+        SpanRow,
+        (
+            new_span_id(),
+            ro.id,
+            None if parent is None else parent.span_id,
+            kind,
+            name,
+            None if parent is None else parent.agent,
+            now,
+            now,
+            status,
+            None,
+            "null",
+            dumps(output),
+            attributes if type(attributes) is str else dumps(attributes),
+            None,
+            None,
+            None,
+            None,
+        ),
     )
 
 
@@ -106,25 +114,45 @@ class SpanHandle:
         "start_time",
         "status",
     )
+    _tracer: Tracer
+    span_id: str
+    rollout_id: str
+    agent: str | None
 
     def __init__(
         self,
         tracer: Tracer,
         kind: str,
         name: str,
-        rollout_id: str,
-        parent_id: str | None,
-        agent: str | None,
-        input: Any,
-        attributes: dict[str, Any] | None,
-        model: str | None,
-        activate: bool,
-        owner: RolloutHandle | None = None,
+        input: Any = None,
+        agent: str | None = None,
+        attributes: dict[str, Any] | None = None,
+        model: str | None = None,
+        parent_id: str | None = None,
+        rollout_id: str | None = None,
+        activate: bool = False,
         span_id: str | None = None,
         start_time: float | None = None,
     ) -> None:
+        # what Tracer.start_span documents: parent, rollout and agent default to the context's
         if kind not in SPAN_KINDS:
             raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+        parent = span_var.get()
+        owner: RolloutHandle | None = None
+        if rollout_id is None:
+            if parent is not None and parent._tracer is tracer:
+                rollout_id = parent.rollout_id
+            else:
+                current = rollout_var.get()
+                if current is not None:
+                    rollout_id = current.id
+                else:  # no rollout open: this span opens an implicit one and closes it
+                    rollout_id = tracer.store.open_rollout(None, "trace", None, None)
+                    owner = RolloutHandle(tracer, rollout_id, created=True)
+        if parent_id is None and parent is not None and parent.rollout_id == rollout_id:
+            parent_id = parent.span_id
+            if agent is None:
+                agent = parent.agent
         self._tracer = tracer
         self._token: contextvars.Token[SpanHandle | None] | None = None
         self._ended = False
@@ -133,10 +161,10 @@ class SpanHandle:
         self.span_id = span_id or new_span_id()
         self.rollout_id = rollout_id
         self.parent_id = parent_id
-        self.kind = cast(SpanKind, kind)  # checked against SPAN_KINDS above
+        self.kind: SpanKind = kind  # type: ignore[assignment]  # checked against SPAN_KINDS above
         self.name = name
         self.agent = agent
-        self.start_time = time.time() if start_time is None else start_time
+        self.start_time = _now() if start_time is None else start_time
         self.input = input
         self.output: Any = None
         self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
@@ -220,32 +248,37 @@ class SpanHandle:
         if error is not None:
             self.set_error(error)
         # the row encodes the payloads now: later changes to the agent's objects are not recorded
-        row = SpanRow(
-            self.span_id,
-            self.rollout_id,
-            self.parent_id,
-            self.kind,
-            self.name,
-            self.agent,
-            self.start_time,
-            time.time() if end_time is None else end_time,
-            self.status,
-            self.error,
-            dumps(self.input),
-            dumps(self.output),
-            dumps(self.attributes) if self.attributes else "{}",
-            self.model,
-            self.prompt_token_ids,
-            self.response_token_ids,
-            self.response_logprobs,
+        inp, out, attrs = self.input, self.output, self.attributes
+        row = _new_row(
+            SpanRow,
+            (
+                self.span_id,
+                self.rollout_id,
+                self.parent_id,
+                self.kind,
+                self.name,
+                self.agent,
+                self.start_time,
+                _now() if end_time is None else end_time,
+                self.status,
+                self.error,
+                "null" if inp is None else dumps(inp),
+                "null" if out is None else dumps(out),
+                dumps(attrs) if attrs else "{}",
+                self.model,
+                self.prompt_token_ids,
+                self.response_token_ids,
+                self.response_logprobs,
+            ),
         )
-        self._tracer.store.add_span_rows([row])
-        if self._token is not None:
+        self._tracer.store.add_span_rows((row,))
+        token = self._token
+        if token is not None:
+            self._token = None
             try:
-                span_var.reset(self._token)
+                span_var.reset(token)
             except ValueError:  # ended from another context: nothing to restore there
                 pass
-            self._token = None
         if self._owner is not None:
             self._owner._finish(None if self.status == "ok" else self.error)
 
@@ -342,9 +375,7 @@ class RolloutHandle:
         if status is None:
             status = "succeeded" if error is None else "failed"
         # a rollout marked timeout by a trainer while this agent ran on stays as it was
-        self.tracer.store.finish_rollout(
-            self.id, status=status, reward=final, error=error, only_if_running=not self._created
-        )
+        self.tracer.store.close_rollout(self.id, status, final, error, not self._created)
 
     def __enter__(self) -> RolloutHandle:
         self._token = rollout_var.set(self)

@@ -61,8 +61,7 @@ class Tracer:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         if rollout_id is not None and self.store.get_rollout(rollout_id) is not None:
             return RolloutHandle(self, rollout_id, created=False)
-        ro = self.store.start_rollout(task, mode=mode, metadata=metadata, rollout_id=rollout_id)
-        return RolloutHandle(self, ro.rollout_id, created=True)
+        return RolloutHandle(self, self.store.open_rollout(task, mode, metadata, rollout_id), created=True)
 
     @staticmethod
     def current_rollout() -> RolloutHandle | None:
@@ -95,37 +94,19 @@ class Tracer:
         inherits its parent's. For callback-style integrations pass ``parent_id``/``rollout_id``
         explicitly and keep ``activate=False`` (the span does not become the current one).
         """
-        parent = span_var.get()
-        owner: RolloutHandle | None = None
-        if rollout_id is None:
-            if parent is not None and parent._tracer is self:
-                rollout_id = parent.rollout_id
-            else:
-                current = rollout_var.get()
-                if current is not None:
-                    rollout_id = current.id
-                else:  # no rollout open: this span opens an implicit one and closes it
-                    ro = self.store.start_rollout(None, mode="trace")
-                    owner = RolloutHandle(self, ro.rollout_id, created=True)
-                    rollout_id = ro.rollout_id
-        if parent_id is None and parent is not None and parent.rollout_id == rollout_id:
-            parent_id = parent.span_id
-            if agent is None:
-                agent = parent.agent
         return SpanHandle(
             self,
             kind,
             name,
-            rollout_id,
-            parent_id,
-            agent,
             input,
+            agent,
             attributes,
             model,
+            parent_id,
+            rollout_id,
             activate,
-            owner=owner,
-            span_id=span_id,
-            start_time=start_time,
+            span_id,
+            start_time,
         )
 
     def span(
@@ -141,12 +122,14 @@ class Tracer:
 
         An exception inside marks the span ``error`` (with the message) and propagates.
         """
-        return self.start_span(kind, name, input, agent, attributes, model, activate=True)
+        return SpanHandle(self, kind, name, input, agent, attributes, model, None, None, True)
 
     def _record_reward(self, ro: RolloutHandle, value: float, name: str | None, final: bool) -> None:
-        if ro._closed(f"reward {value!r}"):
+        if ro._finished and ro._closed(f"reward {value!r}"):  # _finished only ever turns True
             return
-        row = instant_row(ro, "reward", name or "reward", value, {"reward": value, "final": final}, "ok")
+        # ``value`` is a finite float (check_reward): its attributes' JSON text, as dumps writes it
+        attrs = f'{{"reward":{value!r},"final":{"true" if final else "false"}}}'
+        row = instant_row(ro, "reward", name or "reward", value, attrs, "ok")
         self.store.add_span_rows([row])
         with ro._lock:
             if final:

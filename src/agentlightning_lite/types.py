@@ -36,6 +36,8 @@ def check_reward(value: Any, what: str = "reward") -> float | None:
     ...
     ValueError: reward must be a finite number, got nan
     """
+    if type(value) is float and math.isfinite(value):  # the common case, first
+        return value
     if value is None:
         return None
     if isinstance(value, (str, bytes)):  # "0.5" is a bug in the agent more often than a reward

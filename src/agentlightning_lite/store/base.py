@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._json import jsonable_copy
 from ..errors import RolloutExistsError, UnknownRolloutError
 from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
@@ -21,6 +22,16 @@ logger = logging.getLogger(__name__)
 
 #: the metadata key under which a rollout records the process that started it
 OWNER_KEY = "agl.owner"
+
+#: the methods a store's own fast rollout hooks stand in for
+_ROLLOUT_METHODS = (
+    "start_rollout",
+    "finish_rollout",
+    "get_rollout",
+    "_insert_rollout",
+    "_update_rollout",
+    "_rollout_for_update",
+)
 
 #: how many rollouts' late-write warnings are remembered (one warning per rollout, then debug)
 _WARNED_LIMIT = 4096
@@ -84,6 +95,19 @@ def host_name() -> str:
 def owner() -> dict[str, Any]:
     """This process as a rollout's owner: ``{"pid": ..., "host": ...}``."""
     return {"pid": os.getpid(), "host": host_name()}
+
+
+def rollout_payload(task: Any, metadata: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """The task and metadata :meth:`Store.start_rollout` records: JSON-safe copies, the metadata with
+    its owner (this process unless it names one).
+
+    >>> task, meta = rollout_payload({"q": (1, 2)}, {"step": 3})
+    >>> task, sorted(meta), meta["agl.owner"]["pid"] == os.getpid()
+    ({'q': [1, 2]}, ['agl.owner', 'step'], True)
+    """
+    if not metadata:  # the tracer's usual case: the copy of {OWNER_KEY: owner()}, made directly
+        return jsonable_copy(task), {OWNER_KEY: {"pid": os.getpid(), "host": host_name()}}
+    return jsonable_copy(task), jsonable_copy({**metadata, OWNER_KEY: metadata.get(OWNER_KEY) or owner()})
 
 
 class Store(abc.ABC):
@@ -180,6 +204,51 @@ class Store(abc.ABC):
         if rollout is None:
             raise UnknownRolloutError(rollout_id)
         self._update_rollout(rollout.model_copy(update={"reward": checked}))
+
+    def open_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> str:
+        """:meth:`start_rollout`, returning only the new rollout's id: the tracer's way in, for which a
+        store may record the rollout without building its :class:`~agentlightning_lite.Rollout`.
+
+        >>> import agentlightning_lite as agl
+        >>> store = agl.MemoryStore()
+        >>> rid = store.open_rollout({"q": "2+2?"}, mode="train")
+        >>> store.get_rollout(rid).status
+        'running'
+        """
+        return self.start_rollout(task, mode=mode, metadata=metadata, rollout_id=rollout_id).rollout_id
+
+    def close_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+        only_if_running: bool = False,
+    ) -> None:
+        """:meth:`finish_rollout` without the rollout back (the same checks and errors).
+
+        >>> import agentlightning_lite as agl
+        >>> store = agl.MemoryStore()
+        >>> rid = store.open_rollout("task")
+        >>> store.close_rollout(rid, reward=1.0)
+        >>> store.get_rollout(rid).status, store.get_rollout(rid).reward
+        ('succeeded', 1.0)
+        """
+        self.finish_rollout(
+            rollout_id, status=status, reward=reward, error=error, only_if_running=only_if_running
+        )
+
+    def _own_rollout_hooks(self, base: type) -> bool:
+        """Whether this store's class keeps ``base``'s rollout methods (a subclass that overrides one
+        of them gets the generic :meth:`open_rollout`/:meth:`close_rollout`, which call it)."""
+        cls = type(self)
+        return all(getattr(cls, name) is getattr(base, name) for name in _ROLLOUT_METHODS)
 
     @abc.abstractmethod
     def get_rollout(self, rollout_id: str) -> Rollout | None:

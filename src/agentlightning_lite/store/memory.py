@@ -3,12 +3,36 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from ..errors import RolloutExistsError
-from ..types import Rollout, Span
-from .base import Store, log_dropped
+from ..errors import RolloutExistsError, UnknownRolloutError
+from ..ids import new_rollout_id
+from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, TRUSTED, Rollout, Span, check_reward
+from .base import Store, log_dropped, rollout_payload
 from .rows import SpanRow, row_to_span, span_to_row
+
+# A rollout the tracer started is kept as a tuple until it is read (then as its Rollout):
+# (rollout_id, task, mode, status, start_time, end_time, reward, metadata, error), task and metadata
+# copied already.
+_RolloutRow = tuple[str, Any, str, str, float, "float | None", "float | None", dict[str, Any], "str | None"]
+
+
+def _decode(r: _RolloutRow) -> Rollout:
+    fields: dict[str, Any] = {
+        "rollout_id": r[0],
+        "task": r[1],
+        "mode": r[2],
+        "status": r[3],
+        "start_time": r[4],
+        "metadata": r[7],
+    }
+    if r[3] != "running":  # as finish_rollout's model_copy(update=...) would set them
+        fields["end_time"], fields["error"] = r[5], r[8]
+    if r[6] is not None:
+        fields["reward"] = r[6]
+    return Rollout.model_validate(fields, context=TRUSTED)
 
 
 class MemoryStore(Store):
@@ -27,10 +51,71 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._rollouts: dict[str, Rollout] = {}
+        self._rollouts: dict[str, Rollout | _RolloutRow] = {}
         self._spans: dict[str, dict[str, Span | SpanRow]] = {}
         self._span_rollout: dict[str, str] = {}  # span id -> the rollout it belongs to
         self._ended: dict[str, float] = {}  # finished rollout id -> its end time
+        self._fast = self._own_rollout_hooks(MemoryStore)
+
+    def open_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> str:
+        if not self._fast or (rollout_id is not None and type(rollout_id) is not str):
+            return super().open_rollout(task, mode, metadata, rollout_id)
+        if mode not in ROLLOUT_MODES:
+            raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
+        rid = rollout_id or new_rollout_id()
+        task, meta = rollout_payload(task, metadata)
+        with self._lock:
+            if rid in self._rollouts:
+                raise RolloutExistsError(f"rollout {rid!r} exists already")
+            self._rollouts[rid] = (rid, task, mode, "running", time.time(), None, None, meta, None)
+            self._spans.setdefault(rid, {})
+        return rid
+
+    def close_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+        only_if_running: bool = False,
+    ) -> None:
+        if self._fast:
+            if status not in ROLLOUT_STATUSES or status == "running":
+                raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
+            reward = check_reward(reward)
+            with self._lock:
+                r = self._rollouts.get(rollout_id)
+                if r is None:
+                    raise UnknownRolloutError(rollout_id)
+                if type(r) is tuple:
+                    if only_if_running and r[3] != "running":
+                        return
+                    end = time.time()
+                    self._rollouts[rollout_id] = (
+                        *r[:3],
+                        status,
+                        r[4],
+                        end,
+                        r[6] if reward is None else reward,
+                        r[7],
+                        error,
+                    )
+                    self._ended[rollout_id] = end
+                    return
+        super().close_rollout(rollout_id, status, reward, error, only_if_running)
+
+    def _decoded(self, r: Rollout | _RolloutRow) -> Rollout:
+        """The rollout ``r`` as a Rollout (a row is decoded on its first read); call with the lock held."""
+        if isinstance(r, Rollout):
+            return r
+        ro = self._rollouts[r[0]] = _decode(r)
+        return ro
 
     def _insert_rollout(self, rollout: Rollout) -> None:
         with self._lock:
@@ -49,11 +134,12 @@ class MemoryStore(Store):
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         with self._lock:
-            return self._rollouts.get(rollout_id)
+            r = self._rollouts.get(rollout_id)
+            return None if r is None else self._decoded(r)
 
     def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
         with self._lock:
-            items = list(self._rollouts.values())
+            items = [self._decoded(r) for r in list(self._rollouts.values())]
         return [
             r for r in items if (mode is None or r.mode == mode) and (status is None or r.status == status)
         ]
@@ -71,7 +157,8 @@ class MemoryStore(Store):
                 end = ended.get(rid)
                 if end is not None and r[6] > end:  # started after its rollout ended
                     late = late or []
-                    late.append((r, self._rollouts[rid].status, end))
+                    ro = self._rollouts[rid]
+                    late.append((r, ro[3] if type(ro) is tuple else ro.status, end))  # type: ignore[union-attr]
                     continue
                 stored = owners.setdefault(sid, rid)
                 if stored != rid:  # a span id belongs to one rollout

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .._json import dumps, utf8_safe
-from ..types import Rollout, Span
-from .base import Store, is_late, log_dropped
+from ..ids import new_rollout_id
+from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
+from .base import Store, log_dropped, rollout_payload
 from .rows import SpanRow, row_to_span, span_to_row
+from .sqlite_batch import drop_late, full_reason, merge_updates, moved_rows
 from .sqlite_schema import (  # the file format; these names are importable from here too
     APPLICATION_ID,
     ROLLOUT_COLUMNS,
@@ -30,6 +32,7 @@ from .sqlite_schema import (  # the file format; these names are importable from
     NotOurDatabase,
     check_schema,
     db_row,
+    db_row_raw,
     rollout_row,
     rollouts_sql,
     row_rollout,
@@ -45,81 +48,6 @@ class StoreFullError(sqlite3.OperationalError):
     be committed are kept in memory and retried on the next flush (new writes are refused until one
     succeeds); on ``close()`` they are lost, and the message says how many.
     """
-
-
-_SQLITE_FULL, _SQLITE_IOERR = 13, 10
-
-
-def _is_full(exc: BaseException) -> str | None:
-    """What went wrong when ``exc`` means the file could not grow (full disk, size limit), else None."""
-    if not isinstance(exc, sqlite3.Error):
-        return None
-    code = getattr(exc, "sqlite_errorcode", None)
-    primary = None if code is None else code & 0xFF
-    text = str(exc)
-    if primary == _SQLITE_FULL or "disk is full" in text:
-        return "the disk is full, or the file reached its size limit"
-    if primary == _SQLITE_IOERR or "disk I/O error" in text:
-        return "a disk I/O error: is the disk full, or the file over a size limit?"
-    return None
-
-
-def _merge_updates(
-    inserts: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Fold updates of rollouts inserted in the same batch into their insert rows."""
-    if not inserts or not updates:
-        return inserts, updates
-    index = {row[0]: i for i, row in enumerate(inserts)}
-    merged = list(inserts)
-    rest = []
-    for update in updates:
-        status, end_time, reward, error, metadata, rollout_id = update
-        i = index.get(rollout_id)
-        if i is None:
-            rest.append(update)
-        else:
-            r = merged[i]
-            merged[i] = (r[0], r[1], r[2], status, r[4], end_time, reward, metadata, error)
-    return merged, rest
-
-
-def _drop_late(
-    conn: sqlite3.Connection, rows: list[SpanRow]
-) -> tuple[list[SpanRow], list[tuple[SpanRow, str, float]]]:
-    """Split a span batch into the rows to write and those that started after their rollout ended."""
-    ids = list({utf8_safe(r[1]) for r in rows})
-    ended: dict[str, tuple[str, float]] = {}
-    for i in range(0, len(ids), 500):
-        chunk = ids[i : i + 500]
-        ended.update(
-            (rid, (status, end))
-            for rid, status, end in conn.execute(
-                "SELECT rollout_id, status, end_time FROM rollouts WHERE status != 'running' "
-                f"AND end_time IS NOT NULL AND rollout_id IN ({', '.join('?' * len(chunk))})",
-                chunk,
-            )
-        )
-    if not ended:
-        return rows, []
-    keep, late = [], []
-    for r in rows:
-        e = ended.get(utf8_safe(r[1]))
-        if e is not None and is_late(r[6], *e):
-            late.append((r, *e))
-        else:
-            keep.append(r)
-    return keep, late
-
-
-def _moved(conn: sqlite3.Connection, rows: list[SpanRow]) -> list[tuple[SpanRow, str]]:
-    """The rows of a written batch whose span id is stored under another rollout (refused)."""
-    out = []
-    for r in rows:
-        stored = conn.execute("SELECT rollout_id FROM spans WHERE span_id = ?", (utf8_safe(r[0]),)).fetchone()
-        if stored is not None and stored[0] != utf8_safe(r[1]):
-            out.append((r, stored[0]))
-    return out
 
 
 class SQLiteStore(Store):
@@ -157,6 +85,7 @@ class SQLiteStore(Store):
         self.timeout = timeout
         self._closed = False
         self._conn: sqlite3.Connection | None = None
+        self._fast = self._own_rollout_hooks(SQLiteStore)
         self._init_process_state()
         _open_stores.add(self)
 
@@ -169,7 +98,8 @@ class SQLiteStore(Store):
         self._inserts: list[tuple[Any, ...]] = []
         self._rows: list[SpanRow] = []
         self._updates: list[tuple[Any, ...]] = []
-        self._live: dict[str, Rollout] = {}  # rollouts started here and still running
+        # rollouts started here and still running: the Rollout, or the row open_rollout queued
+        self._live: dict[str, Rollout | tuple[Any, ...]] = {}
         self._error: BaseException | None = None  # the background flush's last failure
         self._open()
         self._wake = threading.Event()
@@ -211,7 +141,7 @@ class SQLiteStore(Store):
                 self._transaction(conn, lambda c: self._create_schema(c))
             except sqlite3.Error as exc:
                 conn.close()
-                full = _is_full(exc)
+                full = full_reason(exc)
                 if full is None:
                     raise
                 raise StoreFullError(
@@ -300,7 +230,7 @@ class SQLiteStore(Store):
                 self._error = None
                 return
 
-            inserts, updates = _merge_updates(inserts, updates)
+            inserts, updates = merge_updates(inserts, updates)
 
             dropped: list[Any] = []
 
@@ -313,10 +243,17 @@ class SQLiteStore(Store):
                 if updates:
                     c.executemany(ROLLOUT_UPDATE, updates)
                 if spans:
-                    keep, late = _drop_late(c, spans)
+                    keep, late = drop_late(c, spans)
                     before = c.total_changes
-                    c.executemany(SPAN_UPSERT, [db_row(r) for r in keep])
-                    moved = _moved(c, keep) if c.total_changes - before < len(keep) else []
+                    c.execute("SAVEPOINT agl_spans")
+                    try:
+                        c.executemany(SPAN_UPSERT, [db_row_raw(r) for r in keep])
+                    except UnicodeEncodeError:  # text UTF-8 cannot hold (a lone surrogate): escape it
+                        c.execute("ROLLBACK TO agl_spans")
+                        before = c.total_changes
+                        c.executemany(SPAN_UPSERT, [db_row(r) for r in keep])
+                    c.execute("RELEASE agl_spans")
+                    moved = moved_rows(c, keep) if c.total_changes - before < len(keep) else []
                     if moved or late:
                         dropped.append((moved, late))
 
@@ -326,7 +263,7 @@ class SQLiteStore(Store):
                 with self._lock:  # nothing is lost: the batch goes back to the front of the queues
                     self._inserts[:0], self._rows[:0], self._updates[:0] = inserts, spans, updates
                     pending = len(self._inserts) + len(self._rows) + len(self._updates)
-                full = _is_full(exc)
+                full = full_reason(exc)
                 if full is None:
                     raise
                 raise StoreFullError(
@@ -352,12 +289,69 @@ class SQLiteStore(Store):
         self.add_span_rows([span_to_row(s) for s in spans])
 
     def add_span_rows(self, rows: Sequence[SpanRow]) -> None:
-        self._check_open()
+        if self._closed or self._forked or self._error is not None:
+            self._check_open()
         with self._lock:
             self._rows.extend(rows)
             full = len(self._rows) >= self.batch_size
         if full:
             self.flush()
+
+    def open_rollout(
+        self,
+        task: Any = None,
+        mode: str = "trace",
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> str:
+        if not self._fast or rollout_id is not None:  # a given id: start_rollout checks it is new
+            return super().open_rollout(task, mode, metadata, rollout_id)
+        if mode not in ROLLOUT_MODES:
+            raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
+        self._check_open()
+        rid = new_rollout_id()
+        task, meta = rollout_payload(task, metadata)
+        # the row start_rollout would queue (rollout_row of its Rollout), without the Rollout
+        row = (rid, dumps(task), mode, "running", time.time(), None, None, dumps(meta), None)
+        with self._lock:
+            self._live[rid] = row
+            self._inserts.append(row)
+        return rid
+
+    def close_rollout(
+        self,
+        rollout_id: str,
+        status: str = "succeeded",
+        reward: float | None = None,
+        error: str | None = None,
+        only_if_running: bool = False,
+    ) -> None:
+        if self._fast:
+            if status not in ROLLOUT_STATUSES or status == "running":
+                raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
+            reward = check_reward(reward)
+            self._check_open()
+            full = False
+            with self._lock:
+                row = self._live.get(rollout_id)
+                if type(row) is tuple:  # started by open_rollout and still running
+                    del self._live[rollout_id]
+                    self._updates.append(
+                        (
+                            status,
+                            time.time(),
+                            row[6] if reward is None else reward,
+                            None if error is None else utf8_safe(error),
+                            row[7],
+                            row[0],
+                        )
+                    )
+                    full = len(self._updates) >= self.batch_size
+            if type(row) is tuple:
+                if full:
+                    self.flush()
+                return
+        super().close_rollout(rollout_id, status, reward, error, only_if_running)
 
     def _insert_rollout(self, rollout: Rollout) -> None:
         self._check_open()
@@ -389,6 +383,8 @@ class SQLiteStore(Store):
     def _rollout_for_update(self, rollout_id: str) -> Rollout | None:
         with self._lock:
             live = self._live.get(rollout_id)
+        if isinstance(live, tuple):
+            return row_rollout(live)
         return live if live is not None else self.get_rollout(rollout_id)
 
     # -- reads ----------------------------------------------------------------------------
@@ -454,7 +450,7 @@ class SQLiteStore(Store):
                 with self._lock:
                     lost = len(self._inserts) + len(self._rows) + len(self._updates)
                     self._inserts, self._rows, self._updates = [], [], []
-                reason = _is_full(exc.__cause__ or exc) or "it is full"
+                reason = full_reason(exc.__cause__ or exc) or "it is full"
                 raise StoreFullError(
                     f"cannot write to {self.path}: {reason} (sqlite3: {exc.__cause__}); "
                     f"what was committed before is kept; closing it lost {lost} write(s) not committed"

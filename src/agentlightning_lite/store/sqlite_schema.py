@@ -29,6 +29,7 @@ __all__ = [
     "NotOurDatabase",
     "check_schema",
     "db_row",
+    "db_row_raw",
     "rollout_row",
     "rollouts_sql",
     "row_rollout",
@@ -129,10 +130,33 @@ if sys.byteorder == "little":
             None if lp is None else array("d", lp).tobytes(),
         )
 
+    def db_row_raw(r: SpanRow) -> tuple[Any, ...]:
+        """:func:`db_row` with the text as it is: binding it raises ``UnicodeEncodeError`` for text
+        that UTF-8 cannot hold (a lone surrogate), and then :func:`db_row` is the one to use. The token
+        fields are arrays, which sqlite3 binds as the same blobs (through the buffer protocol).
+
+        >>> from .rows import SpanRow
+        >>> row = SpanRow("s1", "r1", None, "llm", "chat", None, 1.0, 2.0, "ok", None, "null", '"hi"', "{}",
+        ...               "policy", [1, 2], [3], [-0.5])
+        >>> params = db_row_raw(row)
+        >>> params[:3], bytes(params[14]) == db_row(row)[14], bytes(params[16]) == db_row(row)[16]
+        (('s1', 'r1', None), True, True)
+        """
+        p, q, lp = r[14], r[15], r[16]
+        return (
+            *r[:14],
+            None if p is None else array("i", p),
+            None if q is None else array("i", q),
+            None if lp is None else array("d", lp),
+        )
+
 else:  # pragma: no cover - big-endian machines
 
     def db_row(r: SpanRow) -> tuple[Any, ...]:
         return (*_text_columns(r), ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
+
+    def db_row_raw(r: SpanRow) -> tuple[Any, ...]:
+        return (*r[:14], ids_to_blob(r[14]), ids_to_blob(r[15]), floats_to_blob(r[16]))
 
 
 def rollout_row(r: Rollout) -> tuple[Any, ...]:
