@@ -33,6 +33,13 @@ def test_config_reaches_the_generator() -> None:
     assert env.tasks[0]["config"] == {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
 
 
+def test_an_invalid_config_is_a_value_error_naming_it() -> None:
+    with pytest.raises(
+        ValueError, match=r"reasoning-gym 'leg_counting': config .*max_animals must be >= min_animals"
+    ):
+        agl.envs.ReasoningGym("leg_counting", size=2, seed=0, min_animals=3, max_animals=2)
+
+
 def test_answer_is_the_last_answer_tag_else_the_last_line() -> None:
     from agentlightning_lite.envs.reasoning_gym import extract_answer
 

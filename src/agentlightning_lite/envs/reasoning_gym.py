@@ -19,7 +19,11 @@ def _rg() -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _dataset(name: str, size: int, seed: int, config_json: str) -> Any:
-    return _rg().create_dataset(name, size=size, seed=seed, **json.loads(config_json))
+    config = json.loads(config_json)
+    try:
+        return _rg().create_dataset(name, size=size, seed=seed, **config)
+    except AssertionError as exc:  # reasoning-gym checks a config with asserts
+        raise ValueError(f"reasoning-gym {name!r}: config {config} is invalid: {exc}") from None
 
 
 def extract_answer(reply: str | None) -> str:
