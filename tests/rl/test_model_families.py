@@ -114,7 +114,7 @@ def test_one_grpo_step_on_a_reply_in_the_family_format(family: ModelFamily, tmp_
     for span in spans:
         assert span.response_token_ids == reply_ids  # special tokens included, nothing re-tokenised
         assert (span.attributes["tool_parser"], span.attributes["reasoning_parser"]) == (
-            family.tool_parser,
+            family.served_tool_parser,
             family.reasoning_parser,
         )
         prompt = tok.decode(span.prompt_token_ids, skip_special_tokens=False)

@@ -177,17 +177,31 @@ def test_ministral_reasoning_describes_its_think_tokens_and_writes_calls_without
     assert (reply.reasoning, reply.content, reply.calls) == ("The tool knows.", None, [("get_weather", ARGS)])
 
 
-def test_deepseek_v31_renders_no_tools_so_the_server_describes_them_and_writes_history_as_hermes() -> None:
+def test_deepseek_v31_renders_no_tools_so_the_server_describes_them_and_auto_reads_hermes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """DeepSeek-V3.1's own template never reads ``tools`` (its model card has the caller describe them in
     the system prompt): the server puts its own tool prompt (asking for ``<tool_call>`` blocks) in the
-    system message and writes earlier calls that way, which the ``deepseek_v31`` parser that ``auto``
-    picks does not read. The template's own call form needs the arguments as JSON text."""
+    system message and writes earlier calls that way, so ``auto`` reads replies with ``hermes`` (its
+    markers alone point to ``deepseek_v31``) and says why; a named ``deepseek_v31`` is kept, with a
+    warning. The template's own call form needs the arguments as JSON text."""
     family = BY_NAME["deepseek-v3.1"]
-    prompt = render_chat(tokenizer(family), CONVERSATION, tools=TOOLS)
+    tok = tokenizer(family)
+    assert not template_supports_tools(tok) and family.served_tool_parser == "hermes"
+    prompt = render_chat(tok, CONVERSATION, tools=TOOLS)
     assert "<tool_call>" in prompt and "tool▁calls▁begin" not in prompt
     hermes_form = written_call(family)
-    assert parsers.reply_parser("hermes").parse(hermes_form, TOOLS).calls == [("get_weather", ARGS)]
-    assert parsers.reply_parser("deepseek_v31").parse(hermes_form, TOOLS).calls == []
+    with caplog.at_level("INFO", logger="agentlightning_lite.serving.parsers"):
+        auto = parsers.auto_parser(family.text())
+    assert (auto.name, auto.reasoning_parser) == ("hermes", "qwen3")
+    assert "renders no tools" in caplog.text and "point to 'deepseek_v31'" in caplog.text
+    assert auto.parse(hermes_form, TOOLS).calls == [("get_weather", ARGS)]
+    assert auto.parse(f"<think>The tool knows.</think>{hermes_form}", TOOLS).reasoning == "The tool knows."
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="agentlightning_lite.serving.parsers"):
+        named = parsers.auto_parser(family.text(), tool_parser="deepseek_v31")
+    assert named.name == "deepseek_v31" and "renders no tools" in caplog.text
+    assert named.parse(hermes_form, TOOLS).calls == []  # what the warning is about
     tok = tokenizer(family)
     as_object = {**CALL, "function": {"name": "get_weather", "arguments": ARGS}}
     with pytest.raises(TypeError, match="concatenate"):

@@ -27,6 +27,7 @@ __all__ = [
     "prepare_messages",
     "render_chat",
     "select_tools",
+    "template_renders_tools",
     "template_supports_tools",
     "tools_system_prompt",
 ]
@@ -206,10 +207,25 @@ def chat_template_text(tokenizer: Any) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def template_renders_tools(chat_template: str | dict[str, str] | None) -> bool:
+    """Whether a chat template renders a ``tools`` argument itself; when it does not, the server
+    describes the tools in the system prompt (:data:`TOOLS_PROMPT`, asking for ``<tool_call>`` blocks)
+    and writes earlier calls that way, and ``tool_parser="auto"`` reads replies with ``hermes``.
+
+    >>> template_renders_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
+    True
+    >>> template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+    False
+    """
+    if isinstance(chat_template, dict):
+        chat_template = " ".join(str(v) for v in chat_template.values())
+    return chat_template is not None and "tools" in chat_template
+
+
 def template_supports_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template renders a ``tools`` argument itself."""
-    template = chat_template_text(tokenizer)
-    return template is not None and "tools" in template
+    """Whether the tokenizer's chat template renders a ``tools`` argument itself
+    (:func:`template_renders_tools` of its template)."""
+    return template_renders_tools(chat_template_text(tokenizer))
 
 
 def prepare_messages(
