@@ -107,19 +107,41 @@ def test_a_call_as_the_template_writes_it_parses_back(family: ModelFamily) -> No
 
 
 @pytest.mark.parametrize("name", ["qwen3", "glm-4.6", "ministral-3-reasoning", "gpt-oss"])
-def test_the_thinking_of_an_earlier_turn_is_not_in_the_next_prompt(name: str) -> None:
-    """The server renders an assistant message from its content and calls: the thinking a reply wrote
-    (``reasoning_content``, which OpenAI clients do not send back anyway) is gone from the history, so
-    the next prompt does not start with the previous prompt + reply: trajectory mode splits there."""
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
+def test_the_thinking_of_an_earlier_turn_sent_back_is_in_the_next_prompt(name: str, key: str) -> None:
+    """An assistant message's thinking sent back (``reasoning_content``, as the server answers it and the
+    OpenAI client keeps it; ``reasoning``, newer vLLM's name) reaches the template, which writes it for
+    the turns after the last user message (the tool loop): the next prompt starts with the previous
+    prompt + reply. Without it the thinking is gone and trajectory mode splits there."""
     family = BY_NAME[name]
-    turn = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [CALL],
-        "reasoning_content": "The tool knows.",
-    }
+    turn = {"role": "assistant", "content": None, "tool_calls": [CALL], key: "The tool knows."}
     prompt = render_chat(tokenizer(family), [USER, turn, CONVERSATION[2]], tools=TOOLS)
-    assert "The tool knows." not in prompt and "get_weather" in prompt
+    assert "The tool knows." in prompt and "get_weather" in prompt
+    assert prompt.index("The tool knows.") < prompt.index(RESULT)
+    without = {k: v for k, v in turn.items() if k != key}
+    assert "The tool knows." not in render_chat(tokenizer(family), [USER, without, CONVERSATION[2]], tools=TOOLS)
+
+
+def test_a_thinking_reply_is_a_prefix_of_the_next_qwen3_prompt_when_its_thinking_comes_back() -> None:
+    family = BY_NAME["qwen3"]
+    tok = tokenizer(family)
+    first = render_chat(tok, [USER], tools=TOOLS)
+    reply = family.reply.removesuffix(family.eos)
+    parsed = parsers.reply_parser("hermes", "qwen3").parse(reply, TOOLS)
+    turn = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+    result = {"role": "tool", "tool_call_id": parsed.tool_calls[0]["id"], "content": RESULT}
+    back = render_chat(tok, [USER, {**turn, "reasoning_content": parsed.reasoning}, result], tools=TOOLS)
+    assert back.startswith(first + reply + family.eos)
+    assert not render_chat(tok, [USER, turn, result], tools=TOOLS).startswith(first + reply)
+
+
+def test_a_thinking_turn_of_an_earlier_user_message_is_dropped_by_qwen3() -> None:
+    """Qwen3 keeps thinking only after the last user message: a later question drops it, as the model
+    was trained (the prompt is then not an extension of the earlier one, whatever the agent sends)."""
+    family = BY_NAME["qwen3"]
+    turn = {"role": "assistant", "content": "Sunny.", "reasoning_content": "The tool knows."}
+    later = {"role": "user", "content": "And in Rome?"}
+    assert "The tool knows." not in render_chat(tokenizer(family), [USER, turn, later], tools=TOOLS)
 
 
 def test_qwen3_writes_an_empty_think_block_on_the_last_turn_only() -> None:

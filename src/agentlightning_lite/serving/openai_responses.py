@@ -73,6 +73,19 @@ def _output_text(output: Any, where: str) -> str:
     return _item_text(output, where)
 
 
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A ``reasoning`` item's text: its ``reasoning_text`` content parts, else its summary parts."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            texts = [
+                str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == kind
+            ]
+            if any(texts):
+                return "\n".join(texts)
+    return ""
+
+
 def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
     """Chat messages from ``instructions`` and ``input`` (a string or a list of items).
 
@@ -80,7 +93,9 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
     ``"type": "message"``) keep their role; ``function_call`` and ``custom_tool_call`` items become
     the ``tool_calls`` of an assistant message (consecutive ones, and the assistant text before
     them, in one message); ``function_call_output`` and ``custom_tool_call_output`` become ``tool``
-    messages; ``reasoning`` items are left out (the model's reasoning is not re-read).
+    messages; a ``reasoning`` item's text (its ``reasoning_text`` content, else its summary) becomes the
+    ``reasoning_content`` of the assistant message that follows it (the message or function call
+    after it), which chat templates keep for the turns of the current tool loop.
 
     >>> convert_input([{"role": "developer", "content": "Be brief."},
     ...                {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
@@ -102,6 +117,7 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
         return out
     if not isinstance(value, list):
         raise ChatFormatError("'input' must be a string or a list of input items", "input")
+    thinking: list[str] = []  # reasoning items not yet attached to an assistant message
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -115,6 +131,10 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
                     "input",
                 )
             out.append({"role": role, "content": _item_text(item.get("content"), "input")})
+            if role == "assistant" and thinking:
+                out[-1]["reasoning_content"] = "\n".join(thinking)
+            if role in ("assistant", "user"):
+                thinking = []  # attached, or no assistant turn followed it
         elif kind in ("function_call", "custom_tool_call"):
             name, call_id = item.get("name"), item.get("call_id") or item.get("id")
             if not isinstance(name, str) or not isinstance(call_id, str):
@@ -130,6 +150,11 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                last = out[-1]
+            if thinking:
+                before = last.get("reasoning_content")
+                last["reasoning_content"] = "\n".join([before, *thinking] if before else thinking)
+                thinking = []
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -142,7 +167,9 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "reasoning":
-            continue
+            text = _reasoning_text(item)
+            if text:
+                thinking.append(text)
         elif kind == "item_reference":
             raise ChatFormatError(
                 f"{where}: 'item_reference' items are not supported; send the items themselves", "input"
