@@ -7,6 +7,7 @@ template does that a trainer should know (docs/models.md, "Real templates tested
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
@@ -289,3 +290,64 @@ def test_thinking_turned_off_closes_an_empty_think_block_in_the_prompt(name: str
     assert not render_chat(tokenizer(family), [USER], tools=TOOLS).endswith(closed)
     reply = parsers.reply_parser(family.tool_parser, "qwen3").parse("It will be sunny.", TOOLS)
     assert (reply.reasoning, reply.content) == (None, "It will be sunny.")
+
+
+def _prompts(store: Any, rollout_id: str) -> list[str]:
+    return [s.attributes["prompt_text"] for s in store.spans(rollout_id) if s.kind == "llm"]
+
+
+@pytest.mark.slow  # three dialects through a server and their real clients (the clients load slowly)
+def test_every_dialect_sends_the_thinking_back_to_the_qwen3_template(serve: Any, store: Any) -> None:
+    """The thinking a reply wrote comes back as each client returns it: the Chat Completions message
+    object (``reasoning_content``, which the OpenAI client keeps as an extra field), the Responses
+    ``reasoning`` output item, the Messages ``thinking`` block; each reaches Qwen3's template, which
+    writes it for the turn of the current tool loop."""
+    from agentlightning_lite.serving.engines import ScriptedEngine
+
+    from ._families import tokenizer as family_tokenizer
+
+    family = BY_NAME["qwen3"]
+    reply = family.reply.removesuffix(family.eos)
+    server = serve(ScriptedEngine([reply], tokenizer=family_tokenizer(family)), store)
+    assert (server.reply_parser.name, server.reply_parser.reasoning_parser) == ("hermes", "qwen3")
+    thought = "<think>\nThe tool knows.\n</think>"
+
+    ro = store.start_rollout("t", mode="train")
+    llm = server.llm(ro.rollout_id)
+    client = llm.openai_client(max_retries=0)
+    message = client.chat.completions.create(model=llm.model, messages=[USER], tools=TOOLS).choices[0].message
+    (call,) = message.tool_calls or []
+    history: list[Any] = [USER, message, {"role": "tool", "tool_call_id": call.id, "content": RESULT}]
+    client.chat.completions.create(model=llm.model, messages=history, tools=TOOLS)
+    first, second = _prompts(store, ro.rollout_id)
+    assert second.startswith(first + reply) and thought in second
+
+    ro = store.start_rollout("t", mode="train")
+    llm = server.llm(ro.rollout_id)
+    client = llm.openai_client(max_retries=0)
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    resp = client.responses.create(model=llm.model, input=[USER], tools=tools)  # type: ignore[list-item]
+    assert [item.type for item in resp.output] == ["reasoning", "function_call"]
+    fc = resp.output[1]
+    items = [USER, *resp.output, {"type": "function_call_output", "call_id": fc.call_id, "output": RESULT}]  # type: ignore[union-attr]
+    client.responses.create(model=llm.model, input=items, tools=tools)  # type: ignore[arg-type]
+    first, second = _prompts(store, ro.rollout_id)
+    assert thought in second and second.startswith(first + "<think>")
+
+    anthropic = pytest.importorskip("anthropic")
+    assert anthropic
+    ro = store.start_rollout("t", mode="train")
+    llm = server.llm(ro.rollout_id)
+    claude: Any = llm.anthropic_client(max_retries=0)
+    anthropic_tools = [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    msg = claude.messages.create(model=llm.model, max_tokens=256, messages=[USER], tools=anthropic_tools)
+    assert [b.type for b in msg.content] == ["thinking", "tool_use"]
+    result = {"type": "tool_result", "tool_use_id": msg.content[1].id, "content": RESULT}
+    claude.messages.create(
+        model=llm.model,
+        max_tokens=256,
+        tools=anthropic_tools,
+        messages=[USER, {"role": "assistant", "content": msg.content}, {"role": "user", "content": [result]}],
+    )
+    first, second = _prompts(store, ro.rollout_id)
+    assert thought in second and second.startswith(first + "<think>")
