@@ -351,3 +351,9 @@ def test_every_dialect_sends_the_thinking_back_to_the_qwen3_template(serve: Any,
     )
     first, second = _prompts(store, ro.rollout_id)
     assert thought in second and second.startswith(first + "<think>")
+
+
+def test_thinking_that_is_not_text_is_a_clear_error() -> None:
+    turn = {"role": "assistant", "content": "Sunny.", "reasoning_content": ["not", "text"]}
+    with pytest.raises(ChatFormatError, match=r"messages\[1\]\.reasoning_content must be a string"):
+        prepare_messages([USER, turn])
