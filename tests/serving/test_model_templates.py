@@ -357,3 +357,58 @@ def test_thinking_that_is_not_text_is_a_clear_error() -> None:
     turn = {"role": "assistant", "content": "Sunny.", "reasoning_content": ["not", "text"]}
     with pytest.raises(ChatFormatError, match=r"messages\[1\]\.reasoning_content must be a string"):
         prepare_messages([USER, turn])
+
+
+@pytest.mark.parametrize("tool_parser", ["hermes", "qwen3_coder", "glm45"])
+def test_markers_that_are_special_tokens_survive_the_decode(serve: Any, store: Any, tool_parser: str) -> None:
+    """A tokenizer that marks ``<tool_call>`` and ``<think>`` (and GLM's argument tags) special: the
+    plain decode drops them, so the server reads the reply decoded with those markers and no other special
+    token; the agent gets the call and the thinking, and no stray special token in its content."""
+    import dataclasses
+
+    from agentlightning_lite.serving.engines import ScriptedEngine
+
+    from ._families import tokenizer as family_tokenizer
+
+    markers = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<arg_key>", "</arg_key>", "<arg_value>",
+               "</arg_value>")  # fmt: skip
+    family = dataclasses.replace(BY_NAME["qwen3"], special=("<|im_start|>", "<|im_end|>", *markers), plain=())
+    tok = family_tokenizer(family)
+    assert tok.decode(tok.encode("<think>x</think><tool_call>", add_special_tokens=False), skip_special_tokens=True) == "x"
+    call = {
+        "hermes": f"<tool_call>\n{json.dumps({'name': 'get_weather', 'arguments': ARGS})}\n</tool_call>",
+        "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+    }[tool_parser]
+    replies = [f"<think>The tool knows.</think>\n\n{call}", "<think>Done.</think>\n\nSunny.<|im_start|>"]
+    engine = ScriptedEngine(replies, tokenizer=tok)
+    server = serve(engine, store, tool_parser=tool_parser, reasoning_parser="qwen3")
+    assert server.reply_drop_ids == {tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")} | (
+        {tok.convert_tokens_to_ids(t) for t in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")}
+        if tool_parser != "glm45"
+        else set()
+    )
+    ro = store.start_rollout("t", mode="train")
+    llm = server.llm(ro.rollout_id)
+    client = llm.openai_client(max_retries=0)
+    first = client.chat.completions.create(model=llm.model, messages=[USER], tools=TOOLS).choices[0].message
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in first.tool_calls or []] == [
+        ("get_weather", ARGS)
+    ]
+    assert first.content is None and (first.model_extra or {}).get("reasoning_content") == "The tool knows."
+    second = client.chat.completions.create(model=llm.model, messages=[USER], tools=TOOLS).choices[0].message
+    assert second.content == "Sunny." and (second.model_extra or {}).get("reasoning_content") == "Done."
+    spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
+    assert tok.decode(spans[1].response_token_ids).endswith("Sunny.<|im_start|><|im_end|>")  # the tokens stay whole
+    assert not any(s.attributes.get("tool_parse_failed") for s in spans)
+
+
+def test_a_plain_decode_is_kept_where_the_markers_are_text(serve: Any, store: Any) -> None:
+    from agentlightning_lite.serving.engines import ScriptedEngine
+
+    from ._families import tokenizer as family_tokenizer
+
+    server = serve(ScriptedEngine(["x"], tokenizer=family_tokenizer(BY_NAME["qwen3"])), store)
+    assert server.reply_drop_ids is None  # Qwen3's own tokenizer: <tool_call> and <think> are not special

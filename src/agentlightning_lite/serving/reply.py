@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from .chat_format import parse_tool_calls
 
-__all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser"]
+__all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser", "special_ids_to_drop", "special_token_ids"]
 
 
 @dataclass
@@ -79,6 +79,7 @@ class HermesReplyParser:
     name = "hermes"
     reasoning_parser = None
     special_tokens = False
+    marker_tokens = ("<tool_call>", "</tool_call>")
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedReply:
         if not tools:
@@ -87,3 +88,49 @@ class HermesReplyParser:
         if not calls and "<tool_call>" in text:
             return ParsedReply(content=text, tool_parse_failed=True)
         return ParsedReply(content=content, tool_calls=calls)
+
+
+def special_token_ids(tokenizer: Any) -> dict[str, int]:
+    """The special tokens of a tokenizer (a Hugging Face one, or anything with ``special_tokens`` texts
+    and ``encode``), text -> id: those its decode drops with ``skip_special_tokens=True``.
+
+    >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
+    >>> special_token_ids(ByteTokenizer())
+    {'<|im_start|>': 256, '<|im_end|>': 257}
+    """
+    out: dict[str, int] = {}
+    if hasattr(tokenizer, "all_special_ids"):
+        out.update(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=False))
+        for i, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+            if getattr(added, "special", False):
+                out[str(getattr(added, "content", added))] = int(i)
+    elif isinstance(getattr(tokenizer, "special_tokens", None), (tuple, list)):
+        for t in tokenizer.special_tokens:
+            ids = tokenizer.encode(t)
+            if len(ids) == 1:
+                out[t] = int(ids[0])
+    return out
+
+
+def special_ids_to_drop(tokenizer: Any, parser: ReplyParser) -> frozenset[int] | None:
+    """For a parser that reads replies decoded without special tokens: when some of its markers
+    (``parser.marker_tokens``, such as ``<tool_call>`` or ``<think>``) are special tokens of
+    ``tokenizer``, the special token ids to drop from a reply before decoding it with the rest kept (the
+    end-of-turn, EOS and pad tokens and any other special token go, the markers stay for the parser);
+    ``None`` when the plain decode keeps every marker (or the parser reads all special tokens itself).
+
+    >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
+    >>> class Markers(ByteTokenizer):
+    ...     special_tokens = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
+    >>> sorted(special_ids_to_drop(Markers(), HermesReplyParser()))  # <|im_start|>, <|im_end|>
+    [256, 257]
+    >>> special_ids_to_drop(ByteTokenizer(), HermesReplyParser()) is None  # its markers are text
+    True
+    """
+    if tokenizer is None or parser.special_tokens:
+        return None
+    specials = special_token_ids(tokenizer)
+    markers = {specials[t] for t in getattr(parser, "marker_tokens", ()) if t in specials}
+    if not markers:
+        return None
+    return frozenset(set(specials.values()) - markers)

@@ -95,8 +95,10 @@ class ModelReplyParser:
 
     ``name``: the tool parser's name; ``reasoning_parser``: the reasoning parser's (``None``: replies
     have no reasoning); ``special_tokens``: replies are read as decoded with their special tokens (the
-    format's markers are special tokens); ``picked``: how the parsers were chosen (``"auto"`` from a
-    chat template, else ``"named"``).
+    format's markers are special tokens); ``marker_tokens``: the marker texts of both parsers that a
+    tokenizer may hold as single tokens (where the served tokenizer marks them special, the reply is
+    decoded keeping them: :func:`~agentlightning_lite.serving.reply.special_ids_to_drop`); ``picked``:
+    how the parsers were chosen (``"auto"`` from a chat template, else ``"named"``).
 
     >>> p = reply_parser("hermes", "deepseek_r1")
     >>> r = p.parse('Sum.</think><tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
@@ -115,6 +117,7 @@ class ModelReplyParser:
         self.name = tool.name
         self.reasoning_parser = reasoning.name if reasoning is not None else None
         self.special_tokens = tool.special_tokens or (reasoning is not None and reasoning.special_tokens)
+        self.marker_tokens = tuple(dict.fromkeys((*tool.tokens, *(reasoning.tokens if reasoning else ()))))
         self.picked = picked
 
     def __repr__(self) -> str:
