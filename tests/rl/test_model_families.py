@@ -197,7 +197,9 @@ def test_qwen3_thinking_tool_loop_merges_in_trajectory_mode_when_the_thinking_co
             messages.append(message.model_dump(exclude_none=True, exclude={"reasoning_content"}))
         (call,) = message.tool_calls or []
         messages.append({"role": "tool", "tool_call_id": call.id, "content": RESULT})
-        second = client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS, max_tokens=64)
+        second = client.chat.completions.create(
+            model=llm.model, messages=messages, tools=TOOLS, max_tokens=64
+        )
         sent.append(second)
         return float(second.choices[0].message.content == "Sunny, 24 degrees.") * (next(turn) % 2)
 

@@ -120,7 +120,9 @@ def test_the_thinking_of_an_earlier_turn_sent_back_is_in_the_next_prompt(name: s
     assert "The tool knows." in prompt and "get_weather" in prompt
     assert prompt.index("The tool knows.") < prompt.index(RESULT)
     without = {k: v for k, v in turn.items() if k != key}
-    assert "The tool knows." not in render_chat(tokenizer(family), [USER, without, CONVERSATION[2]], tools=TOOLS)
+    assert "The tool knows." not in render_chat(
+        tokenizer(family), [USER, without, CONVERSATION[2]], tools=TOOLS
+    )
 
 
 def test_a_thinking_reply_is_a_prefix_of_the_next_qwen3_prompt_when_its_thinking_comes_back() -> None:
@@ -374,7 +376,12 @@ def test_markers_that_are_special_tokens_survive_the_decode(serve: Any, store: A
                "</arg_value>")  # fmt: skip
     family = dataclasses.replace(BY_NAME["qwen3"], special=("<|im_start|>", "<|im_end|>", *markers), plain=())
     tok = family_tokenizer(family)
-    assert tok.decode(tok.encode("<think>x</think><tool_call>", add_special_tokens=False), skip_special_tokens=True) == "x"
+    assert (
+        tok.decode(
+            tok.encode("<think>x</think><tool_call>", add_special_tokens=False), skip_special_tokens=True
+        )
+        == "x"
+    )
     call = {
         "hermes": f"<tool_call>\n{json.dumps({'name': 'get_weather', 'arguments': ARGS})}\n</tool_call>",
         "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
@@ -401,7 +408,9 @@ def test_markers_that_are_special_tokens_survive_the_decode(serve: Any, store: A
     second = client.chat.completions.create(model=llm.model, messages=[USER], tools=TOOLS).choices[0].message
     assert second.content == "Sunny." and (second.model_extra or {}).get("reasoning_content") == "Done."
     spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
-    assert tok.decode(spans[1].response_token_ids).endswith("Sunny.<|im_start|><|im_end|>")  # the tokens stay whole
+    assert tok.decode(spans[1].response_token_ids).endswith(
+        "Sunny.<|im_start|><|im_end|>"
+    )  # the tokens stay whole
     assert not any(s.attributes.get("tool_parse_failed") for s in spans)
 
 

@@ -916,7 +916,9 @@ def test_auto_names_its_pick_and_logs_it(caplog: pytest.LogCaptureFixture) -> No
     assert (named.name, named.reasoning_parser, named.picked) == ("pythonic", None, "named")
 
 
-def test_auto_reads_hermes_where_the_server_writes_its_own_tool_prompt(caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_reads_hermes_where_the_server_writes_its_own_tool_prompt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A template that renders no ``tools`` gets the server's tool prompt (``<tool_call>`` blocks): ``auto``
     reads those, whatever call markers the template shows, and says why; a named parser is kept, warned."""
     template = "{% for m in messages %}{{ m.content }}{% endfor %}[TOOL_CALLS][THINK]"

@@ -419,10 +419,20 @@ def test_a_reasoning_item_goes_with_the_assistant_turn_after_it() -> None:
     call = {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"}
     out = convert_input([{"role": "user", "content": "q"}, reasoning("Look first."), call])
     assert out[1]["reasoning_content"] == "Look first." and out[1]["tool_calls"][0]["id"] == "c1"
-    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]}
+    said = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "Let me see."}],
+    }
     out = convert_input([{"role": "user", "content": "q"}, reasoning("Plan.", "summary"), said, call])
-    assert (out[1]["content"], out[1]["reasoning_content"], len(out[1]["tool_calls"])) == ("Let me see.", "Plan.", 1)
+    assert (out[1]["content"], out[1]["reasoning_content"], len(out[1]["tool_calls"])) == (
+        "Let me see.",
+        "Plan.",
+        1,
+    )
     out = convert_input([{"role": "user", "content": "q"}, said, reasoning("Then call."), call])
     assert out[1]["reasoning_content"] == "Then call."
-    out = convert_input([reasoning("Orphan."), {"role": "user", "content": "q"}])  # no assistant turn after it
+    out = convert_input(
+        [reasoning("Orphan."), {"role": "user", "content": "q"}]
+    )  # no assistant turn after it
     assert all("reasoning_content" not in m for m in out)

@@ -371,7 +371,9 @@ def render_chat(
     return text
 
 
-def _thinking_as_template_reads_it(messages: list[dict[str, Any]], template: str | None) -> list[dict[str, Any]]:
+def _thinking_as_template_reads_it(
+    messages: list[dict[str, Any]], template: str | None
+) -> list[dict[str, Any]]:
     """Assistant thinking (``reasoning_content``) also where a template reads it otherwise: gpt-oss's
     ``message.thinking``, Ministral's ``thinking`` content chunk before the text."""
     if not template or "reasoning_content" in template:

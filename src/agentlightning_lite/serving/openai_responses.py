@@ -78,9 +78,7 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key)
         if isinstance(parts, list):
-            texts = [
-                str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == kind
-            ]
+            texts = [str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == kind]
             if any(texts):
                 return "\n".join(texts)
     return ""
