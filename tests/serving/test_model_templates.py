@@ -392,11 +392,8 @@ def test_markers_that_are_special_tokens_survive_the_decode(serve: Any, store: A
     replies = [f"<think>The tool knows.</think>\n\n{call}", "<think>Done.</think>\n\nSunny.<|im_start|>"]
     engine = ScriptedEngine(replies, tokenizer=tok)
     server = serve(engine, store, tool_parser=tool_parser, reasoning_parser="qwen3")
-    assert server.reply_drop_ids == {tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")} | (
-        {tok.convert_tokens_to_ids(t) for t in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")}
-        if tool_parser != "glm45"
-        else set()
-    )
+    kept = {"hermes": markers[:4], "qwen3_coder": markers[:4], "glm45": markers}[tool_parser]
+    assert server.reply_markers == {tok.convert_tokens_to_ids(t): t for t in kept}
     ro = store.start_rollout("t", mode="train")
     llm = server.llm(ro.rollout_id)
     client = llm.openai_client(max_retries=0)
@@ -420,4 +417,4 @@ def test_a_plain_decode_is_kept_where_the_markers_are_text(serve: Any, store: An
     from ._families import tokenizer as family_tokenizer
 
     server = serve(ScriptedEngine(["x"], tokenizer=family_tokenizer(BY_NAME["qwen3"])), store)
-    assert server.reply_drop_ids is None  # Qwen3's own tokenizer: <tool_call> and <think> are not special
+    assert server.reply_markers == {}  # Qwen3's own tokenizer: <tool_call> and <think> are not special

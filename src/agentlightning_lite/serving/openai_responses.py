@@ -76,11 +76,10 @@ def _output_text(output: Any, where: str) -> str:
 def _reasoning_text(item: dict[str, Any]) -> str:
     """A ``reasoning`` item's text: its ``reasoning_text`` content parts, else its summary parts."""
     for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
-        parts = item.get(key)
-        if isinstance(parts, list):
-            texts = [str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == kind]
-            if any(texts):
-                return "\n".join(texts)
+        parts = [p for p in item.get(key) or [] if isinstance(p, dict) and p.get("type") == kind]
+        texts = [str(p.get("text", "")) for p in parts]
+        if any(texts):
+            return "\n".join(texts)
     return ""
 
 
@@ -91,9 +90,8 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
     ``"type": "message"``) keep their role; ``function_call`` and ``custom_tool_call`` items become
     the ``tool_calls`` of an assistant message (consecutive ones, and the assistant text before
     them, in one message); ``function_call_output`` and ``custom_tool_call_output`` become ``tool``
-    messages; a ``reasoning`` item's text (its ``reasoning_text`` content, else its summary) becomes the
-    ``reasoning_content`` of the assistant message that follows it (the message or function call
-    after it), which chat templates keep for the turns of the current tool loop.
+    messages; a ``reasoning`` item's text becomes the ``reasoning_content`` of the assistant message or
+    function call after it (chat templates keep it for the turns of the current tool loop).
 
     >>> convert_input([{"role": "developer", "content": "Be brief."},
     ...                {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
@@ -131,8 +129,7 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
             out.append({"role": role, "content": _item_text(item.get("content"), "input")})
             if role == "assistant" and thinking:
                 out[-1]["reasoning_content"] = "\n".join(thinking)
-            if role in ("assistant", "user"):
-                thinking = []  # attached, or no assistant turn followed it
+            thinking = [] if role in ("assistant", "user") else thinking  # attached, or followed by none
         elif kind in ("function_call", "custom_tool_call"):
             name, call_id = item.get("name"), item.get("call_id") or item.get("id")
             if not isinstance(name, str) or not isinstance(call_id, str):
@@ -143,16 +140,13 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
             else:
                 args = json.dumps({CUSTOM_INPUT: item.get("input", "")}, ensure_ascii=False)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-                last = out[-1]
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "content": ""})
+            last = out[-1]
+            last.setdefault("tool_calls", []).append(call)
             if thinking:
-                before = last.get("reasoning_content")
-                last["reasoning_content"] = "\n".join([before, *thinking] if before else thinking)
-                thinking = []
+                joined = filter(None, [last.get("reasoning_content"), *thinking])
+                last["reasoning_content"], thinking = "\n".join(joined), []
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -165,9 +159,7 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "reasoning":
-            text = _reasoning_text(item)
-            if text:
-                thinking.append(text)
+            thinking += filter(None, [_reasoning_text(item)])
         elif kind == "item_reference":
             raise ChatFormatError(
                 f"{where}: 'item_reference' items are not supported; send the items themselves", "input"

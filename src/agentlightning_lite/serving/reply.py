@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .chat_format import parse_tool_calls
 
-__all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser", "special_ids_to_drop", "special_token_ids"]
+if TYPE_CHECKING:
+    from .engines.contract import ServingEngine
+
+__all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser", "decode_keeping", "special_markers"]
 
 
 @dataclass
@@ -90,47 +93,48 @@ class HermesReplyParser:
         return ParsedReply(content=content, tool_calls=calls)
 
 
-def special_token_ids(tokenizer: Any) -> dict[str, int]:
-    """The special tokens of a tokenizer (a Hugging Face one, or anything with ``special_tokens`` texts
-    and ``encode``), text -> id: those its decode drops with ``skip_special_tokens=True``.
+def special_markers(engine: ServingEngine, parser: ReplyParser) -> dict[int, str]:
+    """The reply parser's markers (``parser.marker_tokens``, such as ``<tool_call>`` or ``<think>``) that
+    are special tokens of the engine's tokenizer, id -> text: a plain decode drops them, so replies are
+    read with :func:`decode_keeping` them. Empty when every marker is text (or an added token that is
+    not special), and for a parser that reads all special tokens itself (``parser.special_tokens``).
 
+    >>> from agentlightning_lite.serving.engines import ScriptedEngine
     >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
-    >>> special_token_ids(ByteTokenizer())
-    {'<|im_start|>': 256, '<|im_end|>': 257}
+    >>> class Marked(ByteTokenizer):
+    ...     special_tokens = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
+    >>> special_markers(ScriptedEngine(["x"], tokenizer=Marked()), HermesReplyParser())
+    {258: '<tool_call>', 259: '</tool_call>'}
+    >>> special_markers(ScriptedEngine(["x"], tokenizer=ByteTokenizer()), HermesReplyParser())
+    {}
     """
-    out: dict[str, int] = {}
-    if hasattr(tokenizer, "all_special_ids"):
-        out.update(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=False))
-        for i, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-            if getattr(added, "special", False):
-                out[str(getattr(added, "content", added))] = int(i)
-    elif isinstance(getattr(tokenizer, "special_tokens", None), (tuple, list)):
-        for t in tokenizer.special_tokens:
-            ids = tokenizer.encode(t)
-            if len(ids) == 1:
-                out[t] = int(ids[0])
+    if parser.special_tokens:
+        return {}
+    out: dict[int, str] = {}
+    for text in getattr(parser, "marker_tokens", ()):
+        ids = engine.encode(text)
+        if len(ids) == 1 and engine.decode(ids, skip_special_tokens=True) == "":
+            out[ids[0]] = text
     return out
 
 
-def special_ids_to_drop(tokenizer: Any, parser: ReplyParser) -> frozenset[int] | None:
-    """For a parser that reads replies decoded without special tokens: when some of its markers
-    (``parser.marker_tokens``, such as ``<tool_call>`` or ``<think>``) are special tokens of
-    ``tokenizer``, the special token ids to drop from a reply before decoding it with the rest kept (the
-    end-of-turn, EOS and pad tokens and any other special token go, the markers stay for the parser);
-    ``None`` when the plain decode keeps every marker (or the parser reads all special tokens itself).
+def decode_keeping(engine: ServingEngine, token_ids: Sequence[int], markers: dict[int, str]) -> str:
+    """``token_ids`` decoded without special tokens, except ``markers`` (id -> text), which stay: the
+    end-of-turn, EOS and pad tokens and any other special token are dropped.
 
+    >>> from agentlightning_lite.serving.engines import ScriptedEngine
     >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
-    >>> class Markers(ByteTokenizer):
-    ...     special_tokens = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
-    >>> sorted(special_ids_to_drop(Markers(), HermesReplyParser()))  # <|im_start|>, <|im_end|>
-    [256, 257]
-    >>> special_ids_to_drop(ByteTokenizer(), HermesReplyParser()) is None  # its markers are text
-    True
+    >>> engine = ScriptedEngine(["x"], tokenizer=ByteTokenizer())
+    >>> decode_keeping(engine, engine.encode("<|im_start|>hi<|im_end|>"), {256: "<|im_start|>"})
+    '<|im_start|>hi'
     """
-    if tokenizer is None or parser.special_tokens:
-        return None
-    specials = special_token_ids(tokenizer)
-    markers = {specials[t] for t in getattr(parser, "marker_tokens", ()) if t in specials}
-    if not markers:
-        return None
-    return frozenset(set(specials.values()) - markers)
+    parts: list[str] = []
+    run: list[int] = []
+    for t in token_ids:
+        if t in markers:
+            parts += [engine.decode(run, skip_special_tokens=True), markers[t]]
+            run = []
+        else:
+            run.append(t)
+    parts.append(engine.decode(run, skip_special_tokens=True))
+    return "".join(parts)

@@ -97,7 +97,7 @@ class ModelReplyParser:
     have no reasoning); ``special_tokens``: replies are read as decoded with their special tokens (the
     format's markers are special tokens); ``marker_tokens``: the marker texts of both parsers that a
     tokenizer may hold as single tokens (where the served tokenizer marks them special, the reply is
-    decoded keeping them: :func:`~agentlightning_lite.serving.reply.special_ids_to_drop`); ``picked``:
+    decoded keeping them: :func:`~agentlightning_lite.serving.reply.special_markers`); ``picked``:
     how the parsers were chosen (``"auto"`` from a chat template, else ``"named"``).
 
     >>> p = reply_parser("hermes", "deepseek_r1")
