@@ -404,6 +404,12 @@ def test_markers_that_are_special_tokens_survive_the_decode(serve: Any, store: A
     assert first.content is None and (first.model_extra or {}).get("reasoning_content") == "The tool knows."
     second = client.chat.completions.create(model=llm.model, messages=[USER], tools=TOOLS).choices[0].message
     assert second.content == "Sunny." and (second.model_extra or {}).get("reasoning_content") == "Done."
+    stream = client.chat.completions.create(model=llm.model, messages=[USER], tools=TOOLS, stream=True)
+    deltas = [c.choices[0].delta for c in stream if c.choices]  # the scripted replies cycle: the call again
+    assert [
+        c.function.name for d in deltas for c in d.tool_calls or [] if c.function and c.function.name
+    ] == ["get_weather"]
+    assert not "".join(d.content or "" for d in deltas)
     spans = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
     assert tok.decode(spans[1].response_token_ids).endswith(
         "Sunny.<|im_start|><|im_end|>"
