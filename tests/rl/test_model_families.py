@@ -19,12 +19,12 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
-from agentlightning_lite.rl.config import LoggingConfig
+from agentlightning_lite.rl.config import LoggingConfig, SampleConfig
 from agentlightning_lite.serving.engines import HFEngine
 from agentlightning_lite.serving.engines.base import GenRequest, GenResult
 
 from .._helpers import lora_weights
-from ..serving._families import ARGS, TINY, TOOLS, USER, ModelFamily, tiny_model_dir
+from ..serving._families import ARGS, BY_NAME, RESULT, TINY, TOOLS, USER, ModelFamily, tiny_model_dir
 
 pytestmark = pytest.mark.slow  # a trainer and one GRPO step per family: 2.5 to 4.5 s each when warm
 
@@ -114,7 +114,7 @@ def test_one_grpo_step_on_a_reply_in_the_family_format(family: ModelFamily, tmp_
     for span in spans:
         assert span.response_token_ids == reply_ids  # special tokens included, nothing re-tokenised
         assert (span.attributes["tool_parser"], span.attributes["reasoning_parser"]) == (
-            family.tool_parser,
+            family.served_tool_parser,
             family.reasoning_parser,
         )
         prompt = tok.decode(span.prompt_token_ids, skip_special_tokens=False)
@@ -125,3 +125,108 @@ def test_one_grpo_step_on_a_reply_in_the_family_format(family: ModelFamily, tmp_
     assert any(not torch.equal(before[n], after[n]) for n in before), "the LoRA weights must move"
     trainer.close()
     engine.close()
+
+
+class ScriptedTurnsEngine(HFEngine):
+    """An :class:`HFEngine` that answers a prompt holding the tool's result with ``answer_ids`` and any
+    other with ``call_ids``, with the model's own log-probabilities of those tokens."""
+
+    def __init__(self, model: str, call_ids: list[int], answer_ids: list[int], **kw: Any) -> None:
+        super().__init__(model, **kw)
+        self.call_ids, self.answer_ids = call_ids, answer_ids
+
+    def _decode(
+        self, requests: Sequence[GenRequest], version: int, adapter: str | None = None
+    ) -> list[GenResult]:
+        out = []
+        for r in requests:
+            reply_ids = self.answer_ids if RESULT in self.decode(r.prompt_token_ids) else self.call_ids
+            ids = torch.tensor([r.prompt_token_ids + reply_ids])
+            logits = self.model(input_ids=ids).logits[0, len(r.prompt_token_ids) - 1 : -1].float()
+            logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply_ids)[:, None]).squeeze(-1)
+            out.append(
+                GenResult(
+                    r.prompt_token_ids,
+                    list(reply_ids),
+                    logprobs.tolist(),
+                    self.decode(reply_ids),
+                    "stop",
+                    weights_version=version,
+                    adapter=adapter,
+                )
+            )
+        return out
+
+
+@pytest.mark.parametrize("send_back", ["message object", "without reasoning_content"])
+def test_qwen3_thinking_tool_loop_merges_in_trajectory_mode_when_the_thinking_comes_back(
+    send_back: str, tmp_path: Path
+) -> None:
+    """Qwen3's template keeps the thinking of the turns after the last user message: an agent that
+    appends the returned message object (the OpenAI client sends its ``reasoning_content`` back) gets a
+    next prompt that starts with the previous prompt + reply, so the two calls of its tool loop train as
+    one sequence; one that drops the thinking splits there, and the split is counted."""
+    family = BY_NAME["qwen3"]
+    model_dir = tiny_model_dir(family, tmp_path / family.name)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    call_ids = tok.encode(family.reply, add_special_tokens=False)
+    answer = "<think>\nIt says sunny.\n</think>\n\nSunny, 24 degrees.<|im_end|>"
+    answer_ids = tok.encode(answer, add_special_tokens=False)
+    engine = ScriptedTurnsEngine(
+        str(model_dir),
+        call_ids,
+        answer_ids,
+        lora=agl.LoRA(r=4, alpha=8, target_modules=list(family.lora_targets)),
+        seed=0,
+        model_name=family.name,
+    )
+    turn = itertools.count()
+    sent: list[Any] = []
+
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = llm.openai_client(max_retries=0)
+        messages: list[Any] = [USER]
+        first = client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS, max_tokens=64)
+        message = first.choices[0].message
+        assert (message.model_extra or {}).get("reasoning_content") == family.reasoning
+        if send_back == "message object":
+            messages.append(message)  # what agents do: the SDK serialises its extra fields too
+        else:
+            messages.append(message.model_dump(exclude_none=True, exclude={"reasoning_content"}))
+        (call,) = message.tool_calls or []
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": RESULT})
+        second = client.chat.completions.create(
+            model=llm.model, messages=messages, tools=TOOLS, max_tokens=64
+        )
+        sent.append(second)
+        return float(second.choices[0].message.content == "Sunny, 24 degrees.") * (next(turn) % 2)
+
+    trainer = agl.Trainer(
+        engine=engine,
+        store=agl.MemoryStore(),
+        output_dir=tmp_path / "out",
+        algorithm=agl.GRPO(group_size=2, lr=5e-3),
+        batch_size=1,
+        sample_config=SampleConfig(transitions="trajectory"),
+        logging_config=LoggingConfig(loggers=[]),
+    )
+    metrics = trainer.fit(agent, [{"q": "weather"}], steps=1)
+    trainer.close()
+    engine.close()
+
+    assert len(sent) == 2
+    spans = [
+        s
+        for r in trainer.store.rollouts(mode="train")
+        for s in trainer.store.spans(r.rollout_id)
+        if s.kind == "llm"
+    ]
+    assert len(spans) == 4
+    if send_back == "message object":
+        assert metrics["trajectory/merged_calls"] == 2.0 and metrics["trajectory/prefix_mismatches"] == 0.0
+        assert metrics["trajectory/sequences"] == 2.0  # one per rollout
+    else:
+        assert metrics["trajectory/merged_calls"] == 0.0 and metrics["trajectory/prefix_mismatches"] == 2.0
+        assert metrics["trajectory/sequences"] == 4.0

@@ -79,6 +79,12 @@ class ModelFamily:
     def text(self) -> str:
         return (TEMPLATES / self.template).read_text(encoding="utf-8")
 
+    @property
+    def served_tool_parser(self) -> str:
+        """What the server reads calls with under ``auto``: the detected parser, or ``hermes`` where the
+        template renders no tools (the server's own tool prompt asks for ``<tool_call>`` blocks)."""
+        return self.tool_parser if self.native else "hermes"
+
 
 FAMILIES = [
     ModelFamily(
@@ -194,8 +200,8 @@ FAMILIES = [
             "<｜tool▁output▁end｜>",
         ),
         plain=("<think>", "</think>"),
-        reply=f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{json.dumps(ARGS)}"
-        "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        # the call as the server's tool prompt asks for it (the template renders no tools)
+        reply=f"<tool_call>\n{_JSON_CALL}\n</tool_call><｜end▁of▁sentence｜>",
         config="DeepseekV3Config",
         config_options=_MLA,
         lora_targets=("q_proj", "kv_b_proj"),

@@ -452,3 +452,24 @@ def test_claude_code_request_shape_is_served(serve: Any, store: Any, smol_tokeni
     assert failed.json()["type"] == "error" and failed.json()["error"]["type"] == "api_error"
     ok, bad = llm_spans(store)
     assert ok.status == "ok" and bad.status == "error" and "engine down" in bad.error
+
+
+def test_an_assistant_thinking_block_is_its_reasoning_content() -> None:
+    from agentlightning_lite.serving.anthropic_messages import convert_messages
+
+    out = convert_messages(
+        None,
+        [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "Ask the tool.", "signature": ""},
+                    {"type": "redacted_thinking", "data": "xyz"},
+                    {"type": "tool_use", "id": "t1", "name": "ls", "input": {}},
+                ],
+            },
+        ],
+    )
+    assert out[1]["reasoning_content"] == "Ask the tool." and out[1]["tool_calls"][0]["id"] == "t1"
+    assert "reasoning_content" not in convert_messages(None, [{"role": "user", "content": "q"}])[0]

@@ -908,11 +908,36 @@ def test_detect_reads_every_template_of_a_dict() -> None:
 
 def test_auto_names_its_pick_and_logs_it(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("INFO", logger="agentlightning_lite.serving.parsers"):
-        parser = parsers.auto_parser("<tool_call>\n<function=x><think>")
+        parser = parsers.auto_parser("{{ tools }}<tool_call>\n<function=x><think>")
     assert (parser.name, parser.reasoning_parser, parser.picked) == ("qwen3_coder", "qwen3", "auto")
     assert "tool parser 'qwen3_coder', reasoning parser 'qwen3'" in caplog.text
-    named = parsers.auto_parser("<tool_call>", tool_parser="pythonic", reasoning_parser=None)
+    assert "from the chat template's markers" in caplog.text
+    named = parsers.auto_parser("{{ tools }}<tool_call>", tool_parser="pythonic", reasoning_parser=None)
     assert (named.name, named.reasoning_parser, named.picked) == ("pythonic", None, "named")
+
+
+def test_auto_reads_hermes_where_the_server_writes_its_own_tool_prompt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A template that renders no ``tools`` gets the server's tool prompt (``<tool_call>`` blocks): ``auto``
+    reads those, whatever call markers the template shows, and says why; a named parser is kept, warned."""
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}[TOOL_CALLS][THINK]"
+    assert detect(template) == ("mistral", "mistral")  # the markers alone
+    with caplog.at_level("INFO", logger="agentlightning_lite.serving.parsers"):
+        parser = parsers.auto_parser(template)
+    assert (parser.name, parser.reasoning_parser, parser.picked) == ("hermes", "mistral", "auto")
+    assert "renders no tools" in caplog.text and "point to 'mistral'" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="agentlightning_lite.serving.parsers"):
+        named = parsers.auto_parser(template, tool_parser="mistral")
+    assert (named.name, named.reasoning_parser) == ("mistral", "mistral")
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "renders no tools" in warning.getMessage() and "'mistral'" in warning.getMessage()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="agentlightning_lite.serving.parsers"):
+        parsers.auto_parser(template, tool_parser="hermes")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # hermes is what is asked for
 
 
 def test_the_default_for_smollm2_stays_the_hermes_reading(smol_tokenizer: Any) -> None:

@@ -407,3 +407,32 @@ def test_codex_request_shape_is_served(serve: Any, store: Any, smol_tokenizer: A
     (span,) = llm_spans(store, store.rollouts()[0].rollout_id)
     assert span.output == {"role": "assistant", "content": "Done."}
     assert span.attributes["dropped_tools"] == ["web_search"]
+
+
+def test_a_reasoning_item_goes_with_the_assistant_turn_after_it() -> None:
+    from agentlightning_lite.serving.openai_responses import convert_input
+
+    def reasoning(text: str, key: str = "content") -> dict[str, Any]:
+        kind = "reasoning_text" if key == "content" else "summary_text"
+        return {"type": "reasoning", "id": "rs_1", "summary": [], key: [{"type": kind, "text": text}]}
+
+    call = {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"}
+    out = convert_input([{"role": "user", "content": "q"}, reasoning("Look first."), call])
+    assert out[1]["reasoning_content"] == "Look first." and out[1]["tool_calls"][0]["id"] == "c1"
+    said = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "Let me see."}],
+    }
+    out = convert_input([{"role": "user", "content": "q"}, reasoning("Plan.", "summary"), said, call])
+    assert (out[1]["content"], out[1]["reasoning_content"], len(out[1]["tool_calls"])) == (
+        "Let me see.",
+        "Plan.",
+        1,
+    )
+    out = convert_input([{"role": "user", "content": "q"}, said, reasoning("Then call."), call])
+    assert out[1]["reasoning_content"] == "Then call."
+    out = convert_input(
+        [reasoning("Orphan."), {"role": "user", "content": "q"}]
+    )  # no assistant turn after it
+    assert all("reasoning_content" not in m for m in out)

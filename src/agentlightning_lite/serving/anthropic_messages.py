@@ -115,10 +115,11 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _assistant(content: Any, where: str) -> dict[str, Any]:
-    """An assistant turn: its text, and its ``tool_use`` blocks as ``tool_calls``."""
+    """An assistant turn: its text, its ``tool_use`` blocks as ``tool_calls`` and its ``thinking``
+    blocks as ``reasoning_content`` (what chat templates keep for the turns of the current tool loop)."""
     if not isinstance(content, list):
         return {"role": "assistant", "content": _text_of(content, where)}
-    texts, calls = [], []
+    texts, calls, thoughts = [], [], []
     for block in content:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
@@ -129,11 +130,16 @@ def _assistant(content: Any, where: str) -> dict[str, Any]:
                 raise ChatFormatError(f"{where}: a tool_use block needs 'id' and 'name' strings", where)
             args = json.dumps(block.get("input") or {}, ensure_ascii=False)
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
-        elif kind in ("thinking", "redacted_thinking"):
+        elif kind == "thinking":
+            if isinstance(block.get("thinking"), str) and block["thinking"]:
+                thoughts.append(block["thinking"])
+        elif kind == "redacted_thinking":
             continue
         else:
             raise _refuse(str(kind), where)
     msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if thoughts:
+        msg["reasoning_content"] = "\n".join(thoughts)
     if calls:
         msg["tool_calls"] = calls
     return msg
@@ -145,8 +151,8 @@ def convert_messages(system: Any, messages: Any) -> list[dict[str, Any]]:
     ``system`` (string or text blocks) leads; a ``system`` message later in ``messages`` (Claude
     Code's mid-conversation system) stays where it is (the route merges it into the leading system
     prompt if the chat template refuses it); ``tool_use`` blocks become ``tool_calls`` and
-    ``tool_result`` blocks ``tool`` messages; ``thinking`` blocks are left out; images and documents
-    are refused (a 400).
+    ``tool_result`` blocks ``tool`` messages; an assistant turn's ``thinking`` blocks become its
+    ``reasoning_content`` (``redacted_thinking`` is left out); images and documents are refused (a 400).
 
     >>> convert_messages("Be brief.", [
     ...     {"role": "user", "content": "ls?"},

@@ -27,6 +27,7 @@ __all__ = [
     "prepare_messages",
     "render_chat",
     "select_tools",
+    "template_renders_tools",
     "template_supports_tools",
     "tools_system_prompt",
 ]
@@ -206,10 +207,38 @@ def chat_template_text(tokenizer: Any) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def template_renders_tools(chat_template: str | dict[str, str] | None) -> bool:
+    """Whether a chat template renders a ``tools`` argument itself; when it does not, the server
+    describes the tools in the system prompt (:data:`TOOLS_PROMPT`, asking for ``<tool_call>`` blocks)
+    and writes earlier calls that way, and ``tool_parser="auto"`` reads replies with ``hermes``.
+
+    >>> template_renders_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
+    True
+    >>> template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+    False
+    """
+    if isinstance(chat_template, dict):
+        chat_template = " ".join(str(v) for v in chat_template.values())
+    return chat_template is not None and "tools" in chat_template
+
+
 def template_supports_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template renders a ``tools`` argument itself."""
-    template = chat_template_text(tokenizer)
-    return template is not None and "tools" in template
+    """Whether the tokenizer's chat template renders a ``tools`` argument itself
+    (:func:`template_renders_tools` of its template)."""
+    return template_renders_tools(chat_template_text(tokenizer))
+
+
+def _reasoning_of(message: dict[str, Any], where: str) -> str | None:
+    """An assistant message's thinking: ``reasoning_content`` (vLLM's answer field, what the OpenAI
+    client keeps when the returned message is appended), else ``reasoning`` (newer vLLM's name)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ChatFormatError(f"{where}.{key} must be a string, got {type(value).__name__}", where)
+        return value
+    return None
 
 
 def prepare_messages(
@@ -220,7 +249,10 @@ def prepare_messages(
 ) -> list[dict[str, Any]]:
     """Validate OpenAI chat messages and turn them into what a chat template can render.
 
-    Content parts become text; ``developer`` becomes ``system``. Without native tool support,
+    Content parts become text; ``developer`` becomes ``system``. An assistant message's thinking
+    (``reasoning_content``, or ``reasoning`` as newer vLLM clients send it) is kept as
+    ``reasoning_content`` (and ``reasoning``): templates that keep the thinking of the turns after the
+    last user message (Qwen3, GLM) read it. Without native tool support,
     the tools go into the (first) system message, the assistant's earlier tool calls become
     ``<tool_call>`` text and tool results become user turns in ``<tool_response>`` tags.
 
@@ -247,6 +279,8 @@ def prepare_messages(
         if role == "developer":
             role = "system"
         calls = m.get("tool_calls") or []
+        thought = _reasoning_of(m, where) if role == "assistant" else None
+        kept = {"reasoning_content": thought, "reasoning": thought} if thought is not None else {}
         if role == "assistant" and calls:
             if not isinstance(calls, list):
                 raise ChatFormatError(f"{where}.tool_calls must be a list", where)
@@ -261,10 +295,11 @@ def prepare_messages(
                             "function": {"name": name, "arguments": args},
                         }
                     )
-                out.append({"role": "assistant", "content": text, "tool_calls": native})
+                out.append({"role": "assistant", "content": text, "tool_calls": native, **kept})
             else:
                 rendered = format_tool_calls(calls)
-                out.append({"role": "assistant", "content": f"{text}\n{rendered}" if text else rendered})
+                joined = f"{text}\n{rendered}" if text else rendered
+                out.append({"role": "assistant", "content": joined, **kept})
             continue
         if role in ("tool", "function"):
             if native_tools:
@@ -277,7 +312,7 @@ def prepare_messages(
             else:
                 out.append({"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"})
             continue
-        msg = {"role": role, "content": text}
+        msg = {"role": role, "content": text, **kept}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
         out.append(msg)
@@ -315,7 +350,9 @@ def render_chat(
     """
     offered, instruction = select_tools(tools, tool_choice)
     native = template_supports_tools(tokenizer)
-    prepared = prepare_messages(messages, offered, instruction, native_tools=native)
+    prepared = _thinking_as_template_reads_it(
+        prepare_messages(messages, offered, instruction, native_tools=native), chat_template_text(tokenizer)
+    )
     reserved = ("tokenize", "add_generation_prompt", "tools", "conversation", "messages")
     kwargs: dict[str, Any] = {k: v for k, v in template_kwargs.items() if k not in reserved}
     kwargs |= {"tokenize": False, "add_generation_prompt": True}
@@ -332,6 +369,32 @@ def render_chat(
     if not isinstance(text, str):
         raise ChatFormatError("the chat template did not return text", "messages")
     return text
+
+
+def _thinking_as_template_reads_it(
+    messages: list[dict[str, Any]], template: str | None
+) -> list[dict[str, Any]]:
+    """Assistant thinking (``reasoning_content``) also where a template reads it otherwise: gpt-oss's
+    ``message.thinking``, Ministral's ``thinking`` content chunk before the text."""
+    if not template or "reasoning_content" in template:
+        return messages
+    chunks = "'thinking'" in template and "block['thinking']" in template
+    thinking_field = "message.thinking" in template
+    if not (chunks or thinking_field):
+        return messages
+    out = []
+    for m in messages:
+        thought = m.get("reasoning_content") if m.get("role") == "assistant" else None
+        if thought is None or (thinking_field and m.get("tool_calls") and m.get("content")):
+            out.append(m)  # gpt-oss refuses both content and thinking beside tool calls: the content stays
+        elif thinking_field:
+            out.append({**m, "thinking": thought})
+        else:
+            blocks = [{"type": "thinking", "thinking": thought}]
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            out.append({**m, "content": blocks})
+    return out
 
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)

@@ -38,6 +38,9 @@ class ServingContext(Protocol):
     responses: RecentDict[list[dict[str, Any]]]
     #: how the served model writes tool calls (and reasoning) in its replies
     reply_parser: ReplyParser
+    #: the reply parser's markers that are special tokens of the served tokenizer (id -> text), kept
+    #: when a reply is decoded (empty: read the plain decode)
+    reply_markers: dict[int, str]
     rollout_guard: Callable[[str, list[str]], None] | None
     lora_adapters: dict[str, str]
     lora_lock: asyncio.Lock

@@ -73,6 +73,16 @@ def _output_text(output: Any, where: str) -> str:
     return _item_text(output, where)
 
 
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A ``reasoning`` item's text: its ``reasoning_text`` content parts, else its summary parts."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = [p for p in item.get(key) or [] if isinstance(p, dict) and p.get("type") == kind]
+        texts = [str(p.get("text", "")) for p in parts]
+        if any(texts):
+            return "\n".join(texts)
+    return ""
+
+
 def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
     """Chat messages from ``instructions`` and ``input`` (a string or a list of items).
 
@@ -80,7 +90,8 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
     ``"type": "message"``) keep their role; ``function_call`` and ``custom_tool_call`` items become
     the ``tool_calls`` of an assistant message (consecutive ones, and the assistant text before
     them, in one message); ``function_call_output`` and ``custom_tool_call_output`` become ``tool``
-    messages; ``reasoning`` items are left out (the model's reasoning is not re-read).
+    messages; a ``reasoning`` item's text becomes the ``reasoning_content`` of the assistant message or
+    function call after it (chat templates keep it for the turns of the current tool loop).
 
     >>> convert_input([{"role": "developer", "content": "Be brief."},
     ...                {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
@@ -102,6 +113,7 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
         return out
     if not isinstance(value, list):
         raise ChatFormatError("'input' must be a string or a list of input items", "input")
+    thinking: list[str] = []  # reasoning items not yet attached to an assistant message
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -115,6 +127,9 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
                     "input",
                 )
             out.append({"role": role, "content": _item_text(item.get("content"), "input")})
+            if role == "assistant" and thinking:
+                out[-1]["reasoning_content"] = "\n".join(thinking)
+            thinking = [] if role in ("assistant", "user") else thinking  # attached, or followed by none
         elif kind in ("function_call", "custom_tool_call"):
             name, call_id = item.get("name"), item.get("call_id") or item.get("id")
             if not isinstance(name, str) or not isinstance(call_id, str):
@@ -125,11 +140,13 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
             else:
                 args = json.dumps({CUSTOM_INPUT: item.get("input", "")}, ensure_ascii=False)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "content": ""})
+            last = out[-1]
+            last.setdefault("tool_calls", []).append(call)
+            if thinking:
+                joined = filter(None, [last.get("reasoning_content"), *thinking])
+                last["reasoning_content"], thinking = "\n".join(joined), []
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -142,7 +159,7 @@ def convert_input(value: Any, instructions: Any = None) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "reasoning":
-            continue
+            thinking += filter(None, [_reasoning_text(item)])
         elif kind == "item_reference":
             raise ChatFormatError(
                 f"{where}: 'item_reference' items are not supported; send the items themselves", "input"

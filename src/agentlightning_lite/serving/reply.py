@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .chat_format import parse_tool_calls
 
-__all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser"]
+if TYPE_CHECKING:
+    from .engines.contract import ServingEngine
+
+__all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser", "decode_keeping", "special_markers"]
 
 
 @dataclass
@@ -79,6 +82,7 @@ class HermesReplyParser:
     name = "hermes"
     reasoning_parser = None
     special_tokens = False
+    marker_tokens = ("<tool_call>", "</tool_call>")
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedReply:
         if not tools:
@@ -87,3 +91,50 @@ class HermesReplyParser:
         if not calls and "<tool_call>" in text:
             return ParsedReply(content=text, tool_parse_failed=True)
         return ParsedReply(content=content, tool_calls=calls)
+
+
+def special_markers(engine: ServingEngine, parser: ReplyParser) -> dict[int, str]:
+    """The reply parser's markers (``parser.marker_tokens``, such as ``<tool_call>`` or ``<think>``) that
+    are special tokens of the engine's tokenizer, id -> text: a plain decode drops them, so replies are
+    read with :func:`decode_keeping` them. Empty when every marker is text (or an added token that is
+    not special), and for a parser that reads all special tokens itself (``parser.special_tokens``).
+
+    >>> from agentlightning_lite.serving.engines import ScriptedEngine
+    >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
+    >>> class Marked(ByteTokenizer):
+    ...     special_tokens = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
+    >>> special_markers(ScriptedEngine(["x"], tokenizer=Marked()), HermesReplyParser())
+    {258: '<tool_call>', 259: '</tool_call>'}
+    >>> special_markers(ScriptedEngine(["x"], tokenizer=ByteTokenizer()), HermesReplyParser())
+    {}
+    """
+    if parser.special_tokens:
+        return {}
+    out: dict[int, str] = {}
+    for text in getattr(parser, "marker_tokens", ()):
+        ids = engine.encode(text)
+        if len(ids) == 1 and engine.decode(ids, skip_special_tokens=True) == "":
+            out[ids[0]] = text
+    return out
+
+
+def decode_keeping(engine: ServingEngine, token_ids: Sequence[int], markers: dict[int, str]) -> str:
+    """``token_ids`` decoded without special tokens, except ``markers`` (id -> text), which stay: the
+    end-of-turn, EOS and pad tokens and any other special token are dropped.
+
+    >>> from agentlightning_lite.serving.engines import ScriptedEngine
+    >>> from agentlightning_lite.serving.tokenizer import ByteTokenizer
+    >>> engine = ScriptedEngine(["x"], tokenizer=ByteTokenizer())
+    >>> decode_keeping(engine, engine.encode("<|im_start|>hi<|im_end|>"), {256: "<|im_start|>"})
+    '<|im_start|>hi'
+    """
+    parts: list[str] = []
+    run: list[int] = []
+    for t in token_ids:
+        if t in markers:
+            parts += [engine.decode(run, skip_special_tokens=True), markers[t]]
+            run = []
+        else:
+            run.append(t)
+    parts.append(engine.decode(run, skip_special_tokens=True))
+    return "".join(parts)

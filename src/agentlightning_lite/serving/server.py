@@ -32,7 +32,7 @@ from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
 from .parsers import auto_parser
-from .reply import ReplyParser
+from .reply import ReplyParser, special_markers
 from .routes import chat, completions, lora, messages, meta, responses
 from .routes.request import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
 from .state import RecentDict, RolloutState
@@ -172,6 +172,15 @@ class PolicyServer(ThreadedUvicorn):
         self.responses: RecentDict[list[dict[str, Any]]] = RecentDict(1000)
         #: how the served model writes tool calls (and reasoning) in its replies (see :mod:`.parsers`)
         self.reply_parser: ReplyParser = auto_parser(engine.chat_template, tool_parser, reasoning_parser)
+        #: the reply parser's markers (``<tool_call>``, ``<think>``...) that are special tokens of the
+        #: served tokenizer, id -> text: replies are decoded keeping them (other special tokens dropped)
+        self.reply_markers = special_markers(engine, self.reply_parser)
+        if self.reply_markers:
+            logger.info(
+                "reply markers %s are special tokens of the tokenizer: replies are read decoded with them "
+                "(other special tokens dropped)",
+                ", ".join(sorted(self.reply_markers.values())),
+            )
         #: called as ``rollout_guard(rollout_id, lease_tokens)`` before a call routed to a rollout is
         #: served; raises (an ``AGLError``, such as a ``LeaseError``) to refuse it. The runner routes
         #: set it so that a rollout claimed by a runner takes calls only with its claim's lease token.

@@ -30,7 +30,7 @@ class ByteTokenizer:
     def __init__(self) -> None:
         self._special = {t: 256 + i for i, t in enumerate(self.special_tokens)}
         self._split = re.compile("(" + "|".join(re.escape(t) for t in self.special_tokens) + ")")
-        self.bos_token, self.eos_token = self.special_tokens
+        self.bos_token, self.eos_token = self.special_tokens[:2]
         self.bos_token_id, self.eos_token_id = 256, 257
         self.pad_token, self.pad_token_id = self.eos_token, self.eos_token_id
         self.vocab_size = 256 + len(self.special_tokens)

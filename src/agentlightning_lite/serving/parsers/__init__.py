@@ -1,3 +1,4 @@
+# ruff: noqa: RUF002  (DeepSeek's markers are written with full-width bars)
 """Tool-call and reasoning parsers by vLLM's names (``--tool-call-parser``, ``--reasoning-parser``).
 
 What ``vllm serve --tool-call-parser X --reasoning-parser Y`` reads, ``PolicyServer(tool_parser=X,
@@ -21,6 +22,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..chat_format import template_renders_tools
 from ..reply import ParsedReply
 from .base import Call, ToolParser, coerce, fix_types, strip_end_markers
 from .json_tools import (
@@ -93,8 +95,10 @@ class ModelReplyParser:
 
     ``name``: the tool parser's name; ``reasoning_parser``: the reasoning parser's (``None``: replies
     have no reasoning); ``special_tokens``: replies are read as decoded with their special tokens (the
-    format's markers are special tokens); ``picked``: how the parsers were chosen (``"auto"`` from a
-    chat template, else ``"named"``).
+    format's markers are special tokens); ``marker_tokens``: the marker texts of both parsers that a
+    tokenizer may hold as single tokens (where the served tokenizer marks them special, the reply is
+    decoded keeping them: :func:`~agentlightning_lite.serving.reply.special_markers`); ``picked``:
+    how the parsers were chosen (``"auto"`` from a chat template, else ``"named"``).
 
     >>> p = reply_parser("hermes", "deepseek_r1")
     >>> r = p.parse('Sum.</think><tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
@@ -113,6 +117,7 @@ class ModelReplyParser:
         self.name = tool.name
         self.reasoning_parser = reasoning.name if reasoning is not None else None
         self.special_tokens = tool.special_tokens or (reasoning is not None and reasoning.special_tokens)
+        self.marker_tokens = tuple(dict.fromkeys((*tool.tokens, *(reasoning.tokens if reasoning else ()))))
         self.picked = picked
 
     def __repr__(self) -> str:
@@ -204,23 +209,46 @@ def auto_parser(
     reasoning_parser: str | None = "auto",
 ) -> ModelReplyParser:
     """The reply parser for a model with ``chat_template``: ``"auto"`` (for either) is what
-    :func:`detect` reads there; the choice is logged at INFO.
+    :func:`detect` reads there; the choice and its reason are logged at INFO.
 
-    >>> auto_parser("{{ '[TOOL_CALLS]' }}", reasoning_parser=None)
+    A template that renders no ``tools`` (DeepSeek-V3.1's) gets the server's own tool prompt, which asks
+    for ``<tool_call>`` JSON blocks (and earlier calls are written that way): ``tool_parser="auto"``
+    then reads replies with ``hermes``, whatever call markers the template shows. A tool parser named
+    for such a template is kept, with a warning that the model is asked for Hermes blocks.
+
+    >>> auto_parser("{% if tools %}{{ '[TOOL_CALLS]' }}{% endif %}", reasoning_parser=None)
     ModelReplyParser(tool_parser='mistral', reasoning_parser=None)
+    >>> auto_parser("{{ '<｜tool▁calls▁begin｜>' }}{% if thinking %}<think>{% endif %}")
+    ModelReplyParser(tool_parser='hermes', reasoning_parser='qwen3')
     """
     tool_name, reasoning_name = detect(chat_template)
+    renders_tools = template_renders_tools(chat_template)
+    why = "from the chat template's markers"
+    if not renders_tools and tool_name != "hermes":
+        why = (
+            f"the chat template renders no tools, so the server's own tool prompt asks for <tool_call> "
+            f"blocks (its markers point to {tool_name!r})"
+        )
+        tool_name = "hermes"
     auto = tool_parser == "auto" or reasoning_parser == "auto"
     parser = reply_parser(
         tool_name if tool_parser == "auto" else tool_parser,
         reasoning_name if reasoning_parser == "auto" else reasoning_parser,
     )
+    if tool_parser not in ("auto", "hermes") and not renders_tools:
+        logger.warning(
+            "the chat template renders no tools: the server describes them in its own tool prompt, which "
+            "asks the model for <tool_call>{...}</tool_call> blocks (hermes) and writes earlier calls "
+            "that way, but replies are read with the %r tool parser as named (docs/models.md)",
+            tool_parser,
+        )
     if auto:
         parser.picked = "auto"
         logger.info(
-            "reply parsers: tool parser %r, reasoning parser %r (auto: from the chat template)",
+            "reply parsers: tool parser %r, reasoning parser %r (auto: %s)",
             parser.name,
             parser.reasoning_parser,
+            why,
         )
     return parser
 

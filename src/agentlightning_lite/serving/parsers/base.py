@@ -194,6 +194,9 @@ class ToolParser:
     name: ClassVar[str] = ""
     special_tokens: ClassVar[bool] = False
     markers: ClassVar[tuple[str, ...]] = ()
+    #: the format's marker texts that a tokenizer may hold as one (maybe special) token each: where the
+    #: served tokenizer marks them special, replies are decoded keeping them (and no other special token)
+    tokens: ClassVar[tuple[str, ...]] = ()
 
     def has_marker(self, text: str) -> bool:
         """Whether ``text`` holds one of the format's call markers (:attr:`markers`).

@@ -48,6 +48,7 @@ class HermesToolParser(ToolParser):
 
     name = "hermes"
     markers = ("<tool_call>",)
+    tokens = ("<tool_call>", "</tool_call>")
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
         content, calls = parse_tool_calls(text, tools)

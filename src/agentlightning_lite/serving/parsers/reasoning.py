@@ -25,10 +25,12 @@ __all__ = [
 class ReasoningParser:
     """One model family's way of writing its thinking. Subclasses set ``name`` and implement
     :meth:`split`; ``special_tokens``: its markers are special tokens (read from the reply decoded with
-    them)."""
+    them); ``tokens``: its marker texts that a tokenizer may hold as single tokens (kept in the decode
+    where the served tokenizer marks them special)."""
 
     name: ClassVar[str] = ""
     special_tokens: ClassVar[bool] = False
+    tokens: ClassVar[tuple[str, ...]] = ()
 
     def split(self, text: str) -> tuple[str | None, str]:
         """``(reasoning, rest)``: the thinking (``None`` when none) and the text after it."""
@@ -52,6 +54,7 @@ class Qwen3ReasoningParser(ReasoningParser):
     """
 
     name = "qwen3"
+    tokens = ("<think>", "</think>")
     _START, _END = "<think>", "</think>"
 
     def split(self, text: str) -> tuple[str | None, str]:
@@ -82,6 +85,7 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
     """
 
     name = "deepseek_r1"
+    tokens = ("<think>", "</think>")
 
     def split(self, text: str) -> tuple[str | None, str]:
         _, mark, after = text.partition("<think>")

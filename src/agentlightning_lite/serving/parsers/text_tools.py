@@ -37,6 +37,7 @@ class Qwen3CoderToolParser(ToolParser):
 
     name = "qwen3_coder"
     markers = ("<tool_call>", "<function=")
+    tokens = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
     _CALL = re.compile(
         r"(?:<tool_call>\s*)?<function=([^>]*)>(.*?)"
         r"(?:</function>\s*(?:</tool_call>)?|</tool_call>|(?=<tool_call>|<function=)|\Z)",
@@ -76,6 +77,7 @@ class Glm45ToolParser(ToolParser):
 
     name = "glm45"
     markers = ("<tool_call>",)
+    tokens = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.S)
     _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 

@@ -18,6 +18,7 @@ from ..context import ServingContext
 from ..engines.base import GenResult
 from ..errors import APIError, JSONResponse, bad_request
 from ..params import Params
+from ..reply import decode_keeping
 from ..structured import ResponseFormat, ResponseFormatError, parse_response_format
 from .calls import (
     budget,
@@ -218,9 +219,13 @@ def warn_unparsed(ctx: ServingContext, text: str) -> None:
 
 def reply_text(ctx: ServingContext, res: GenResult) -> str:
     """The reply as the reply parser reads it: ``res.text``, or the tokens decoded with their special
-    tokens for a parser whose markers are special tokens (the token ids stay the whole reply's)."""
+    tokens for a parser whose markers are special tokens, or, where the served tokenizer marks a text
+    parser's markers (``<tool_call>``, ``<think>``) special, decoded with those markers and no other
+    special token (``ctx.reply_markers``). The token ids stay the whole reply's."""
     if ctx.reply_parser.special_tokens:
         return ctx.engine.decode(res.token_ids, skip_special_tokens=False)
+    if ctx.reply_markers:
+        return decode_keeping(ctx.engine, res.token_ids, ctx.reply_markers)
     return res.text
 
 
