@@ -121,9 +121,24 @@ def reply_stats(store: Any, mode: str = "val") -> dict[str, Any]:
             reason = span.attributes.get("engine_finish_reason") or span.attributes.get("finish_reason")
             cut += reason == "length"
             if example is None:
-                example = span.output if isinstance(span.output, str) else json.dumps(span.output)[:600]
+                out = span.output
+                example = out.get("content") if isinstance(out, dict) else out
+                example = example if isinstance(example, str) else json.dumps(out)[:600]
     mean = statistics.fmean(lengths) if lengths else 0.0
     return {"replies": len(lengths), "mean_tokens": round(mean, 1), "cut": cut, "example": example}
+
+
+def per_task(store: Any, mode: str = "val") -> dict[str, float | None]:
+    """Each ``mode`` rollout's reward by its reasoning-gym task index (``None``: the rollout failed).
+
+    >>> import agentlightning_lite as agl
+    >>> store = agl.MemoryStore()
+    >>> ro = store.start_rollout(task={"index": 3}, mode="val")
+    >>> store.set_reward(ro.rollout_id, 1.0)
+    >>> per_task(store)
+    {'3': 1.0}
+    """
+    return {str(ro.task["index"]): ro.reward for ro in store.rollouts(mode=mode)}
 
 
 def base_rates(args: argparse.Namespace) -> None:
@@ -153,6 +168,7 @@ def base_rates(args: argparse.Namespace) -> None:
         )
         out = {"preset": preset, "command": cmd, "max_tokens": args.max_tokens, "eval_seed": args.eval_seed}
         out |= {"result": res, "replies": stats, "wall_s": round(wall, 1), "load_avg": os.getloadavg()}
+        out["per_task"] = per_task(store)
         path.write_text(json.dumps(out, indent=2))
         print(f"{preset}: {res['success_rate']:.1%} of {res['n']}, {stats}", flush=True)
         write_base_rates(folder, args.out or HERE / "base_rates.md")
@@ -217,21 +233,47 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 
 def before_score(args: argparse.Namespace) -> dict[str, Any]:
-    """The untrained model on the held-out tasks, measured once per preset and kept in ``before.json``."""
+    """The untrained model on the held-out tasks, measured once per preset and kept in ``before.json``.
+
+    The held-out tasks are the first ``eval_size`` tasks of the base rates' (same reasoning-gym seed:
+    reasoning-gym draws each task from the seed and its index), so when ``base-rates`` measured this
+    preset with the same ``max_tokens`` on at least as many tasks, its first ``eval_size`` scores are
+    taken instead of evaluating again (``"source"`` says which).
+    """
     path = _run_dir(args) / "before.json"
     key = {"eval_size": args.eval_size, "eval_seed": args.eval_seed, "max_tokens": args.max_tokens}
     if path.exists():
         saved = json.loads(path.read_text())
         if all(saved.get(k) == v for k, v in key.items()):
-            return saved
-    import agentlightning_lite as agl
+            return dict(saved)
+    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}.json"
+    rates = json.loads(base.read_text()) if base.exists() else {}
+    scores = rates.get("per_task", {})
+    if (
+        rates.get("eval_seed") == args.eval_seed
+        and rates.get("max_tokens") == args.max_tokens
+        and all(str(i) in scores for i in range(args.eval_size))
+    ):
+        xs = [scores[str(i)] for i in range(args.eval_size)]
+        ok = [x for x in xs if x is not None]
+        res = {
+            "mean_reward": statistics.fmean(ok) if ok else 0.0,
+            "success_rate": sum(x >= 1.0 for x in ok) / len(xs),
+            "n": len(xs),
+            "failed": len(xs) - len(ok),
+        }
+        out = {**key, "before": res, "source": str(base.relative_to(base.parents[2])), "wall_s": 0.0}
+    else:
+        import agentlightning_lite as agl
 
-    held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens)
-    trainer = _quiet_trainer(Path(args.work_dir) / args.task / "before", store=agl.MemoryStore())
-    t0 = time.time()
-    res = trainer.evaluate(held_out.agent, held_out.tasks)
-    trainer.close()
-    out = {**key, "before": res, "wall_s": round(time.time() - t0, 1)}
+        held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens)
+        store = agl.MemoryStore()
+        trainer = _quiet_trainer(Path(args.work_dir) / args.task / "before", store=store)
+        t0 = time.time()
+        res = trainer.evaluate(held_out.agent, held_out.tasks)
+        trainer.close()
+        out = {**key, "before": res, "source": "evaluated", "wall_s": round(time.time() - t0, 1)}
+        out["per_task"] = per_task(store)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
     return out
@@ -264,6 +306,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
     trainer.fit(train.agent, train.tasks, steps=args.steps)
     t_train = time.time() - t0
     after = trainer.evaluate(held_out.agent, held_out.tasks)
+    after_tasks, after_replies = per_task(trainer.store), reply_stats(trainer.store)
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     trainer.close()
     keys = (
@@ -291,6 +334,8 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         "eval_size": args.eval_size,
         "eval_seed": args.eval_seed,
         "after": after,
+        "after_per_task": after_tasks,
+        "after_replies": after_replies,
         "curves": {k: [m.get(k) for m in metrics if "train/reward_mean" in m] for k in keys},
         "train_wall_s": round(t_train, 1),
         "wall_s": round(time.time() - t0, 1),
@@ -440,8 +485,8 @@ def report(args: argparse.Namespace) -> Path:
         "",
         "| config | seed | after | train reward per step | staleness mean | dropped stale "
         "| truncated replies "
-        "per step | wall (train + eval) | load avg at end |",
-        "|---|---:|---:|---|---:|---:|---|---:|---:|",
+        "per step | held-out replies after: mean tokens, cut | wall (train + eval) | load avg at end |",
+        "|---|---:|---:|---|---:|---:|---|---:|---:|---:|",
     ]
     for c in configs:
         for s in seeds:
@@ -461,6 +506,7 @@ def report(args: argparse.Namespace) -> Path:
                 f"{statistics.fmean(stale):.2f}" if stale else "-",
                 f"{sum(dropped):.0f}" if dropped else "-",
                 " ".join("-" if x is None else f"{x:.0f}" for x in trunc) or "-",
+                _replies(r.get("after_replies")),
                 f"{r['wall_s'] / 60:.1f} min",
                 f"{r['load_avg'][0]:.1f}",
             ]
@@ -475,6 +521,12 @@ def report(args: argparse.Namespace) -> Path:
     out.write_text("\n".join(lines) + "\n")
     _plot(runs, configs, seeds, out_dir / f"curves_{args.task}.png", b)
     return out
+
+
+def _replies(stats: dict[str, Any] | None) -> str:
+    if not stats or not stats.get("replies"):
+        return "-"
+    return f"{stats['mean_tokens']:.0f}, {stats['cut']}/{stats['replies']}"
 
 
 def _noise_note(

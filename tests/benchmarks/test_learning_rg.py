@@ -82,7 +82,7 @@ def test_report_marks_missing_cells_and_compares_by_seed(tmp_path: Path) -> None
     assert "| `grpo-sync` | 50.0% | 37.5% | not measured | 43.8% ± 8.8% | +18.8% | 42/96 (" in text
     assert "| `ppo-sync` | 25.0% | not measured | not measured | 25.0% (1 seed) | +0.0% |" in text
     assert "| `grpo-async-tis` |" not in text  # neither asked for nor run
-    assert "| `grpo-sync` | 0 | 50.0% | 0.20 0.40 0.50 | - | - | 3 1 0 | 10.0 min | 3.0 |" in text
+    assert "| `grpo-sync` | 0 | 50.0% | 0.20 0.40 0.50 | - | - | 3 1 0 | - | 10.0 min | 3.0 |" in text
     assert "| `grpo-async` | 0 | 41.7% | 0.20 0.30 0.40 | 0.33 |" in text
     assert "| `grpo-sync` | 2 | not measured |" in text
     # async - sync over seeds 0 and 1: -8.3% and +8.3%, the t-interval holds 0
