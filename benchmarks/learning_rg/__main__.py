@@ -69,15 +69,29 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "letters": ("letter_counting", {"min_words": 3, "max_words": 5}),
 }
 
+# system prompts: reasoning-gym's own (think step by step, then <answer>), or one asking for the answer alone
+PROMPTS: dict[str, str | None] = {
+    "default": None,
+    "short": "Give only the final answer, in the form <answer>your answer</answer>, with no explanation.",
+}
+
 CONFIGS = ("grpo-sync", "ppo-sync", "grpo-async", "grpo-async-tis", "ppo-async")
 
 
-def make_env(preset: str, size: int, seed: int, max_tokens: int) -> Any:
-    """The preset's reasoning-gym environment: ``size`` tasks generated from ``seed``."""
+def make_env(preset: str, size: int, seed: int, max_tokens: int, prompt: str = "default") -> Any:
+    """The preset's reasoning-gym environment: ``size`` tasks generated from ``seed``, its agent's
+    system prompt ``PROMPTS[prompt]``.
+
+    >>> env = make_env("arith3", 2, 10_000, 48, "short")
+    >>> env.system_prompt == PROMPTS["short"], env.max_tokens, env.tasks[0]["name"]
+    (True, 48, 'basic_arithmetic')
+    """
     import agentlightning_lite as agl
 
     name, config = PRESETS[preset]
-    return agl.envs.ReasoningGym(name, size=size, seed=seed, max_tokens=max_tokens, **config)
+    return agl.envs.ReasoningGym(
+        name, size=size, seed=seed, max_tokens=max_tokens, system_prompt=PROMPTS[prompt], **config
+    )
 
 
 def _threads(n: int | None) -> None:
@@ -150,10 +164,10 @@ def base_rates(args: argparse.Namespace) -> None:
     folder = Path(args.results_dir or HERE / "results") / "base_rates"
     folder.mkdir(parents=True, exist_ok=True)
     for preset in args.tasks:
-        path = folder / f"{preset}.json"
+        path = folder / f"{preset}-{args.prompt}.json"
         if args.resume and path.exists():
             continue
-        env = make_env(preset, args.n, args.eval_seed, args.max_tokens)
+        env = make_env(preset, args.n, args.eval_seed, args.max_tokens, args.prompt)
         store = agl.MemoryStore()
         trainer = _quiet_trainer(Path(args.work_dir) / "base-rates", store=store)
         t0 = time.time()
@@ -163,10 +177,11 @@ def base_rates(args: argparse.Namespace) -> None:
         trainer.close()
         cmd = (
             f"nice -n 15 python -m benchmarks.learning_rg base-rates --tasks {preset} --n {args.n} "
-            f"--max-tokens {args.max_tokens} --eval-seed {args.eval_seed}"
+            f"--max-tokens {args.max_tokens} --eval-seed {args.eval_seed} --prompt {args.prompt}"
             + (f" --threads {args.threads}" if args.threads else "")
         )
         out = {"preset": preset, "command": cmd, "max_tokens": args.max_tokens, "eval_seed": args.eval_seed}
+        out["prompt"] = args.prompt
         out |= {"result": res, "replies": stats, "wall_s": round(wall, 1), "load_avg": os.getloadavg()}
         out["per_task"] = per_task(store)
         path.write_text(json.dumps(out, indent=2))
@@ -184,7 +199,7 @@ def write_base_rates(folder: Path, out: Path) -> None:
         lo, hi = wilson(k, res["n"])
         name, config = PRESETS[r["preset"]]
         rows.append(
-            f"| `{r['preset']}` | `{name}` `{json.dumps(config)}` "
+            f"| `{r['preset']}` | `{name}` `{json.dumps(config)}` | {r.get('prompt', 'default')} "
             f"| {k}/{res['n']} = {res['success_rate']:.1%} "
             f"| {lo:.1%}-{hi:.1%} | {st['mean_tokens']:.0f} | {st['cut']}/{st['replies']} | {res['failed']} "
             f"| {r['max_tokens']} | {r['wall_s'] / 60:.1f} min (load {r['load_avg'][0]:.1f}) |"
@@ -202,12 +217,13 @@ def write_base_rates(folder: Path, out: Path) -> None:
         "with its default agent (reasoning-gym's default system prompt, one chat call, the answer in "
         "`<answer>...</answer>` or else the reply's last line), measured with `trainer.evaluate` at "
         "temperature 0 on the embedded model; the score is the dataset's own `score_answer`. "
-        "The held-out seed is the grid's (10000), so these are the tasks the benchmark holds out.",
+        "The held-out seed is the grid's (10000), so these are the tasks the benchmark holds out. "
+        f"Prompt `default` is reasoning-gym's; `short` is {PROMPTS['short']!r}.",
         "",
-        "| preset | dataset and config | held-out success | Wilson 95% | mean reply tokens "
+        "| preset | dataset and config | prompt | held-out success | Wilson 95% | mean reply tokens "
         "| cut at max_tokens "
         "| failed | max_tokens | wall |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
     ]
@@ -241,17 +257,23 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
     taken instead of evaluating again (``"source"`` says which).
     """
     path = _run_dir(args) / "before.json"
-    key = {"eval_size": args.eval_size, "eval_seed": args.eval_seed, "max_tokens": args.max_tokens}
+    key = {
+        "eval_size": args.eval_size,
+        "eval_seed": args.eval_seed,
+        "max_tokens": args.max_tokens,
+        "prompt": args.prompt,
+    }
     if path.exists():
         saved = json.loads(path.read_text())
         if all(saved.get(k) == v for k, v in key.items()):
             return dict(saved)
-    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}.json"
+    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}-{args.prompt}.json"
     rates = json.loads(base.read_text()) if base.exists() else {}
     scores = rates.get("per_task", {})
     if (
         rates.get("eval_seed") == args.eval_seed
         and rates.get("max_tokens") == args.max_tokens
+        and rates.get("prompt", "default") == args.prompt
         and all(str(i) in scores for i in range(args.eval_size))
     ):
         xs = [scores[str(i)] for i in range(args.eval_size)]
@@ -266,7 +288,7 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
     else:
         import agentlightning_lite as agl
 
-        held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens)
+        held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
         store = agl.MemoryStore()
         trainer = _quiet_trainer(Path(args.work_dir) / args.task / "before", store=store)
         t0 = time.time()
@@ -290,8 +312,8 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         import shutil
 
         shutil.rmtree(out_dir)
-    train = make_env(args.task, args.steps * args.batch_size, 1000 + seed, args.max_tokens)
-    held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens)
+    train = make_env(args.task, args.steps * args.batch_size, 1000 + seed, args.max_tokens, args.prompt)
+    held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
     t0 = time.time()
     trainer = _quiet_trainer(
         out_dir,
@@ -330,6 +352,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         "group_size": args.group_size,
         "lr": args.lr,
         "max_tokens": args.max_tokens,
+        "prompt": args.prompt,
         "max_staleness": args.max_staleness if asynchronous else None,
         "eval_size": args.eval_size,
         "eval_seed": args.eval_seed,
@@ -374,7 +397,7 @@ def _grid_command(args: argparse.Namespace) -> str:
         f"--configs {' '.join(args.configs)} --seeds {' '.join(map(str, args.seeds))} --steps {args.steps} "
         f"--batch-size {args.batch_size} --group-size {args.group_size} --lr {args.lr} "
         f"--max-tokens {args.max_tokens} --eval-size {args.eval_size} --eval-seed {args.eval_seed} "
-        f"--max-staleness {args.max_staleness}"
+        f"--max-staleness {args.max_staleness} --prompt {args.prompt}"
         + (f" --threads {args.threads}" if args.threads else "")
         + " --resume"
     )
@@ -452,7 +475,13 @@ def report(args: argparse.Namespace) -> Path:
             "Async: `RolloutConfig(async_rollouts=True)`, "
             f"`SampleConfig(max_staleness={args.max_staleness})`; "
             "`-tis`: `UpdateConfig(correction=agl.TIS(cap=2.0))`. Training tasks are generated from seed "
-            "1000 + seed.  "
+            "1000 + seed. System prompt: "
+            + (
+                "reasoning-gym's default."
+                if any_run.get("prompt", "default") == "default"
+                else f"{PROMPTS[any_run['prompt']]!r} (`--prompt {any_run['prompt']}`)."
+            )
+            + "  "
         )
     lines += [
         f"Held-out: the same {n} tasks (seed {args.eval_seed}) for every run, greedy. Untrained: "
@@ -630,6 +659,9 @@ def main(argv: list[str] | None = None) -> None:
         "--eval-seed", type=int, default=10_000, help="reasoning-gym seed of the held-out tasks"
     )
     common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    common.add_argument(
+        "--prompt", choices=sorted(PROMPTS), default="short", help="the agent's system prompt"
+    )
     common.add_argument("--work-dir", default="runs/learning_rg", help="stores, metrics, adapters")
 
     b = sub.add_parser("base-rates", parents=[common], help="the untrained model's held-out score per preset")

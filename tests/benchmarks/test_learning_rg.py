@@ -31,6 +31,7 @@ def run(config: str, seed: int, after: float, rewards: list[float], **curves: li
         "group_size": 8,
         "lr": 2e-4,
         "max_tokens": 128,
+        "prompt": "short",
         "after": {"success_rate": after, "mean_reward": after, "n": 48, "failed": 0},
         "curves": {"train/reward_mean": rewards, **curves},
         "wall_s": 600.0,
@@ -54,6 +55,7 @@ def args(tmp_path: Path, *extra: str) -> Any:
         eval_seed=10_000,
         max_staleness=1,
         threads=None,
+        prompt="short",
         results_dir=str(tmp_path / "results"),
         out_dir=str(tmp_path),
     )
@@ -110,11 +112,11 @@ def test_base_rates_table_from_the_preset_files(tmp_path: Path) -> None:
         "wall_s": 300.0,
         "load_avg": [4.0, 4.0, 4.0],
     }
-    (tmp_path / "legs2.json").write_text(json.dumps(record))
+    (tmp_path / "legs2-short.json").write_text(json.dumps(dict(record, prompt="short")))
     bench.write_base_rates(tmp_path, tmp_path / "base_rates.md")
     text = (tmp_path / "base_rates.md").read_text()
     assert "    nice -n 15 python -m benchmarks.learning_rg base-rates --tasks legs2 --n 64" in text
-    assert "| `legs2` | `leg_counting` `" in text
+    assert "| `legs2` | `leg_counting` `" in text and "` | short | 8/64" in text
     assert "| 8/64 = 12.5% | 6.5%-22.8% | 101 | 20/64 | 0 | 128 | 5.0 min (load 4.0) |" in text
 
 
@@ -122,3 +124,19 @@ def test_cli_rejects_an_unknown_preset(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         bench.main(["grid", "--task", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_untrained_score_is_the_base_rates_first_tasks(tmp_path: Path) -> None:
+    a = args(tmp_path)
+    a.eval_size, a.max_tokens = 4, 48
+    base = tmp_path / "results" / "base_rates"
+    base.mkdir(parents=True)
+    record = {"preset": "arith3", "max_tokens": 48, "eval_seed": 10_000, "prompt": "short"}
+    record["per_task"] = {"0": 1.0, "1": 0.0, "2": None, "3": 1.0, "4": 1.0, "5": 1.0}
+    (base / "arith3-short.json").write_text(json.dumps(record))
+    before = bench.before_score(a)
+    # the first 4 tasks: two successes, one failed rollout (counted, scored as a miss)
+    assert before["before"] == {"mean_reward": 2 / 3, "success_rate": 0.5, "n": 4, "failed": 1}
+    assert before["source"] == "results/base_rates/arith3-short.json"
+    saved = json.loads((tmp_path / "results" / "arith3" / "before.json").read_text())
+    assert saved["before"] == before["before"] and saved["prompt"] == "short"
