@@ -267,25 +267,8 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
         saved = json.loads(path.read_text())
         if all(saved.get(k) == v for k, v in key.items()):
             return dict(saved)
-    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}-{args.prompt}.json"
-    rates = json.loads(base.read_text()) if base.exists() else {}
-    scores = rates.get("per_task", {})
-    if (
-        rates.get("eval_seed") == args.eval_seed
-        and rates.get("max_tokens") == args.max_tokens
-        and rates.get("prompt", "default") == args.prompt
-        and all(str(i) in scores for i in range(args.eval_size))
-    ):
-        xs = [scores[str(i)] for i in range(args.eval_size)]
-        ok = [x for x in xs if x is not None]
-        res = {
-            "mean_reward": statistics.fmean(ok) if ok else 0.0,
-            "success_rate": sum(x >= 1.0 for x in ok) / len(xs),
-            "n": len(xs),
-            "failed": len(xs) - len(ok),
-        }
-        out = {**key, "before": res, "source": str(base.relative_to(base.parents[2])), "wall_s": 0.0}
-    else:
+    out = _before_from_base_rates(args)
+    if out is None:
         import agentlightning_lite as agl
 
         held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
@@ -299,6 +282,31 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
     return out
+
+
+def _before_from_base_rates(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The untrained score of the first ``eval_size`` base-rate tasks, when ``base-rates`` measured
+    this preset with the same settings on at least as many tasks; else ``None``."""
+    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}-{args.prompt}.json"
+    rates = json.loads(base.read_text()) if base.exists() else {}
+    scores = rates.get("per_task", {})
+    if not (
+        rates.get("eval_seed") == args.eval_seed
+        and rates.get("max_tokens") == args.max_tokens
+        and rates.get("prompt", "default") == args.prompt
+        and all(str(i) in scores for i in range(args.eval_size))
+    ):
+        return None
+    xs = [scores[str(i)] for i in range(args.eval_size)]
+    ok = [x for x in xs if x is not None]
+    res = {
+        "mean_reward": statistics.fmean(ok) if ok else 0.0,
+        "success_rate": sum(x >= 1.0 for x in ok) / len(xs),
+        "n": len(xs),
+        "failed": len(xs) - len(ok),
+    }
+    key = {k: getattr(args, k) for k in ("eval_size", "eval_seed", "max_tokens", "prompt")}
+    return {**key, "before": res, "source": str(base.relative_to(base.parents[2])), "wall_s": 0.0}
 
 
 def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
@@ -372,9 +380,8 @@ def grid(args: argparse.Namespace) -> None:
     _threads(args.threads)
     run_dir = _run_dir(args)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "command.txt").write_text(_grid_command(args) + "\n")
-    before = before_score(args)
-    print(f"before training: {before['before']['success_rate']:.1%} of {before['before']['n']}", flush=True)
+    if not (run_dir / "command.txt").exists():  # grids split over processes by --configs keep the first
+        (run_dir / "command.txt").write_text(_grid_command(args) + "\n")
     for seed in args.seeds:
         for config in args.configs:
             path = run_dir / f"{config}-seed{seed}.json"
@@ -389,6 +396,9 @@ def grid(args: argparse.Namespace) -> None:
                 flush=True,
             )
             report(args)
+    before = before_score(args)  # after the runs: the base rates may have measured it meanwhile
+    print(f"before training: {before['before']['success_rate']:.1%} of {before['before']['n']}", flush=True)
+    report(args)
 
 
 def _grid_command(args: argparse.Namespace) -> str:
@@ -444,7 +454,7 @@ def report(args: argparse.Namespace) -> Path:
     """Rewrite ``results_<task>.md`` and ``curves_<task>.png`` from the run files found."""
     run_dir = _run_dir(args)
     before_path = run_dir / "before.json"
-    before = json.loads(before_path.read_text()) if before_path.exists() else None
+    before = json.loads(before_path.read_text()) if before_path.exists() else _before_from_base_rates(args)
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     for path in sorted(run_dir.glob("*-seed*.json")):
         r = json.loads(path.read_text())
