@@ -78,6 +78,33 @@ PROMPTS: dict[str, str | None] = {
 CONFIGS = ("grpo-sync", "ppo-sync", "grpo-async", "grpo-async-tis", "ppo-async")
 
 
+CLIENT_TIMEOUT_S = 7200.0
+
+
+def _env_class() -> Any:
+    import agentlightning_lite as agl
+
+    class Env(agl.envs.ReasoningGym):
+        """``agl.envs.ReasoningGym`` whose agent's client waits up to ``CLIENT_TIMEOUT_S`` for a reply:
+        on a loaded CPU a request queued behind other batches outlasts the OpenAI client's default
+        600 s, and the rollout would fail instead of being measured."""
+
+        def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
+            client = llm.openai_client(max_retries=0, timeout=CLIENT_TIMEOUT_S)
+            reply = client.chat.completions.create(
+                model=llm.model,
+                messages=[
+                    {"role": "system", "content": llm.prompt("system", default=self.system_prompt)},
+                    {"role": "user", "content": task["question"]},
+                ],
+                max_tokens=self.max_tokens,
+                temperature=temperature,
+            )
+            return self.reward(task, reply.choices[0].message.content)
+
+    return Env
+
+
 def make_env(preset: str, size: int, seed: int, max_tokens: int, prompt: str = "default") -> Any:
     """The preset's reasoning-gym environment: ``size`` tasks generated from ``seed``, its agent's
     system prompt ``PROMPTS[prompt]``.
@@ -86,10 +113,9 @@ def make_env(preset: str, size: int, seed: int, max_tokens: int, prompt: str = "
     >>> env.system_prompt == PROMPTS["short"], env.max_tokens, env.tasks[0]["name"]
     (True, 48, 'basic_arithmetic')
     """
-    import agentlightning_lite as agl
 
     name, config = PRESETS[preset]
-    return agl.envs.ReasoningGym(
+    return _env_class()(
         name, size=size, seed=seed, max_tokens=max_tokens, system_prompt=PROMPTS[prompt], **config
     )
 
@@ -184,6 +210,7 @@ def base_rates(args: argparse.Namespace) -> None:
         out["prompt"] = args.prompt
         out |= {"result": res, "replies": stats, "wall_s": round(wall, 1), "load_avg": os.getloadavg()}
         out["per_task"] = per_task(store)
+        out["first_error"] = next((ro.error for ro in store.rollouts(mode="val") if ro.error), None)
         path.write_text(json.dumps(out, indent=2))
         print(f"{preset}: {res['success_rate']:.1%} of {res['n']}, {stats}", flush=True)
         write_base_rates(folder, args.out or HERE / "base_rates.md")
