@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--max-tokens", type=int, default=192, help="per reply, training and held-out")
+    common.add_argument("--max-tokens", type=int, default=48, help="per reply, training and held-out")
     common.add_argument(
         "--eval-seed", type=int, default=10_000, help="reasoning-gym seed of the held-out tasks"
     )
@@ -717,7 +717,7 @@ def main(argv: list[str] | None = None) -> None:
         g.add_argument("--task", choices=sorted(PRESETS), required=True)
         g.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS[:4]))
         g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-        g.add_argument("--steps", type=int, default=4)
+        g.add_argument("--steps", type=int, default=3)
         g.add_argument("--batch-size", type=int, default=2, help="tasks per step")
         g.add_argument("--group-size", type=int, default=8, help="rollouts per task")
         g.add_argument("--lr", type=float, default=2e-4)
