@@ -73,6 +73,10 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 PROMPTS: dict[str, str | None] = {
     "default": None,
     "short": "Give only the final answer, in the form <answer>your answer</answer>, with no explanation.",
+    "example": (
+        "Reply with the final answer alone inside answer tags and nothing else, "
+        "for example: <answer>42</answer>"
+    ),
 }
 
 CONFIGS = ("grpo-sync", "ppo-sync", "grpo-async", "grpo-async-tis", "ppo-async")
@@ -245,7 +249,9 @@ def write_base_rates(folder: Path, out: Path) -> None:
         "`<answer>...</answer>` or else the reply's last line), measured with `trainer.evaluate` at "
         "temperature 0 on the embedded model; the score is the dataset's own `score_answer`. "
         "The held-out seed is the grid's (10000), so these are the tasks the benchmark holds out. "
-        f"Prompt `default` is reasoning-gym's; `short` is {PROMPTS['short']!r}.",
+        "Prompt `default` is reasoning-gym's; "
+        + "; ".join(f"`{k}` is {v!r}" for k, v in PROMPTS.items() if v is not None)
+        + ".",
         "",
         "| preset | dataset and config | prompt | held-out success | Wilson 95% | mean reply tokens "
         "| cut at max_tokens "
