@@ -7,10 +7,12 @@
 ``base-rates`` measures the held-out score of the untrained embedded model (greedy, temperature 0) on
 each candidate task preset (``--list`` shows them) and writes ``base_rates.md``. ``grid`` trains each
 configuration on each seed, one after the other (seed by seed, every configuration of a seed before the
-next seed), and writes one JSON file per finished run under ``benchmarks/learning_rg/results/<task>/``;
+next seed), and writes one JSON file per finished run under
+``benchmarks/learning_rg/results/<task>-<prompt>/``;
 with ``--resume`` the runs that already have their file are skipped, so a later call completes the grid.
-After each run the results file ``results_<task>.md`` (tables, mean +- std over seeds, per seed) and the
-plot ``curves_<task>.png`` are rewritten from every run file found, saying which cells are not measured.
+After each run the results file ``results_<task>-<prompt>.md`` (tables, mean +- std over seeds, per
+seed) and the plot ``curves_<task>-<prompt>.png`` are rewritten from every run file found, saying which
+cells are not measured.
 
 Configurations (``--configs``): ``grpo-sync`` (GRPO, alternating rollouts and updates), ``ppo-sync``
 (PPO, the same rollouts per step), ``grpo-async`` (GRPO, ``RolloutConfig(async_rollouts=True)``, rollouts
@@ -278,7 +280,12 @@ def _algorithm(config: str, args: argparse.Namespace) -> Any:
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
-    return Path(args.results_dir or HERE / "results") / args.task
+    return Path(args.results_dir or HERE / "results") / _grid_name(args)
+
+
+def _grid_name(args: argparse.Namespace) -> str:
+    """A grid's name: its task preset and prompt (``arith3-short``); its files are named after it."""
+    return f"{args.task}-{args.prompt}"
 
 
 def before_score(args: argparse.Namespace) -> dict[str, Any]:
@@ -306,7 +313,7 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
 
         held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
         store = agl.MemoryStore()
-        trainer = _quiet_trainer(Path(args.work_dir) / args.task / "before", store=store)
+        trainer = _quiet_trainer(Path(args.work_dir) / _grid_name(args) / "before", store=store)
         t0 = time.time()
         res = trainer.evaluate(held_out.agent, held_out.tasks)
         trainer.close()
@@ -348,7 +355,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
     from agentlightning_lite.rl.config import RolloutConfig, SampleConfig, UpdateConfig
 
     asynchronous = "async" in config
-    out_dir = Path(args.work_dir) / args.task / f"{config}-seed{seed}"
+    out_dir = Path(args.work_dir) / _grid_name(args) / f"{config}-seed{seed}"
     if out_dir.exists():
         import shutil
 
@@ -484,7 +491,7 @@ def _machine_line() -> str:
 
 
 def report(args: argparse.Namespace) -> Path:
-    """Rewrite ``results_<task>.md`` and ``curves_<task>.png`` from the run files found."""
+    """Rewrite ``results_<task>-<prompt>.md`` and ``curves_<task>-<prompt>.png`` from the run files."""
     run_dir = _run_dir(args)
     before_path = run_dir / "before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else _before_from_base_rates(args)
@@ -583,15 +590,15 @@ def report(args: argparse.Namespace) -> Path:
                 f"{r['load_avg'][0]:.1f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "![training reward per step](" + f"curves_{args.task}.png)", ""]
+    lines += ["", "![training reward per step](" + f"curves_{_grid_name(args)}.png)", ""]
     lines += _noise_note(runs, configs, seeds, n)
     out_dir = Path(args.out_dir or HERE)
-    notes = out_dir / f"notes_{args.task}.md"
+    notes = out_dir / f"notes_{_grid_name(args)}.md"
     if notes.exists():
         lines += ["", notes.read_text().strip(), ""]
-    out = out_dir / f"results_{args.task}.md"
+    out = out_dir / f"results_{_grid_name(args)}.md"
     out.write_text("\n".join(lines) + "\n")
-    _plot(runs, configs, seeds, out_dir / f"curves_{args.task}.png", b)
+    _plot(runs, configs, seeds, out_dir / f"curves_{_grid_name(args)}.png", b)
     return out
 
 

@@ -64,7 +64,7 @@ def args(tmp_path: Path, *extra: str) -> Any:
 
 def test_report_marks_missing_cells_and_compares_by_seed(tmp_path: Path) -> None:
     a = args(tmp_path)
-    folder = tmp_path / "results" / "arith3"
+    folder = tmp_path / "results" / "arith3-short"
     folder.mkdir(parents=True)
     (folder / "before.json").write_text(
         json.dumps({"before": {"success_rate": 12 / 48, "n": 48, "mean_reward": 0.25, "failed": 0}})
@@ -78,7 +78,7 @@ def test_report_marks_missing_cells_and_compares_by_seed(tmp_path: Path) -> None
     ):
         (folder / f"{r['config']}-seed{r['seed']}.json").write_text(json.dumps(r))
     text = bench.report(a).read_text()
-    assert text == (tmp_path / "results_arith3.md").read_text()
+    assert text == (tmp_path / "results_arith3-short.md").read_text()
     assert "Untrained: **25.0%** (12/48)." in text
     # seeds 0 and 1 measured, seed 2 not: mean +- sample std over the two, pooled Wilson over 96
     assert "| `grpo-sync` | 50.0% | 37.5% | not measured | 43.8% ± 8.8% | +18.8% | 42/96 (" in text
@@ -91,7 +91,7 @@ def test_report_marks_missing_cells_and_compares_by_seed(tmp_path: Path) -> None
     assert "`grpo-async` - `grpo-sync` over seeds [0, 1]: +0.0%" in text
     assert "inside the noise (the interval holds 0)" in text
     assert "`ppo-sync` - `grpo-sync` on seed 0 only: -25.0%; one seed gives no spread" in text
-    assert (tmp_path / "curves_arith3.png").stat().st_size > 1000
+    assert (tmp_path / "curves_arith3-short.png").stat().st_size > 1000
 
 
 def test_report_with_no_runs_says_nothing_is_measured(tmp_path: Path) -> None:
@@ -138,5 +138,5 @@ def test_untrained_score_is_the_base_rates_first_tasks(tmp_path: Path) -> None:
     # the first 4 tasks: two successes, one failed rollout (counted, scored as a miss)
     assert before["before"] == {"mean_reward": 2 / 3, "success_rate": 0.5, "n": 4, "failed": 1}
     assert before["source"] == "results/base_rates/arith3-short.json"
-    saved = json.loads((tmp_path / "results" / "arith3" / "before.json").read_text())
+    saved = json.loads((tmp_path / "results" / "arith3-short" / "before.json").read_text())
     assert saved["before"] == before["before"] and saved["prompt"] == "short"
