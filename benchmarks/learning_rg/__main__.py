@@ -514,7 +514,8 @@ def report(args: argparse.Namespace) -> Path:
         _machine_line(),
         f"Task preset `{args.task}`: `{name}` {json.dumps(config)}, the default agent of "
         "`agl.envs.ReasoningGym` "
-        "(reasoning-gym's system prompt, one chat call, scored by the dataset's `score_answer`).  ",
+        "(one chat call, the answer in `<answer>` tags or the reply's last line, scored by the dataset's "
+        "`score_answer`; the system prompt below).  ",
     ]
     if any_run:
         lines.append(
@@ -571,7 +572,7 @@ def report(args: argparse.Namespace) -> Path:
         for s in seeds:
             r = runs.get((c, s))
             if r is None:
-                lines.append(f"| `{c}` | {s} | not measured | | | | | | |")
+                lines.append(f"| `{c}` | {s} | not measured |" + " |" * 7)
                 continue
             cv = r["curves"]
             stale = [x for x in cv.get("async/staleness_mean", []) if x is not None]
@@ -682,7 +683,8 @@ def _plot(
                 fmt="k_",
             )
     axes[0].set_xlabel("update")
-    axes[0].set_ylabel("train reward (mean over the step's rollouts)")
+    axes[0].set_ylabel("train reward (step mean)")
+    axes[0].xaxis.get_major_locator().set_params(integer=True)
     axes[0].set_ylim(-0.02, 1.02)
     if axes[0].get_legend_handles_labels()[1]:
         axes[0].legend(fontsize=8)
@@ -690,7 +692,8 @@ def _plot(
         axes[1].axhline(before, color="grey", ls="--", label="untrained")
         axes[1].legend(fontsize=8)
     axes[1].set_xticks(range(len(configs)), configs, rotation=20, fontsize=8)
-    axes[1].set_ylabel("held-out success after (dots: seeds; bar: mean ± std)")
+    axes[1].set_ylabel("held-out success after")
+    axes[1].set_title("dots: seeds; bar: mean ± std", fontsize=9)
     axes[1].set_ylim(-0.02, 1.02)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
