@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.learning_rg import __main__ as bench  # noqa: E402
 
 
+@pytest.mark.slow  # imports the SDK and reasoning-gym and builds a dataset: several seconds on a loaded CPU
 def test_doctests() -> None:
     assert doctest.testmod(bench).failed == 0
 
