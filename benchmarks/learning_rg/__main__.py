@@ -1,0 +1,759 @@
+"""A learning benchmark with room to move: reasoning-gym tasks on SmolLM2-135M, algorithms side by side.
+
+    python -m benchmarks.learning_rg base-rates          # the untrained model on each candidate task
+    python -m benchmarks.learning_rg grid --task arith3 --seeds 0 1 2 --resume   # every config x seed
+    python -m benchmarks.learning_rg report --task arith3   # rewrite the results file from the runs
+
+``base-rates`` measures the held-out score of the untrained embedded model (greedy, temperature 0) on
+each candidate task preset (``--list`` shows them) and writes ``base_rates.md``. ``grid`` trains each
+configuration on each seed, one after the other (seed by seed, every configuration of a seed before the
+next seed), and writes one JSON file per finished run under
+``benchmarks/learning_rg/results/<task>-<prompt>/``;
+with ``--resume`` the runs that already have their file are skipped, so a later call completes the grid.
+After each run the results file ``results_<task>-<prompt>.md`` (tables, mean +- std over seeds, per
+seed) and the plot ``curves_<task>-<prompt>.png`` are rewritten from every run file found, saying which
+cells are not measured.
+
+Configurations (``--configs``): ``grpo-sync`` (GRPO, alternating rollouts and updates), ``ppo-sync``
+(PPO, the same rollouts per step), ``grpo-async`` (GRPO, ``RolloutConfig(async_rollouts=True)``, rollouts
+at most ``--max-staleness`` weights versions old), ``grpo-async-tis`` (the same with the importance
+correction ``UpdateConfig(correction=agl.TIS(cap=2.0))``), ``ppo-async``.
+
+The held-out tasks are the same for every seed and configuration (reasoning-gym seed ``--eval-seed``),
+so the untrained score is measured once per task preset and reused (``before.json``); the seed sets the
+training tasks (reasoning-gym seed ``1000 + seed``), their order, the sampling and the adapter's init.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+# name -> (reasoning-gym dataset, its config)
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "arith3": (
+        "basic_arithmetic",
+        {
+            "min_terms": 2,
+            "max_terms": 3,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+", "-"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    ),
+    "arith3x": (
+        "basic_arithmetic",
+        {
+            "min_terms": 2,
+            "max_terms": 3,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+", "-", "*"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    ),
+    "legs2": ("leg_counting", {"min_animals": 1, "max_animals": 2, "min_instances": 1, "max_instances": 3}),
+    "spell5": ("spell_backward", {"min_word_len": 3, "max_word_len": 5}),
+    "chain2": ("chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}),
+    "letters": ("letter_counting", {"min_words": 3, "max_words": 5}),
+}
+
+# system prompts: reasoning-gym's own (think step by step, then <answer>), or one asking for the answer alone
+PROMPTS: dict[str, str | None] = {
+    "default": None,
+    "short": "Give only the final answer, in the form <answer>your answer</answer>, with no explanation.",
+    "example": (
+        "Reply with the final answer alone inside answer tags and nothing else, "
+        "for example: <answer>42</answer>"
+    ),
+}
+
+CONFIGS = ("grpo-sync", "ppo-sync", "grpo-async", "grpo-async-tis", "ppo-async")
+
+
+CLIENT_TIMEOUT_S = 7200.0
+
+
+def _env_class() -> Any:
+    import agentlightning_lite as agl
+
+    class Env(agl.envs.ReasoningGym):
+        """``agl.envs.ReasoningGym`` whose agent's client waits up to ``CLIENT_TIMEOUT_S`` for a reply:
+        on a loaded CPU a request queued behind other batches outlasts the OpenAI client's default
+        600 s, and the rollout would fail instead of being measured."""
+
+        def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
+            client = llm.openai_client(max_retries=0, timeout=CLIENT_TIMEOUT_S)
+            reply = client.chat.completions.create(
+                model=llm.model,
+                messages=[
+                    {"role": "system", "content": llm.prompt("system", default=self.system_prompt)},
+                    {"role": "user", "content": task["question"]},
+                ],
+                max_tokens=self.max_tokens,
+                temperature=temperature,
+            )
+            return self.reward(task, reply.choices[0].message.content)
+
+    return Env
+
+
+def make_env(preset: str, size: int, seed: int, max_tokens: int, prompt: str = "default") -> Any:
+    """The preset's reasoning-gym environment: ``size`` tasks generated from ``seed``, its agent's
+    system prompt ``PROMPTS[prompt]``.
+
+    >>> env = make_env("arith3", 2, 10_000, 48, "short")
+    >>> env.system_prompt == PROMPTS["short"], env.max_tokens, env.tasks[0]["name"]
+    (True, 48, 'basic_arithmetic')
+    """
+
+    name, config = PRESETS[preset]
+    return _env_class()(
+        name, size=size, seed=seed, max_tokens=max_tokens, system_prompt=PROMPTS[prompt], **config
+    )
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def _quiet_trainer(output_dir: Path, seed: int = 0, **kwargs: Any) -> Any:
+    import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import LoggingConfig, RolloutConfig
+
+    kwargs.setdefault("rollout_config", RolloutConfig(timeout=3600))
+    return agl.Trainer(
+        model="smollm2-135m",
+        output_dir=str(output_dir),
+        seed=seed,
+        logging_config=LoggingConfig(loggers=[]),
+        **kwargs,
+    )
+
+
+# ----------------------------------------------------------------------------------------- base rates
+
+
+def reply_stats(store: Any, mode: str = "val") -> dict[str, Any]:
+    """Replies of the ``mode`` rollouts in ``store``: how many, mean response tokens, how many were cut
+    at ``max_tokens`` (``finish_reason == "length"``), and one example reply.
+
+    >>> import agentlightning_lite as agl
+    >>> reply_stats(agl.MemoryStore())
+    {'replies': 0, 'mean_tokens': 0.0, 'cut': 0, 'example': None}
+    """
+    lengths, cut, example = [], 0, None
+    for ro in store.rollouts(mode=mode):
+        for span in store.spans(ro.rollout_id):
+            if span.kind != "llm":
+                continue
+            lengths.append(len(span.response_token_ids or []))
+            reason = span.attributes.get("engine_finish_reason") or span.attributes.get("finish_reason")
+            cut += reason == "length"
+            if example is None:
+                out = span.output
+                example = out.get("content") if isinstance(out, dict) else out
+                example = example if isinstance(example, str) else json.dumps(out)[:600]
+    mean = statistics.fmean(lengths) if lengths else 0.0
+    return {"replies": len(lengths), "mean_tokens": round(mean, 1), "cut": cut, "example": example}
+
+
+def per_task(store: Any, mode: str = "val") -> dict[str, float | None]:
+    """Each ``mode`` rollout's reward by its reasoning-gym task index (``None``: the rollout failed).
+
+    >>> import agentlightning_lite as agl
+    >>> store = agl.MemoryStore()
+    >>> ro = store.start_rollout(task={"index": 3}, mode="val")
+    >>> store.set_reward(ro.rollout_id, 1.0)
+    >>> per_task(store)
+    {'3': 1.0}
+    """
+    return {str(ro.task["index"]): ro.reward for ro in store.rollouts(mode=mode)}
+
+
+def base_rates(args: argparse.Namespace) -> None:
+    """The untrained model's held-out score on each preset: one JSON file per preset under
+    ``results/base_rates/``, and ``base_rates.md`` rewritten from every such file after each preset."""
+    import agentlightning_lite as agl
+
+    _threads(args.threads)
+    folder = Path(args.results_dir or HERE / "results") / "base_rates"
+    folder.mkdir(parents=True, exist_ok=True)
+    for preset in args.tasks:
+        path = folder / f"{preset}-{args.prompt}.json"
+        if args.resume and path.exists():
+            continue
+        env = make_env(preset, args.n, args.eval_seed, args.max_tokens, args.prompt)
+        store = agl.MemoryStore()
+        trainer = _quiet_trainer(Path(args.work_dir) / "base-rates", store=store)
+        t0 = time.time()
+        res = trainer.evaluate(env.agent, env.tasks)
+        wall = time.time() - t0
+        stats = reply_stats(store)
+        trainer.close()
+        cmd = (
+            f"nice -n 15 python -m benchmarks.learning_rg base-rates --tasks {preset} --n {args.n} "
+            f"--max-tokens {args.max_tokens} --eval-seed {args.eval_seed} --prompt {args.prompt}"
+            + (f" --threads {args.threads}" if args.threads else "")
+        )
+        out = {"preset": preset, "command": cmd, "max_tokens": args.max_tokens, "eval_seed": args.eval_seed}
+        out["prompt"] = args.prompt
+        out |= {"result": res, "replies": stats, "wall_s": round(wall, 1), "load_avg": os.getloadavg()}
+        out["per_task"] = per_task(store)
+        out["first_error"] = next((ro.error for ro in store.rollouts(mode="val") if ro.error), None)
+        path.write_text(json.dumps(out, indent=2))
+        print(f"{preset}: {res['success_rate']:.1%} of {res['n']}, {stats}", flush=True)
+        write_base_rates(folder, args.out or HERE / "base_rates.md")
+
+
+def write_base_rates(folder: Path, out: Path) -> None:
+    """``base_rates.md`` from the preset files in ``folder``."""
+    rows, cmds = [], []
+    for path in sorted(folder.glob("*.json")):
+        r = json.loads(path.read_text())
+        res, st = r["result"], r["replies"]
+        k = round(res["success_rate"] * res["n"])
+        lo, hi = wilson(k, res["n"])
+        name, config = PRESETS[r["preset"]]
+        rows.append(
+            f"| `{r['preset']}` | `{name}` `{json.dumps(config)}` | {r.get('prompt', 'default')} "
+            f"| {k}/{res['n']} = {res['success_rate']:.1%} "
+            f"| {lo:.1%}-{hi:.1%} | {st['mean_tokens']:.0f} | {st['cut']}/{st['replies']} | {res['failed']} "
+            f"| {r['max_tokens']} | {r['wall_s'] / 60:.1f} min (load {r['load_avg'][0]:.1f}) |"
+        )
+        cmds.append(f"    {r['command']}")
+    lines = [
+        "# Base rates: the untrained SmolLM2-135M-Instruct on reasoning-gym tasks",
+        "",
+        "Commands (one per preset; `--resume` skips the presets already measured):",
+        "",
+        *cmds,
+        "",
+        _machine_line(),
+        "Each task is `agl.envs.ReasoningGym(name, size=n, seed=eval_seed, max_tokens=..., **config)` "
+        "with its default agent (reasoning-gym's default system prompt, one chat call, the answer in "
+        "`<answer>...</answer>` or else the reply's last line), measured with `trainer.evaluate` at "
+        "temperature 0 on the embedded model; the score is the dataset's own `score_answer`. "
+        "The held-out seed is the grid's (10000), so these are the tasks the benchmark holds out. "
+        "Prompt `default` is reasoning-gym's; "
+        + "; ".join(f"`{k}` is {v!r}" for k, v in PROMPTS.items() if v is not None)
+        + ".",
+        "",
+        "| preset | dataset and config | prompt | held-out success | Wilson 95% | mean reply tokens "
+        "| cut at max_tokens "
+        "| failed | max_tokens | wall |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ]
+    notes = out.with_name("base_rates_notes.md")
+    if notes.exists():
+        lines += [notes.read_text().strip(), ""]
+    out.write_text("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------- grid
+
+
+def _algorithm(config: str, args: argparse.Namespace) -> Any:
+    import agentlightning_lite as agl
+
+    if config.startswith("ppo"):
+        return agl.PPO(group_size=args.group_size, lr=args.lr, epochs=1, micro_batch_size=16)
+    return agl.GRPO(group_size=args.group_size, lr=args.lr, micro_batch_size=16)
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    return Path(args.results_dir or HERE / "results") / _grid_name(args)
+
+
+def _grid_name(args: argparse.Namespace) -> str:
+    """A grid's name: its task preset and prompt (``arith3-short``); its files are named after it."""
+    return f"{args.task}-{args.prompt}"
+
+
+def before_score(args: argparse.Namespace) -> dict[str, Any]:
+    """The untrained model on the held-out tasks, measured once per preset and kept in ``before.json``.
+
+    The held-out tasks are the first ``eval_size`` tasks of the base rates' (same reasoning-gym seed:
+    reasoning-gym draws each task from the seed and its index), so when ``base-rates`` measured this
+    preset with the same ``max_tokens`` on at least as many tasks, its first ``eval_size`` scores are
+    taken instead of evaluating again (``"source"`` says which).
+    """
+    path = _run_dir(args) / "before.json"
+    key = {
+        "eval_size": args.eval_size,
+        "eval_seed": args.eval_seed,
+        "max_tokens": args.max_tokens,
+        "prompt": args.prompt,
+    }
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if all(saved.get(k) == v for k, v in key.items()):
+            return dict(saved)
+    out = _before_from_base_rates(args)
+    if out is None:
+        import agentlightning_lite as agl
+
+        held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
+        store = agl.MemoryStore()
+        trainer = _quiet_trainer(Path(args.work_dir) / _grid_name(args) / "before", store=store)
+        t0 = time.time()
+        res = trainer.evaluate(held_out.agent, held_out.tasks)
+        trainer.close()
+        out = {**key, "before": res, "source": "evaluated", "wall_s": round(time.time() - t0, 1)}
+        out["per_task"] = per_task(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    return out
+
+
+def _before_from_base_rates(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The untrained score of the first ``eval_size`` base-rate tasks, when ``base-rates`` measured
+    this preset with the same settings on at least as many tasks; else ``None``."""
+    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}-{args.prompt}.json"
+    rates = json.loads(base.read_text()) if base.exists() else {}
+    scores = rates.get("per_task", {})
+    if not (
+        rates.get("eval_seed") == args.eval_seed
+        and rates.get("max_tokens") == args.max_tokens
+        and rates.get("prompt", "default") == args.prompt
+        and all(str(i) in scores for i in range(args.eval_size))
+    ):
+        return None
+    xs = [scores[str(i)] for i in range(args.eval_size)]
+    ok = [x for x in xs if x is not None]
+    res = {
+        "mean_reward": statistics.fmean(ok) if ok else 0.0,
+        "success_rate": sum(x >= 1.0 for x in ok) / len(xs),
+        "n": len(xs),
+        "failed": len(xs) - len(ok),
+    }
+    key = {k: getattr(args, k) for k in ("eval_size", "eval_seed", "max_tokens", "prompt")}
+    return {**key, "before": res, "source": str(base.relative_to(base.parents[2])), "wall_s": 0.0}
+
+
+def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
+    """Train ``config`` on ``seed`` and measure the held-out score after; the run's JSON record."""
+    import agentlightning_lite as agl
+    from agentlightning_lite.rl.config import RolloutConfig, SampleConfig, UpdateConfig
+
+    asynchronous = "async" in config
+    out_dir = Path(args.work_dir) / _grid_name(args) / f"{config}-seed{seed}"
+    if out_dir.exists():
+        import shutil
+
+        shutil.rmtree(out_dir)
+    train = make_env(args.task, args.steps * args.batch_size, 1000 + seed, args.max_tokens, args.prompt)
+    held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
+    t0 = time.time()
+    trainer = _quiet_trainer(
+        out_dir,
+        seed=seed,
+        algorithm=_algorithm(config, args),
+        lora=agl.LoRA(r=16, alpha=32),
+        batch_size=args.batch_size,
+        rollout_config=RolloutConfig(timeout=3600, async_rollouts=asynchronous),
+        sample_config=SampleConfig(max_staleness=args.max_staleness if asynchronous else None),
+        update_config=UpdateConfig(correction=agl.TIS(cap=2.0) if config.endswith("-tis") else None),
+    )
+    trainer.fit(train.agent, train.tasks, steps=args.steps)
+    t_train = time.time() - t0
+    after = trainer.evaluate(held_out.agent, held_out.tasks)
+    after_tasks, after_replies = per_task(trainer.store), reply_stats(trainer.store)
+    metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    trainer.close()
+    keys = (
+        "train/reward_mean",
+        "train/success_rate",
+        "async/staleness_mean",
+        "async/dropped_stale",
+        "mismatch/kl_k3",
+        "mismatch/clipped_frac",
+        "samples/truncated",
+        "grpo/zero_std_groups",
+        "time/rollouts_s",
+        "time/update_s",
+    )
+    return {
+        "task": args.task,
+        "config": config,
+        "seed": seed,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "group_size": args.group_size,
+        "lr": args.lr,
+        "max_tokens": args.max_tokens,
+        "prompt": args.prompt,
+        "max_staleness": args.max_staleness if asynchronous else None,
+        "eval_size": args.eval_size,
+        "eval_seed": args.eval_seed,
+        "after": after,
+        "after_per_task": after_tasks,
+        "after_replies": after_replies,
+        "curves": {k: [m.get(k) for m in metrics if "train/reward_mean" in m] for k in keys},
+        "train_wall_s": round(t_train, 1),
+        "wall_s": round(time.time() - t0, 1),
+        "load_avg": os.getloadavg(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def grid(args: argparse.Namespace) -> None:
+    """Every configuration on every seed; one JSON file per finished run, the report after each."""
+    _threads(args.threads)
+    run_dir = _run_dir(args)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "command.txt").exists():  # grids split over processes by --configs keep the first
+        (run_dir / "command.txt").write_text(_grid_command(args) + "\n")
+    for seed in args.seeds:
+        for config in args.configs:
+            path = run_dir / f"{config}-seed{seed}.json"
+            if args.resume and path.exists():
+                print(f"{path.name}: done, skipped", flush=True)
+                continue
+            res = train_one(args, config, seed)
+            path.write_text(json.dumps(res, indent=2))
+            print(
+                f"{config} seed {seed}: after {res['after']['success_rate']:.1%} "
+                f"({res['wall_s'] / 60:.1f} min)",
+                flush=True,
+            )
+            report(args)
+    before = before_score(args)  # after the runs: the base rates may have measured it meanwhile
+    print(f"before training: {before['before']['success_rate']:.1%} of {before['before']['n']}", flush=True)
+    report(args)
+
+
+def _grid_command(args: argparse.Namespace) -> str:
+    return (
+        f"nice -n 15 python -m benchmarks.learning_rg grid --task {args.task} "
+        f"--configs {' '.join(args.configs)} --seeds {' '.join(map(str, args.seeds))} --steps {args.steps} "
+        f"--batch-size {args.batch_size} --group-size {args.group_size} --lr {args.lr} "
+        f"--max-tokens {args.max_tokens} --eval-size {args.eval_size} --eval-seed {args.eval_seed} "
+        f"--max-staleness {args.max_staleness} --prompt {args.prompt}"
+        + (f" --threads {args.threads}" if args.threads else "")
+        + " --resume"
+    )
+
+
+# --------------------------------------------------------------------------------------------- report
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion ``k / n``.
+
+    >>> [round(x, 3) for x in wilson(5, 10)]
+    [0.237, 0.763]
+    """
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return c - h, c + h
+
+
+def _mean_std(xs: list[float]) -> str:
+    if not xs:
+        return "not measured"
+    if len(xs) == 1:
+        return f"{xs[0]:.1%} (1 seed)"
+    return f"{statistics.fmean(xs):.1%} ± {statistics.stdev(xs):.1%}"
+
+
+def _machine_line() -> str:
+    return (
+        f"Date: {dt.date.today()}; machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared), "
+        "no GPU; "
+        f"Python {platform.python_version()}; load average now "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}.  "
+    )
+
+
+def report(args: argparse.Namespace) -> Path:
+    """Rewrite ``results_<task>-<prompt>.md`` and ``curves_<task>-<prompt>.png`` from the run files."""
+    run_dir = _run_dir(args)
+    before_path = run_dir / "before.json"
+    before = json.loads(before_path.read_text()) if before_path.exists() else _before_from_base_rates(args)
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in sorted(run_dir.glob("*-seed*.json")):
+        r = json.loads(path.read_text())
+        runs[r["config"], r["seed"]] = r
+    seeds = sorted({s for _, s in runs} | set(args.seeds))
+    configs = [c for c in CONFIGS if c in args.configs or any(k[0] == c for k in runs)]
+    cmd_path = run_dir / "command.txt"
+    cmd = cmd_path.read_text().strip() if cmd_path.exists() else _grid_command(args)
+    name, config = PRESETS[args.task]
+    n = before["before"]["n"] if before else args.eval_size
+    b = before["before"]["success_rate"] if before else float("nan")
+    any_run = next(iter(runs.values()), None)
+    lines = [
+        f"# Learning on reasoning-gym `{name}`: SmolLM2-135M-Instruct, algorithms side by side",
+        "",
+        f"Command: `{cmd}`  ",
+        _machine_line(),
+        f"Task preset `{args.task}`: `{name}` {json.dumps(config)}, the default agent of "
+        "`agl.envs.ReasoningGym` "
+        "(one chat call, the answer in `<answer>` tags or the reply's last line, scored by the dataset's "
+        "`score_answer`; the system prompt below).  ",
+    ]
+    if any_run:
+        lines.append(
+            f"Each run: {any_run['steps']} updates of {any_run['batch_size']} tasks x "
+            f"{any_run['group_size']} "
+            f"rollouts (temperature 1, max_tokens {any_run['max_tokens']}), LoRA r=16 on the embedded model, "
+            f"lr {any_run['lr']}; PPO takes the same rollouts per step (its own value head, GAE, 1 epoch). "
+            "Async: `RolloutConfig(async_rollouts=True)`, "
+            f"`SampleConfig(max_staleness={args.max_staleness})`; "
+            "`-tis`: `UpdateConfig(correction=agl.TIS(cap=2.0))`. Training tasks are generated from seed "
+            "1000 + seed. System prompt: "
+            + (
+                "reasoning-gym's default."
+                if any_run.get("prompt", "default") == "default"
+                else f"{PROMPTS[any_run['prompt']]!r} (`--prompt {any_run['prompt']}`)."
+            )
+            + "  "
+        )
+    lines += [
+        f"Held-out: the same {n} tasks (seed {args.eval_seed}) for every run, greedy. Untrained: "
+        + (f"**{b:.1%}** ({round(b * n)}/{n})." if before else "not measured yet."),
+        "",
+        "## Held-out success after training",
+        "",
+        "| config | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + " | mean ± std over seeds | change vs untrained "
+        "| pooled, Wilson 95% |",
+        "|---|" + "---:|" * (len(seeds) + 3),
+    ]
+    for c in configs:
+        xs = [runs[c, s]["after"]["success_rate"] for s in seeds if (c, s) in runs]
+        cells = [
+            f"{runs[c, s]['after']['success_rate']:.1%}" if (c, s) in runs else "not measured" for s in seeds
+        ]
+        if xs:
+            k = sum(round(x * n) for x in xs)
+            lo, hi = wilson(k, n * len(xs))
+            gain = f"{statistics.fmean(xs) - b:+.1%}"
+            pooled = f"{k}/{n * len(xs)} ({lo:.1%}-{hi:.1%})"
+        else:
+            gain = pooled = "-"
+        lines.append(f"| `{c}` | " + " | ".join(cells) + f" | {_mean_std(xs)} | {gain} | {pooled} |")
+    lines += [
+        "",
+        "## Per run",
+        "",
+        "| config | seed | after | train reward per step | staleness mean | dropped stale "
+        "| truncated replies "
+        "per step | held-out replies after: mean tokens, cut | wall (train + eval) | load avg at end |",
+        "|---|---:|---:|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for c in configs:
+        for s in seeds:
+            r = runs.get((c, s))
+            if r is None:
+                lines.append(f"| `{c}` | {s} | not measured |" + " |" * 7)
+                continue
+            cv = r["curves"]
+            stale = [x for x in cv.get("async/staleness_mean", []) if x is not None]
+            dropped = [x for x in cv.get("async/dropped_stale", []) if x is not None]
+            trunc = cv.get("samples/truncated", [])
+            cells = [
+                f"`{c}`",
+                str(s),
+                f"{r['after']['success_rate']:.1%}",
+                " ".join(f"{x:.2f}" for x in cv["train/reward_mean"]),
+                f"{statistics.fmean(stale):.2f}" if stale else "-",
+                f"{sum(dropped):.0f}" if dropped else "-",
+                " ".join("-" if x is None else f"{x:.0f}" for x in trunc) or "-",
+                _replies(r.get("after_replies")),
+                f"{r['wall_s'] / 60:.1f} min",
+                f"{r['load_avg'][0]:.1f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "![training reward per step](" + f"curves_{_grid_name(args)}.png)", ""]
+    lines += _noise_note(runs, configs, seeds, n)
+    out_dir = Path(args.out_dir or HERE)
+    notes = out_dir / f"notes_{_grid_name(args)}.md"
+    if notes.exists():
+        lines += ["", notes.read_text().strip(), ""]
+    out = out_dir / f"results_{_grid_name(args)}.md"
+    out.write_text("\n".join(lines) + "\n")
+    _plot(runs, configs, seeds, out_dir / f"curves_{_grid_name(args)}.png", b)
+    return out
+
+
+def _replies(stats: dict[str, Any] | None) -> str:
+    if not stats or not stats.get("replies"):
+        return "-"
+    return f"{stats['mean_tokens']:.0f}, {stats['cut']}/{stats['replies']}"
+
+
+def _noise_note(
+    runs: dict[tuple[str, int], dict[str, Any]], configs: list[str], seeds: list[int], n: int
+) -> list[str]:
+    """Differences against ``grpo-sync`` on the seeds both have, with a t-interval over those seeds."""
+    out = ["## Differences against `grpo-sync` (paired by seed)", ""]
+    base = "grpo-sync"
+    rows = []
+    for c in configs:
+        if c == base:
+            continue
+        both = [s for s in seeds if (c, s) in runs and (base, s) in runs]
+        if not both:
+            rows.append(f"- `{c}`: no seed measured for both: no comparison.")
+            continue
+        d = [runs[c, s]["after"]["success_rate"] - runs[base, s]["after"]["success_rate"] for s in both]
+        m = statistics.fmean(d)
+        if len(d) > 1:
+            half = T95[len(d) - 1] * statistics.stdev(d) / math.sqrt(len(d))
+            inside = m - half <= 0 <= m + half
+            rows.append(
+                f"- `{c}` - `{base}` over seeds {both}: {m:+.1%} (95% t-interval {m - half:+.1%} to "
+                f"{m + half:+.1%}): "
+                + ("inside the noise (the interval holds 0)." if inside else "outside the noise.")
+            )
+        else:
+            se = math.sqrt(2 * 0.25 / n)  # the widest binomial standard error of a difference of two scores
+            rows.append(
+                f"- `{c}` - `{base}` on seed {both[0]} only: {m:+.1%}; one seed gives no spread over seeds, "
+                f"and one held-out score of {n} tasks alone has a standard error up to "
+                f"{math.sqrt(0.25 / n):.1%} "
+                f"(a difference of two: up to {se:.1%})."
+            )
+    return out + rows
+
+
+def _plot(
+    runs: dict[tuple[str, int], dict[str, Any]],
+    configs: list[str],
+    seeds: list[int],
+    path: Path,
+    before: float,
+) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    styles = dict(zip(CONFIGS, ("o-", "s-", "^--", "v--", "d:"), strict=True))
+    for c in configs:
+        color = None
+        for s in seeds:
+            r = runs.get((c, s))
+            if r is None:
+                continue
+            y = r["curves"]["train/reward_mean"]
+            (line,) = axes[0].plot(
+                range(1, len(y) + 1), y, styles[c], color=color, alpha=0.7, label=c if color is None else None
+            )
+            color = line.get_color()
+        xs = [runs[c, s]["after"]["success_rate"] for s in seeds if (c, s) in runs]
+        if xs:
+            i = configs.index(c)
+            axes[1].scatter([i] * len(xs), xs, color=color, zorder=3)
+            axes[1].errorbar(
+                [i + 0.15],
+                [statistics.fmean(xs)],
+                yerr=[statistics.stdev(xs) if len(xs) > 1 else 0],
+                fmt="k_",
+            )
+    axes[0].set_xlabel("update")
+    axes[0].set_ylabel("train reward (step mean)")
+    axes[0].xaxis.get_major_locator().set_params(integer=True)
+    axes[0].set_ylim(-0.02, 1.02)
+    if axes[0].get_legend_handles_labels()[1]:
+        axes[0].legend(fontsize=8)
+    if not math.isnan(before):
+        axes[1].axhline(before, color="grey", ls="--", label="untrained")
+        axes[1].legend(fontsize=8)
+    axes[1].set_xticks(range(len(configs)), configs, rotation=20, fontsize=8)
+    axes[1].set_ylabel("held-out success after")
+    axes[1].set_title("dots: seeds; bar: mean ± std", fontsize=9)
+    axes[1].set_ylim(-0.02, 1.02)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--max-tokens", type=int, default=48, help="per reply, training and held-out")
+    common.add_argument(
+        "--eval-seed", type=int, default=10_000, help="reasoning-gym seed of the held-out tasks"
+    )
+    common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    common.add_argument(
+        "--prompt", choices=sorted(PROMPTS), default="short", help="the agent's system prompt"
+    )
+    common.add_argument("--work-dir", default="runs/learning_rg", help="stores, metrics, adapters")
+
+    b = sub.add_parser("base-rates", parents=[common], help="the untrained model's held-out score per preset")
+    b.add_argument("--tasks", nargs="+", choices=sorted(PRESETS), default=list(PRESETS))
+    b.add_argument("--n", type=int, default=64, help="held-out tasks per preset")
+    b.add_argument("--out", type=Path, default=None)
+    b.add_argument("--resume", action="store_true", help="skip the presets already measured")
+    b.add_argument(
+        "--results-dir", default=None, help="where preset JSON files go (default: beside this file)"
+    )
+
+    for cmd in ("grid", "report"):
+        g = sub.add_parser(
+            cmd, parents=[common], help="train the grid" if cmd == "grid" else "rewrite the results"
+        )
+        g.add_argument("--task", choices=sorted(PRESETS), required=True)
+        g.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS[:4]))
+        g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        g.add_argument("--steps", type=int, default=3)
+        g.add_argument("--batch-size", type=int, default=2, help="tasks per step")
+        g.add_argument("--group-size", type=int, default=8, help="rollouts per task")
+        g.add_argument("--lr", type=float, default=2e-4)
+        g.add_argument("--eval-size", type=int, default=48)
+        g.add_argument("--max-staleness", type=int, default=1)
+        g.add_argument("--resume", action="store_true", help="skip the runs whose JSON file exists")
+        g.add_argument(
+            "--results-dir", default=None, help="where run JSON files go (default: beside this file)"
+        )
+        g.add_argument("--out-dir", default=None, help="results and plot (default: beside this file)")
+    args = ap.parse_args(argv)
+    if args.cmd == "base-rates":
+        base_rates(args)
+    elif args.cmd == "grid":
+        grid(args)
+    else:
+        print(report(args).read_text())
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"total {time.time() - t0:.0f} s")
