@@ -193,4 +193,5 @@ def test_serve_takes_vllms_parser_flags(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["serve", "--tool-call-parser", "qwen4"]) == 2  # refused before the model loads
     assert "--tool-call-parser 'qwen4': one of auto, deepseek_v31" in capsys.readouterr().err
     assert main(["serve", "--reasoning-parser", "r2"]) == 2
-    assert "--reasoning-parser 'r2': one of auto, deepseek_r1, gpt_oss, mistral, none" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--reasoning-parser 'r2': one of auto, deepseek_r1, gpt_oss, mistral, none" in err
