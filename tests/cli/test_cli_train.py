@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import agentlightning_lite as agl
 from agentlightning_lite.cli import load_agent, load_tasks, main
 
 AGENT = textwrap.dedent(
@@ -60,6 +61,14 @@ def test_load_agent_and_tasks(project: Path) -> None:
         (["my_agent:agent", "--data", "empty.jsonl"], "empty.jsonl holds no tasks"),
         (["my_agent:agent", "--data", "broken.jsonl"], "broken.jsonl is neither JSONL nor a JSON list"),
         (["my_agent:agent", "--data", "train.jsonl", "--steps", "0"], "--steps must be >= 1"),
+        (
+            ["my_agent:agent", "--data", "train.jsonl", "--tool-call-parser", "qwen4"],
+            "--tool-call-parser 'qwen4'",
+        ),
+        (
+            ["my_agent:agent", "--data", "train.jsonl", "--reasoning-parser", "r1"],
+            "--reasoning-parser 'r1': one of",
+        ),
     ],
 )
 def test_train_usage_errors_exit_2(
@@ -82,6 +91,7 @@ def test_train_a_user_agent_for_one_step(project: Path, capsys: pytest.CaptureFi
             "train", "my_agent:agent", "--data", "train.jsonl", "--val-data", "val.json",
             "--steps", "1", "--batch-size", "2", "--group-size", "2", "--lr", "1e-4", "--lora-r", "4",
             "--engine", "hf", "--concurrency", "4", "--output-dir", str(out_dir), "--json",
+            "--tool-call-parser", "hermes", "--reasoning-parser", "none",
         ]
     )  # fmt: skip
     captured = capsys.readouterr()
@@ -104,3 +114,10 @@ def test_train_a_user_agent_for_one_step(project: Path, capsys: pytest.CaptureFi
     )
     ts = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert len(ts) == 4 and all(t["response_token_ids"] for t in ts)
+    # the parser flags reached the trainer's PolicyServer: every call was read with them
+    with agl.SQLiteStore(out_dir / "runs.db") as store:
+        llm_spans = [s for r in store.rollouts() for s in store.spans(r.rollout_id) if s.kind == "llm"]
+    assert len(llm_spans) == 8
+    assert {(s.attributes["tool_parser"], s.attributes["reasoning_parser"]) for s in llm_spans} == {
+        ("hermes", None)
+    }

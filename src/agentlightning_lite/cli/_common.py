@@ -234,3 +234,47 @@ def reader_parser(sub: Any, name: str, help: str, description: str) -> argparse.
     )
     p.add_argument("db", metavar="DB", help="an agentlightning-lite SQLite store (opened read-only)")
     return p
+
+
+def add_parser_flags(parser: argparse.ArgumentParser) -> None:
+    """``--tool-call-parser`` and ``--reasoning-parser``, by vLLM's names (``serve`` and ``train``)."""
+    parser.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        metavar="NAME",
+        help="how the model writes tool calls, by vLLM's names: hermes, qwen3_coder, llama3_json, pythonic, "
+        "mistral, deepseek_v31, glm45, kimi_k2, openai; 'auto' reads it from the chat template "
+        "(default: auto; docs/models.md)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        metavar="NAME",
+        help="how the model writes its thinking, by vLLM's names: qwen3, deepseek_r1, mistral, "
+        "openai_gptoss; 'none': no reasoning; 'auto' reads it from the chat template (default: auto)",
+    )
+
+
+def parser_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The PolicyServer's ``tool_parser``/``reasoning_parser`` from the flags; an unknown name is a usage
+    error, raised before any model loads.
+
+    >>> ns = argparse.Namespace(tool_call_parser="qwen3_coder", reasoning_parser="none")
+    >>> parser_options(ns)
+    {'tool_parser': 'qwen3_coder', 'reasoning_parser': None}
+    >>> try:
+    ...     parser_options(argparse.Namespace(tool_call_parser="qwen4", reasoning_parser="auto"))
+    ... except CLIError as exc:
+    ...     print(str(exc)[:50], exc.code)
+    --tool-call-parser 'qwen4': one of auto, deepseek_ 2
+    """
+    from ..serving.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    for flag, name, table in (
+        ("--tool-call-parser", args.tool_call_parser, TOOL_PARSERS),
+        ("--reasoning-parser", args.reasoning_parser, {**REASONING_PARSERS, "none": None}),
+    ):
+        if name != "auto" and name not in table:
+            raise CLIError(f"{flag} {name!r}: one of auto, {', '.join(sorted(table))}", EXIT_USAGE)
+    reasoning = None if args.reasoning_parser == "none" else args.reasoning_parser
+    return {"tool_parser": args.tool_call_parser, "reasoning_parser": reasoning}

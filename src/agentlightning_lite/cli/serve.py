@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from ._common import EXIT_USAGE, CLIError
+from ._common import EXIT_USAGE, CLIError, add_parser_flags, parser_options
 
 
 def add_parser(sub: Any) -> None:
@@ -82,21 +82,7 @@ def add_parser(sub: Any) -> None:
         "/v1/messages and answers OpenAI's 400 on chat and text completions; 'all' cuts it everywhere "
         "(opencode asks for 32000 by default); 'off' answers 400 everywhere (default: auto)",
     )
-    serve.add_argument(
-        "--tool-call-parser",
-        default="auto",
-        metavar="NAME",
-        help="how the model writes tool calls, by vLLM's names: hermes, qwen3_coder, llama3_json, pythonic, "
-        "mistral, deepseek_v31, glm45, kimi_k2, openai; 'auto' reads it from the chat template "
-        "(default: auto)",
-    )
-    serve.add_argument(
-        "--reasoning-parser",
-        default="auto",
-        metavar="NAME",
-        help="how the model writes its thinking, by vLLM's names: qwen3, deepseek_r1, openai_gptoss; 'none': "
-        "no reasoning; 'auto' reads it from the chat template (default: auto)",
-    )
+    add_parser_flags(serve)
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -151,18 +137,6 @@ def _engine(args: argparse.Namespace) -> Any:
     )
 
 
-def _check_parsers(args: argparse.Namespace) -> None:
-    """Refuse unknown parser names before loading the model."""
-    from ..serving.parsers import REASONING_PARSERS, TOOL_PARSERS
-
-    for flag, name, table in (
-        ("--tool-call-parser", args.tool_call_parser, TOOL_PARSERS),
-        ("--reasoning-parser", args.reasoning_parser, {**REASONING_PARSERS, "none": None}),
-    ):
-        if name != "auto" and name not in table:
-            raise CLIError(f"{flag} {name!r}: one of auto, {', '.join(sorted(table))}", EXIT_USAGE)
-
-
 def make_server(engine: Any, store: Any, **options: Any) -> Any:
     """The PolicyServer of ``agl-lite serve``: the OpenAI routes and OTLP/HTTP ``/v1/traces``."""
     from ..remote.otlp import otlp_routes
@@ -187,7 +161,7 @@ def serve(args: argparse.Namespace) -> int:
     store = SQLiteStore(args.db) if args.db else MemoryStore()
     what = " ".join(args.url) if args.url else (args.model or DEFAULT_MODEL)
     print(f"agl-lite: loading {what} ({args.engine})...", file=sys.stderr, flush=True)
-    _check_parsers(args)
+    parsers = parser_options(args)
     engine = _engine(args)
     server = make_server(
         engine,
@@ -198,8 +172,7 @@ def serve(args: argparse.Namespace) -> int:
         flush=True,  # other processes read the file: commit each call before answering
         log_level=args.log_level,
         clamp_max_tokens={"auto": None, "all": True, "off": False}[args.clamp_max_tokens],
-        tool_parser=args.tool_call_parser,
-        reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
+        **parsers,
     )
     try:
         server.start()

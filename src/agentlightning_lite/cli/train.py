@@ -18,11 +18,13 @@ from ._common import (
     EXIT_USAGE,
     CLIError,
     Out,
+    add_parser_flags,
     air_rules,
     fmt_num,
     json_default,
     name_list,
     parse_credit,
+    parser_options,
     print_error,
 )
 
@@ -101,6 +103,7 @@ def add_parser(sub: Any) -> None:
         help="an engine option (VALUE read as JSON, else as text), e.g. max_model_len=4096, "
         "gpu_memory_utilization=0.5, check_version=false; repeat for several",
     )
+    add_parser_flags(train)
     train.add_argument("--agents", nargs="+", metavar="NAME", help="train only these agents' calls")
     train.add_argument(
         "--credit", type=parse_credit, default=None, metavar="RULE", help="final|discounted[:g]"
@@ -291,6 +294,7 @@ def train(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1", EXIT_USAGE)
+    parsers = parser_options(args)  # an unknown parser name fails before any task or model loads
     if args.env is not None:
         agent, tasks, val = env_tasks(args)
         args.agent = args.agent or args.env
@@ -337,6 +341,7 @@ def train(args: argparse.Namespace) -> int:
         logging_config=LoggingConfig(eval_every=args.eval_every),
         checkpoint_config=CheckpointConfig(save_every=args.save_every),
         prompts=args.prompts,
+        server_options=parsers,
     )
     try:
         before = None
