@@ -25,6 +25,12 @@ rollout for the loop.
     python -m benchmarks.perf.bench_vs_agl --repeats 3          # builds /tmp/agl030 if missing
     python -m benchmarks.perf.bench_vs_agl --agl-python /tmp/agl030/bin/python --workloads loop
     python -m benchmarks.perf.bench_vs_agl --profile-client /tmp/prof.txt   # cProfile of our loop client
+    python -m benchmarks.perf.bench_vs_agl --workloads loop --baseline-src /tmp/main/src  # + older code
+
+``--baseline-src`` adds our loop run from another checkout's ``src`` (``git archive main | tar -x``),
+interleaved with the others, so a change is compared with the code before it under the same load.
+The file written keeps any section a person added below the generated table (from the first
+``## `` heading on).
 
 This file is run by both interpreters: it imports neither package at module level.
 """
@@ -54,7 +60,9 @@ AGL_VERSION = "0.3.0"
 DEFAULT_VENV = Path("/tmp/agl030")
 PROMPT = [{"role": "user", "content": "What is 12 * 7 + 3? Use the calculator."}]
 COUNTS: Counter[str] = Counter()  # requests the server received, by method and path pattern
-_ID = re.compile(r"/(?=[^/]*\d)[^/]{9,}(?=/|$)")  # ids, not "v1"
+# ids in paths, not "v1": long segments with a digit, or a two-letter prefix and hex digits (AGL's
+# "ro-..." rollout and "at-edccdaad" attempt ids, which may have no digit at all)
+_ID = re.compile(r"/(?:(?=[^/]*\d)[^/]{9,}|[a-z]{2}-[0-9a-f]{6,})(?=/|$)")
 
 
 # -- measuring inside a process ----------------------------------------------------------------
@@ -457,9 +465,11 @@ def _send(proc: subprocess.Popen[str], line: str) -> None:
 
 def run_one(side: str, workload: str, args: argparse.Namespace, store_kind: str = "memory") -> dict[str, Any]:
     """One fresh server and one client for ``workload``; what both measured."""
-    py = sys.executable if side == "ours" else args.agl_python
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT)}
-    if side != "ours":
+    py = args.agl_python if side == "agl" else sys.executable
+    src = args.baseline_src if side == "base" else ROOT / "src"
+    env = {**os.environ, "PYTHONPATH": str(src) + os.pathsep + str(ROOT)}
+    role_side = "ours" if side == "base" else side
+    if side == "agl":
         env.pop("PYTHONPATH")
         env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # its import would fetch a price list (offline here)
     me = str(Path(__file__).resolve())
@@ -467,7 +477,7 @@ def run_one(side: str, workload: str, args: argparse.Namespace, store_kind: str 
     log = open(args.log, "a")
     pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": log, "text": True}
     server = subprocess.Popen(
-        [py, me, "--_role", f"{side}-server", workload, store_kind, str(n), str(args.workers)],
+        [py, me, "--_role", f"{role_side}-server", workload, store_kind, str(n), str(args.workers)],
         env=env,
         **pipes,
     )
@@ -475,7 +485,7 @@ def run_one(side: str, workload: str, args: argparse.Namespace, store_kind: str 
     try:
         url = _expect(server, "URL")
         total = n + args.workers if workload == "loop" else n  # the warm-up rollouts as well
-        ccmd = [py, me, "--_role", f"{side}-client", workload, url, str(total), str(args.workers)]
+        ccmd = [py, me, "--_role", f"{role_side}-client", workload, url, str(total), str(args.workers)]
         ccmd += [str(args.spans_per_rollout if workload == "loop" else args.spans), str(args.batch)]
         cenv = dict(env)
         if side == "ours" and workload == "loop" and args.profile_client:
@@ -548,6 +558,9 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     ap.add_argument("--log", default="/tmp/bench_vs_agl.log", help="the servers' and clients' stderr")
     ap.add_argument("--profile-client", type=Path, help="cProfile our loop client's workers, write here")
+    ap.add_argument(
+        "--baseline-src", type=Path, help="also run our loop from this src folder (the code before a change)"
+    )
     ap.add_argument("--_role", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._role:
@@ -556,6 +569,9 @@ def main() -> None:
     args.agl_python = ensure_agl(args.agl_python)
     wanted = set(args.workloads.split(","))
     todo = [c for c in CONTENDERS if c[0] in wanted]
+    if args.baseline_src and "loop" in wanted:
+        todo.insert(1, ("loop", "base", "memory"))
+    args.load_before = _uptime()
     runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {c: [] for c in todo}
     for rep in range(args.repeats):
         for c in todo:
@@ -566,7 +582,9 @@ def main() -> None:
     text = report(med, runs, args)
     print(text)
     if not args.no_write:
-        args.out.write_text(text)
+        old = args.out.read_text() if args.out.exists() else ""
+        kept = old[old.index("\n## ") :] if "\n## " in old else ""  # sections added by hand
+        args.out.write_text(text + kept)
         args.out.with_suffix(".json").write_text(
             json.dumps({" ".join(c): rs for c, rs in runs.items()}, indent=1) + "\n"
         )
@@ -606,7 +624,11 @@ def report(
         theirs = med.get((workload, "agl", "memory"))
         ratio = m["per_s"] / theirs["per_s"] if theirs else float("nan")
         per_ro = f"{m['requests'] / args.rollouts:.1f}" if workload == "loop" else "-"
-        label = ("agentlightning-lite" if side == "ours" else f"Agent Lightning {AGL_VERSION}") + f", {store}"
+        label = {
+            "ours": "agentlightning-lite",
+            "base": f"agentlightning-lite before (`{args.baseline_src}`)",
+            "agl": f"Agent Lightning {AGL_VERSION}",
+        }[side] + f", {store}"
         every = ", ".join(f"{r['per_s']:,.0f}" for r in runs[c])
         lines.append(
             f"| {names[workload]} | {label} | {m['per_s']:,.0f} | {every} | {ratio:.2f}x | "
@@ -618,13 +640,14 @@ def report(
         if c[0] == "loop":
             paths = ", ".join(f"`{p}` {v / args.rollouts:.2f}" for p, v in sorted(rs[-1]["by_path"].items()))
             by_path.append(f"- {c[1]}, {c[2]}: {paths}")
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    load = _uptime()
     cmd = "python -m benchmarks.perf.bench_vs_agl " + " ".join(sys.argv[1:])
     return (
         f"# agentlightning-lite against Agent Lightning {AGL_VERSION}: remote rollouts and span ingestion\n\n"
         f"Command: `{cmd}`  \n"
         f"Date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, Python {platform.python_version()}; `uptime` at the end: `{load}`  \n"
+        f"{os.cpu_count()} CPU cores, Python {platform.python_version()}; `uptime` at the start: "
+        f"`{args.load_before}`, at the end: `{load}`  \n"
         f"Repetitions: {args.repeats}, interleaved, a fresh server and client process per run; medians.  \n"
         "Measured on a shared machine under the load above: absolute figures are low and noisy, "
         "the ratios are what to read.\n\n"
@@ -636,6 +659,10 @@ def report(
         + "\n".join(by_path)
         + "\n"
     )
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError, UnknownRolloutError
 from ..store.base import Store
+from ..store.rows import SpanRow
 from ..types import check_reward
 from .leases import Attempt, EndedAttempt, Job, LeaseLost, LeaseMismatch, OutcomeCounted, lease_ok
 
@@ -305,6 +306,7 @@ class RolloutQueue:
         reward: float | None = None,
         error: str | None = None,
         leases: Collection[str] | None = None,
+        rows: Sequence[SpanRow] | None = None,
     ) -> dict[str, Any]:
         """Record a runner's result. ``counted`` is true when it is the job's outcome.
 
@@ -314,10 +316,23 @@ class RolloutQueue:
         rollout this queue does not know (never handed out, or ended longer ago than the last
         ``keep_ended`` attempts), :class:`LeaseMismatch` when ``leases``
         lacks the attempt's token (nothing is recorded then).
+
+        ``rows``: the attempt's last span rows (validated, all of ``rollout_id``), written to the
+        store after the lease check and before the outcome is counted, so training never sees an
+        outcome without its spans. The answer then says ``accepted`` (rows written) and, when some
+        were not, ``dropped`` (the attempt had been given up) or ``stored_before`` (a retried call:
+        the first one wrote them; written again they would land after the outcome was counted).
         """
         if status not in _FINISHED:
             raise InvalidRequestError(f"status must be one of {_FINISHED}, got {status!r}")
         reward = check_reward(reward)
+        accepted = 0
+        if rows:
+            with self._lock:
+                a, _ = self._leased(rollout_id, leases, "result")
+            if a is not None:  # running under this lease: the spans go in before the outcome
+                self.store.add_span_rows(rows)
+                accepted = len(rows)
         with self._lock:
             a, ended = self._leased(rollout_id, leases, "result")
             if a is not None:
@@ -328,14 +343,36 @@ class RolloutQueue:
             else:
                 assert ended is not None
                 previous = ended.state
+        out: dict[str, Any]
         if previous == "running":
             self.store.finish_rollout(rollout_id, status=status, reward=reward, error=error)
-            return {"counted": True, "status": status}
-        if previous == "done":  # the runner retried a call whose answer it did not get
+            out = {"counted": True, "status": status}
+        elif previous == "done":  # the runner retried a call whose answer it did not get
             assert ended is not None
-            return {"counted": True, "status": ended.status, "duplicate": True}
-        self._record_late(rollout_id, status, reward, error, previous)
-        return {"counted": False, "status": previous, "reason": f"the attempt was given up ({previous})"}
+            out = {"counted": True, "status": ended.status, "duplicate": True}
+        else:
+            self._record_late(rollout_id, status, reward, error, previous)
+            out = {"counted": False, "status": previous, "reason": f"the attempt was given up ({previous})"}
+        if rows is not None:
+            out.update(self._rows_outcome(rollout_id, rows, accepted, previous == "done"))
+        return out
+
+    def _rows_outcome(
+        self, rollout_id: str, rows: Sequence[SpanRow], accepted: int, duplicate: bool
+    ) -> dict[str, int]:
+        """What became of a result's span rows: ``accepted``, ``stored_before``, ``dropped``."""
+        out = {"accepted": accepted}
+        left = len(rows) - accepted
+        if left and duplicate and not accepted:  # the first call of a retried one wrote them
+            have = {s.span_id for s in self.store.spans(rollout_id)}
+            before = sum(1 for r in rows if r[0] in have)
+            if before:
+                out["stored_before"] = before
+            left -= before
+        if left:
+            out["dropped"] = left
+            logger.warning("rollout %s: %d span rows sent with a late result dropped", rollout_id, left)
+        return out
 
     def _leased(
         self, rollout_id: str, leases: Collection[str] | None, what: str

@@ -30,9 +30,12 @@ class RemoteStore(Store):
 
     Span rows are buffered and sent every ``flush_interval`` seconds or ``batch_size`` rows,
     whichever comes first, by a background thread (retried while the trainer is away; a batch
-    it refuses is logged and counted in ``dropped``). ``finish_rollout`` sends the spans of the
-    rollout first, then its result, so the trainer has every span before it sees the outcome.
-    A rollout registered with its claim's ``lease`` token gets the token on each of those requests.
+    it refuses is logged and counted in ``dropped``). ``finish_rollout`` takes the rollout's rows
+    still buffered out of the buffer and sends them in the body of its result (one request, one
+    lease check: the trainer writes them before it counts the outcome), after any batch already
+    in flight with rows of that rollout has been answered, so the trainer has every span before
+    it sees the outcome; it never waits for other rollouts' spans. A rollout registered with its
+    claim's ``lease`` token gets the token on each of those requests.
 
     >>> from agentlightning_lite.remote import RemoteStore, RunnerClient
     >>> import agentlightning_lite as agl
@@ -51,6 +54,8 @@ class RemoteStore(Store):
         self._rows: list[SpanRow] = []
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one batch in flight at a time: rows arrive in order
+        self._in_flight: dict[str, int] = {}  # rollout id -> batches in flight with rows of it
+        self._sent = threading.Condition(self._lock)  # notified when a batch is answered
         self._wake = threading.Event()
         self._closed = False
         self._known: OrderedDict[str, Rollout] = OrderedDict()
@@ -100,9 +105,20 @@ class RemoteStore(Store):
             while True:
                 with self._lock:
                     batch, self._rows = self._rows[: self.batch_size], self._rows[self.batch_size :]
+                    rids = {r[1] for r in batch}
+                    for rid in rids:
+                        self._in_flight[rid] = self._in_flight.get(rid, 0) + 1
                 if not batch:
                     return
-                self._send(batch)
+                try:
+                    self._send(batch)
+                finally:
+                    with self._lock:
+                        for rid in rids:
+                            left = self._in_flight.pop(rid) - 1
+                            if left:
+                                self._in_flight[rid] = left
+                        self._sent.notify_all()
 
     def _send(self, batch: list[SpanRow]) -> None:
         with self._lock:
@@ -122,10 +138,29 @@ class RemoteStore(Store):
 
     def _send_part(self, rows: list[SpanRow], leases: list[str]) -> None:
         try:
-            self.client.add_rows([list(r) for r in rows], leases=leases)
+            accepted = self.client.add_rows([list(r) for r in rows], leases=leases)
         except RemoteError as exc:
-            self.dropped += len(rows)
+            self._drop(len(rows))
             logger.error("the trainer refused %d spans: %s", len(rows), exc)
+            return
+        if accepted < len(rows):  # spans of rollouts that ended (their attempt was given up)
+            self._drop(len(rows) - accepted)
+            logger.error("the trainer dropped %d spans of ended rollouts", len(rows) - accepted)
+
+    def _drop(self, n: int) -> None:
+        with self._lock:
+            self.dropped += n
+
+    def _take_rows(self, rollout_id: str) -> list[SpanRow]:
+        """Take ``rollout_id``'s buffered rows out of the buffer, once no batch with rows of it is
+        in flight (those reach the trainer first)."""
+        with self._lock:
+            mine = [r for r in self._rows if r[1] == rollout_id]
+            if mine:
+                self._rows = [r for r in self._rows if r[1] != rollout_id]
+            while self._in_flight.get(rollout_id):
+                self._sent.wait()
+        return mine
 
     def _loop(self) -> None:
         while not self._closed:
@@ -174,10 +209,26 @@ class RemoteStore(Store):
         if status not in ROLLOUT_STATUSES or status == "running":
             raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
         reward = check_reward(reward)
-        self.flush()
-        answer = self.client.complete(
-            rollout_id, status=status, reward=reward, error=error, lease=self.lease(rollout_id)
-        )
+        rows = self._take_rows(rollout_id)
+        try:
+            answer = self.client.complete(
+                rollout_id,
+                status=status,
+                reward=reward,
+                error=error,
+                lease=self.lease(rollout_id),
+                rows=[list(r) for r in rows],
+            )
+        except RemoteError as exc:
+            if rows:
+                self._drop(len(rows))
+                logger.error("rollout %s: %d spans sent with its result lost: %s", rollout_id, len(rows), exc)
+            raise
+        lost = int(answer.get("dropped", 0)) if "accepted" in answer else len(rows)
+        if lost:
+            self._drop(lost)
+            why = "attempt given up" if "accepted" in answer else "the trainer takes none with a result"
+            logger.error("rollout %s: the trainer dropped %d spans (%s)", rollout_id, lost, why)
         with self._lock:
             _remember(self.last_result, rollout_id, answer)
             known = self._known.get(rollout_id)

@@ -177,6 +177,22 @@ def check_row(r: Any, version: int | None) -> SpanRow:
     return SpanRow._make((*r[:12], attrs_text, r[13], r[14], r[15], lps))
 
 
+def _result_rows(raw: Any, rid: str, version_of: Callable[[str], int]) -> list[SpanRow] | None:
+    """The span rows sent with a result (``None``: none sent), each checked and of rollout ``rid``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise _bad("'rows' must be a list of span rows", "rows")
+    version = version_of(rid) if raw else None
+    out = []
+    for r in raw:
+        row = check_row(r, version)
+        if row[1] != rid:
+            raise _bad(f"the rows sent with a result must be spans of its rollout {rid!r}", "rows")
+        out.append(row)
+    return out
+
+
 def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
     """The runner routes for ``server`` (mounted through its ``extra_routes`` hook)."""
     store = server.store
@@ -260,15 +276,23 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
             raise _bad("'status' must be 'succeeded', 'failed' or 'timeout'", "status")
         reward = _reward(body)
         error = _opt_str(body.get("error"), "'error'")
-        if queue.knows(rid):
-            out = await run_in_threadpool(queue.complete, rid, status, reward, error, request_leases(request))
-        else:  # a rollout the runner started itself (trace mode): just finish it
-            await run_in_threadpool(require_rollout, rid)
-            await run_in_threadpool(
-                store.finish_rollout, rid, status=status, reward=reward, error=error, only_if_running=True
-            )
-            out = {"counted": False, "status": status, "reason": "not a queued rollout"}
-        return JSONResponse(out)
+        rows = _result_rows(body.get("rows"), rid, version_of)  # all checked before anything is written
+        leases = request_leases(request)
+
+        def finish() -> dict[str, Any]:
+            if queue.knows(rid):
+                return queue.complete(rid, status, reward, error, leases, rows=rows)
+            # a rollout the runner started itself (trace mode): its spans, then finish it
+            require_rollout(rid)
+            if rows:
+                store.add_span_rows(rows)
+            store.finish_rollout(rid, status=status, reward=reward, error=error, only_if_running=True)
+            out: dict[str, Any] = {"counted": False, "status": status, "reason": "not a queued rollout"}
+            if rows is not None:
+                out["accepted"] = len(rows)
+            return out
+
+        return JSONResponse(await run_in_threadpool(finish))
 
     @endpoint
     async def reward(request: Request) -> Response:
