@@ -10,7 +10,9 @@ Three workloads, each side with a fresh server process and a separate client pro
    ``--spans-per-rollout`` spans (ours: span rows through a ``RemoteStore``, as a runner does;
    theirs: ``add_span`` with sequence ids numbered locally, which spares them the
    ``/spans/next`` request their tracer makes per span) and report the result (ours:
-   ``finish_rollout`` with the reward; theirs: ``update_attempt(status="succeeded")``).
+   ``finish_rollout`` with the reward, which carries the rollout's buffered spans and asks for
+   the worker's next rollout, as ``agl.remote.Runner`` does; theirs:
+   ``update_attempt(status="succeeded")``).
    ``--workers`` rollouts run first as a warm-up, untimed.
 2. ``native``: raw span ingestion, ``--spans`` spans into one rollout through each side's own
    client (ours: ``RunnerClient.add_rows`` in batches of ``--batch``; theirs: ``add_many_spans``).
@@ -227,18 +229,25 @@ def ours_client(workload: str, url: str, n: int, workers: int, spans: int, batch
         done = [0]
         lock = threading.Lock()
 
+        chain = hasattr(store, "claim_with_result")  # the next claim rides on the result (as a Runner)
+
         def work(wid: str) -> None:
+            claimed = None
             while True:
                 with lock:
-                    if done[0] >= n:
+                    if done[0] >= n:  # never with a claim in hand: that rollout is not done
                         return
-                claimed = client.claim(wid, wait=1.0)
                 if claimed is None:
-                    continue
+                    claimed = client.claim(wid, wait=1.0)
+                    if claimed is None:
+                        continue
                 rid = claimed["rollout_id"]
                 store.register(Rollout(rollout_id=rid, start_time=0.0, mode="train"), claimed["lease"])
                 store.add_span_rows(make_rows(rid, spans))
+                if chain:
+                    store.claim_with_result(rid, wid)
                 store.finish_rollout(rid, "succeeded", reward=1.0)
+                claimed = store.take_claim(rid) if chain else None
                 store.forget(rid)
                 with lock:
                     done[0] += 1

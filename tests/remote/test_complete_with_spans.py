@@ -321,3 +321,69 @@ def test_a_result_without_rows_still_works(served: Callable[..., agl.RemoteRunne
         answer = client.complete(rid, "succeeded", reward=1.0, lease=lease)
     assert answer == {"counted": True, "status": "succeeded"}  # no rows: no "accepted"
     assert len(store.spans(rid)) == 2 and (job.status, job.reward) == ("succeeded", 1.0)
+
+
+def test_a_result_can_bring_the_workers_next_rollout(served: Callable[..., agl.RemoteRunners]) -> None:
+    store = agl.MemoryStore()
+    runners = served(store, api_key=KEY)
+    queue = runners.queue
+    assert queue is not None
+    [first_job], [claimed] = _claim(runners)
+    [second_job] = queue.submit([("next", "train", {"k": 1})])
+    rid, lease = claimed["rollout_id"], claimed["lease"]
+    body = {"status": "succeeded", "reward": 1.0, "rows": _wire(_spans(rid, 2)), "claim": {"worker": "w0"}}
+    with httpx.Client(base_url=runners.url, headers=AUTH) as http:
+        # a wrong lease: no result, no claim (the job stays queued)
+        r = _complete(http, rid, "guessed", body)
+        assert r.status_code == 403 and queue.stats()["queued"] == 1
+        r = _complete(http, rid, None, {**body, "claim": "w0"})  # malformed: a 400 before anything
+        assert r.status_code == 400 and r.json()["error"]["param"] == "claim"
+        assert (store.spans(rid), first_job.done, queue.stats()["queued"]) == ([], False, 1)
+        answer = _complete(http, rid, lease, body).json()
+        nxt = answer.pop("next")
+        assert answer == {"counted": True, "status": "succeeded", "accepted": 2}
+        assert nxt["task"] == "next" and nxt["metadata"] == {"k": 1} and len(nxt["lease"]) >= 32
+        assert nxt["llm_path"] == f"/rollout/{nxt['rollout_id']}/lease/{nxt['lease']}/v1"
+        assert (first_job.status, queue.stats()["queued"], queue.stats()["running"]) == ("succeeded", 0, 1)
+        # the same result again (its answer lost): the same next rollout, not a second claim
+        again = _complete(http, rid, lease, body).json()
+        assert again["duplicate"] is True and again["next"] == nxt
+        assert queue.stats()["running"] == 1
+        # the next rollout's result, with the queue empty: next is null, never waited for
+        body2 = {"status": "succeeded", "reward": 0.5, "claim": {"worker": "w0"}}
+        last = _complete(http, nxt["rollout_id"], nxt["lease"], body2).json()
+        assert last == {"counted": True, "status": "succeeded", "next": None}
+    assert (second_job.status, second_job.reward) == ("succeeded", 0.5)
+    assert len(store.spans(rid)) == 2
+
+
+def test_the_runner_takes_its_next_rollout_with_each_result(
+    served: Callable[..., agl.RemoteRunners],
+) -> None:
+    store = agl.MemoryStore()
+    runners = served(store, api_key=KEY)
+    assert runners.queue is not None
+
+    def agent(task: int, llm: agl.LLM) -> float:
+        with agl.Tracer.current_rollout().tracer.span("tool", "calc") as sp:
+            sp.set_output(task)
+        return 1.0
+
+    runner = agl.remote.Runner(agent, runners.url, api_key=KEY, workers=2, max_rollouts=12)
+    granted: list[str] = []
+    plain_claim = runner.client.claim
+
+    def claim(worker: str, wait: float = 10.0) -> dict[str, Any] | None:
+        out = plain_claim(worker, wait=wait)
+        if out is not None:
+            granted.append(out["rollout_id"])
+        return out
+
+    runner.client.claim = claim  # type: ignore[method-assign]
+    jobs = runners.queue.submit([(i, "train", {}) for i in range(12)])  # queued before the runner starts
+    with runner:  # the workers end after 12 rollouts: a slot taken for a next claim that did
+        assert runner.join(30)  # not come would leave a job unrun
+    assert [(j.status, j.reward) for j in jobs] == [("succeeded", 1.0)] * 12
+    assert len(granted) == 2  # one claim a worker; every other rollout came with a result
+    assert runner.counted == 12 and runner.store.dropped == 0
+    assert [[s.kind for s in store.spans(j.rollout_id)] for j in jobs] == [["tool", "reward"]] * 12

@@ -184,16 +184,21 @@ class RunnerClient:
         error: str | None = None,
         lease: str | None = None,
         rows: list[Any] | None = None,
+        claim_for: str | None = None,
     ) -> dict[str, Any]:
         """Report a rollout's result; ``counted`` says whether it is the rollout's outcome.
 
         ``rows``: the rollout's span rows not sent yet (the store's row layout), written by the
         trainer under the same lease check before it counts the outcome; the answer says how
         many it ``accepted`` (and ``dropped``, when the attempt had been given up).
+        ``claim_for``: a worker id; the answer's ``next`` is then that worker's next rollout, as
+        :meth:`claim` answers it without waiting (``None`` when nothing is queued).
         """
         body: dict[str, Any] = {"status": status, "reward": reward, "error": error}
         if rows is not None:
             body["rows"] = rows
+        if claim_for is not None:
+            body["claim"] = {"worker": claim_for}
         path = f"/agl/v1/rollouts/{_q(rollout_id)}/complete"
         return self.request("POST", path, body, leases=[lease] if lease else None) or {}
 

@@ -1,18 +1,33 @@
 """The rollout queue's records: a job (one rollout the trainer asked for), an attempt at it (a claim by
 one runner worker under a lease, with its unguessable token), what is kept of an ended attempt, the
-lease check, and the errors a request without a valid lease raises."""
+lease check, the errors a request without a valid lease raises, and what became of the span rows
+sent with a result."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConflictError, LeaseError
+from ..store.base import Store
+from ..store.rows import SpanRow
 
-__all__ = ["Attempt", "EndedAttempt", "Job", "LeaseLost", "LeaseMismatch", "OutcomeCounted", "lease_ok"]
+__all__ = [
+    "Attempt",
+    "EndedAttempt",
+    "Job",
+    "LeaseLost",
+    "LeaseMismatch",
+    "OutcomeCounted",
+    "lease_ok",
+    "rows_outcome",
+]
+
+logger = logging.getLogger(__name__)
 
 
 class LeaseLost(LeaseError):
@@ -86,6 +101,7 @@ class EndedAttempt:
     weights_version: int
     state: str  # done, expired, timeout
     status: str | None  # the job's outcome when this attempt's result was counted (state done)
+    next_claim: str | None = None  # the rollout claimed with its result (a retried result gets it again)
 
 
 def lease_ok(lease: str, leases: Collection[str] | None) -> bool:
@@ -93,3 +109,22 @@ def lease_ok(lease: str, leases: Collection[str] | None) -> bool:
     if leases is None:
         return True
     return any(isinstance(t, str) and secrets.compare_digest(t, lease) for t in leases)
+
+
+def rows_outcome(
+    store: Store, rollout_id: str, rows: Sequence[SpanRow], accepted: int, duplicate: bool
+) -> dict[str, int]:
+    """What became of the span rows sent with a result: ``accepted`` (written), ``stored_before``
+    (a retried result: the first call wrote them) and ``dropped`` (the attempt was given up)."""
+    out = {"accepted": accepted}
+    left = len(rows) - accepted
+    if left and duplicate and not accepted:
+        have = {s.span_id for s in store.spans(rollout_id)}
+        before = sum(1 for r in rows if r[0] in have)
+        if before:
+            out["stored_before"] = before
+        left -= before
+    if left:
+        out["dropped"] = left
+        logger.warning("rollout %s: %d span rows sent with a late result dropped", rollout_id, left)
+    return out

@@ -35,7 +35,16 @@ from ..errors import InvalidRequestError, UnknownRolloutError
 from ..store.base import Store
 from ..store.rows import SpanRow
 from ..types import check_reward
-from .leases import Attempt, EndedAttempt, Job, LeaseLost, LeaseMismatch, OutcomeCounted, lease_ok
+from .leases import (
+    Attempt,
+    EndedAttempt,
+    Job,
+    LeaseLost,
+    LeaseMismatch,
+    OutcomeCounted,
+    lease_ok,
+    rows_outcome,
+)
 
 __all__ = ["Attempt", "Job", "LeaseLost", "LeaseMismatch", "OutcomeCounted", "RolloutQueue"]
 
@@ -212,12 +221,21 @@ class RolloutQueue:
             )
 
     # -- the runners' side --------------------------------------------------------------------
-    def claim(self, worker: str) -> Attempt | None:
-        """Take the next queued job for ``worker`` (a new attempt), or ``None`` when none is queued."""
+    def claim(self, worker: str, after: str | None = None) -> Attempt | None:
+        """Take the next queued job for ``worker`` (a new attempt), or ``None`` when none is queued.
+
+        ``after``: the rollout whose result asks for this claim; asked again after that result (a
+        retried call) it answers the same attempt while it runs. ``None`` after :meth:`close`.
+        """
         now = time.monotonic()
         with self._lock:
             self._workers[worker] = now
-            if not self._pending:
+            prior = self._ended.get(after) if after is not None else None
+            if prior is not None and prior.next_claim is not None:
+                again = self._attempts.get(prior.next_claim)
+                if again is not None and again.worker == worker:
+                    return again
+            if not self._pending or (after is not None and self._closed):
                 return None
             job = self._pending.popleft()
             job.attempts += 1
@@ -238,6 +256,9 @@ class RolloutQueue:
         with self._lock:
             self._attempts[ro.rollout_id] = att
             job.rollout_id = ro.rollout_id
+            prior = self._ended.get(after) if after is not None else None
+            if prior is not None and prior.state == "done":
+                prior.next_claim = ro.rollout_id
         return att
 
     async def claim_async(self, worker: str, wait: float = 0.0) -> Attempt | None:
@@ -314,14 +335,11 @@ class RolloutQueue:
         store as ``metadata["late_result"]`` (and its reward) without changing the outcome.
         Raises :class:`~agentlightning_lite.errors.UnknownRolloutError` (a ``KeyError``) for a
         rollout this queue does not know (never handed out, or ended longer ago than the last
-        ``keep_ended`` attempts), :class:`LeaseMismatch` when ``leases``
-        lacks the attempt's token (nothing is recorded then).
+        ``keep_ended`` attempts), :class:`LeaseMismatch` when ``leases`` lacks its token (nothing
+        is recorded then).
 
-        ``rows``: the attempt's last span rows (validated, all of ``rollout_id``), written to the
-        store after the lease check and before the outcome is counted, so training never sees an
-        outcome without its spans. The answer then says ``accepted`` (rows written) and, when some
-        were not, ``dropped`` (the attempt had been given up) or ``stored_before`` (a retried call:
-        the first one wrote them; written again they would land after the outcome was counted).
+        ``rows``: the attempt's last span rows (checked, all of ``rollout_id``), written after the
+        lease check, before the outcome is counted; the answer says what became of them (``rows_outcome``).
         """
         if status not in _FINISHED:
             raise InvalidRequestError(f"status must be one of {_FINISHED}, got {status!r}")
@@ -354,24 +372,7 @@ class RolloutQueue:
             self._record_late(rollout_id, status, reward, error, previous)
             out = {"counted": False, "status": previous, "reason": f"the attempt was given up ({previous})"}
         if rows is not None:
-            out.update(self._rows_outcome(rollout_id, rows, accepted, previous == "done"))
-        return out
-
-    def _rows_outcome(
-        self, rollout_id: str, rows: Sequence[SpanRow], accepted: int, duplicate: bool
-    ) -> dict[str, int]:
-        """What became of a result's span rows: ``accepted``, ``stored_before``, ``dropped``."""
-        out = {"accepted": accepted}
-        left = len(rows) - accepted
-        if left and duplicate and not accepted:  # the first call of a retried one wrote them
-            have = {s.span_id for s in self.store.spans(rollout_id)}
-            before = sum(1 for r in rows if r[0] in have)
-            if before:
-                out["stored_before"] = before
-            left -= before
-        if left:
-            out["dropped"] = left
-            logger.warning("rollout %s: %d span rows sent with a late result dropped", rollout_id, left)
+            out.update(rows_outcome(self.store, rollout_id, rows, accepted, previous == "done"))
         return out
 
     def _leased(

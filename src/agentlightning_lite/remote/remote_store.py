@@ -60,6 +60,8 @@ class RemoteStore(Store):
         self._closed = False
         self._known: OrderedDict[str, Rollout] = OrderedDict()
         self._leases: dict[str, str] = {}  # claimed rollout id -> its lease token (until forgotten)
+        self._claim_for: dict[str, str] = {}  # rollout id -> the worker whose next claim its result asks
+        self._next: dict[str, dict[str, Any] | None] = {}  # rollout id -> the claim its result brought
         self._thread = threading.Thread(target=self._loop, name="agl-remote-store", daemon=True)
         self._thread.start()
 
@@ -80,6 +82,29 @@ class RemoteStore(Store):
             self._known.pop(rollout_id, None)
             self.last_result.pop(rollout_id, None)
             self._leases.pop(rollout_id, None)
+            self._claim_for.pop(rollout_id, None)
+            self._next.pop(rollout_id, None)
+
+    def claim_with_result(self, rollout_id: str, worker: str) -> None:
+        """Ask for ``worker``'s next rollout in the same request as ``rollout_id``'s result; what
+        the trainer hands out comes from :meth:`take_claim` (one request a rollout, not two).
+
+        >>> from agentlightning_lite.remote import RemoteStore, RunnerClient
+        >>> store = RemoteStore(RunnerClient("http://127.0.0.1:8765"))
+        >>> store.claim_with_result("ro-1", "box-1/0")
+        >>> store.take_claim("ro-1") is None  # no result sent yet: nothing claimed
+        True
+        >>> store.close(); store.client.close()
+        """
+        with self._lock:
+            self._claim_for[rollout_id] = worker
+
+    def take_claim(self, rollout_id: str) -> dict[str, Any] | None:
+        """The claim that came back with ``rollout_id``'s result (see :meth:`claim_with_result`),
+        once; ``None`` when none was asked for, none was queued, or the result was not sent."""
+        with self._lock:
+            self._claim_for.pop(rollout_id, None)
+            return self._next.pop(rollout_id, None)
 
     def lease(self, rollout_id: str) -> str | None:
         """The lease token registered for ``rollout_id``."""
@@ -210,6 +235,8 @@ class RemoteStore(Store):
             raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
         reward = check_reward(reward)
         rows = self._take_rows(rollout_id)
+        with self._lock:
+            worker = self._claim_for.pop(rollout_id, None)
         try:
             answer = self.client.complete(
                 rollout_id,
@@ -218,6 +245,7 @@ class RemoteStore(Store):
                 error=error,
                 lease=self.lease(rollout_id),
                 rows=[list(r) for r in rows],
+                claim_for=worker,
             )
         except RemoteError as exc:
             if rows:
@@ -230,6 +258,8 @@ class RemoteStore(Store):
             why = "attempt given up" if "accepted" in answer else "the trainer takes none with a result"
             logger.error("rollout %s: the trainer dropped %d spans (%s)", rollout_id, lost, why)
         with self._lock:
+            if worker is not None:
+                self._next[rollout_id] = answer.pop("next", None)
             _remember(self.last_result, rollout_id, answer)
             known = self._known.get(rollout_id)
         base = known or Rollout(rollout_id=rollout_id, start_time=0.0)

@@ -14,6 +14,13 @@ comma-separated when one request touches several rollouts; OTLP spans may carry 
 span or resource attribute ``agentlightning.lease`` instead): without it they get a 403
 (``invalid_lease``) and change nothing. A reward for a rollout whose outcome is counted gets a
 409 (``outcome_counted``); spans for a claimed rollout that ended are dropped (``dropped``).
+A result may carry the rollout's last span rows (``"rows"``): all are checked first (each a span
+of that rollout; otherwise a 400 and nothing written), then the lease, then they are written and
+the outcome counted, in one handler (see :meth:`RolloutQueue.complete`). A result may also ask
+for the worker's next rollout (``"claim": {"worker": ...}``): once the result is recorded, the
+answer's ``next`` is what ``/agl/v1/claim`` would answer without waiting (``null`` when nothing
+is queued: the runner then long-polls ``/agl/v1/claim`` as before); a retried result gets the
+same rollout again while it runs.
 
 LLM calls to a claimed rollout (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``,
 ``/v1/messages``) need the token as well, or they get the same 403 and record nothing: the claim's
@@ -47,6 +54,7 @@ from ..serving.routes.request import call_leases, check_auth, parse_json_object,
 from ..serving.server import PolicyServer
 from ..store.rows import SpanRow
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, SPAN_KINDS, TRUSTED, Span
+from .leases import Attempt
 from .otlp import TraceRollouts, otlp_response, otlp_spans, read_otlp
 from .queue import OutcomeCounted, RolloutQueue
 
@@ -246,8 +254,12 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_CLAIM_WAIT:
             raise _bad(f"'wait' must be a number of seconds in [0, {MAX_CLAIM_WAIT}]", "wait")
         att = await queue.claim_async(worker, float(wait))
+        return JSONResponse({"rollout": claimed(att), "lease_timeout": queue.lease_timeout})
+
+    def claimed(att: Attempt | None) -> dict[str, Any] | None:
+        """A claim's answer for the runner (``None``: nothing queued)."""
         if att is None:
-            return JSONResponse({"rollout": None, "lease_timeout": queue.lease_timeout})
+            return None
         out = att.public()
         # the agent's OpenAI client sends only base_url and api_key: the lease rides in the URL
         out["llm_path"] = f"/rollout/{quote(att.rollout_id, safe='')}/lease/{att.lease}/v1"
@@ -255,7 +267,7 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         if server.api_key is not None:  # a key for this rollout's model calls only (a harness gets it)
             out["rollout_key"] = server.rollout_key(att.rollout_id)
         out["lease_timeout"] = queue.lease_timeout
-        return JSONResponse({"rollout": out, "lease_timeout": queue.lease_timeout})
+        return out
 
     @endpoint
     async def heartbeat(request: Request) -> Response:
@@ -277,9 +289,19 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         reward = _reward(body)
         error = _opt_str(body.get("error"), "'error'")
         rows = _result_rows(body.get("rows"), rid, version_of)  # all checked before anything is written
+        ask = body.get("claim")
+        if ask is not None and not isinstance(ask, dict):
+            raise _bad("'claim' must be an object: {'worker': ...}", "claim")
+        worker = None if ask is None else _str(ask, "worker", required=True)
         leases = request_leases(request)
 
         def finish() -> dict[str, Any]:
+            out = result()
+            if worker is not None:  # the next rollout for the worker, never waited for
+                out["next"] = claimed(queue.claim(worker, after=rid))
+            return out
+
+        def result() -> dict[str, Any]:
             if queue.knows(rid):
                 return queue.complete(rid, status, reward, error, leases, rows=rows)
             # a rollout the runner started itself (trace mode): its spans, then finish it

@@ -3,7 +3,9 @@
 Each worker loops: claim a rollout (long-polling the trainer's queue), run the agent on its task
 with an ``agl.LLM`` routed to that rollout, inside ``tracer.rollout(rollout_id=...)`` over a
 :class:`RemoteStore` (so adapters, ``emit_reward`` and ``emit_signal`` work as in-process), then
-report the result. A heartbeat thread renews the leases of the rollouts in flight. Each claim's
+report the result, which asks for the worker's next rollout in the same request (a rollout costs
+one request when the queue has work; when it is empty the worker long-polls the claim route again).
+A heartbeat thread renews the leases of the rollouts in flight. Each claim's
 lease token goes with its heartbeats, spans, reward and result, and rides in the path of the
 agent's ``llm.base_url`` (the claim's ``llm_path``), so the agent's own OpenAI clients carry it
 without a change. While the
@@ -155,7 +157,8 @@ class Runner:
         self.store.close()
         self.client.close()
         # workers still waiting in a claim are daemon threads: not waited for (a claim granted
-        # meanwhile is not run; its lease runs out and the trainer hands the rollout to another runner)
+        # meanwhile, or with a result sent as the runner stopped, is not run; its lease runs out
+        # and the trainer hands the rollout to another runner)
         for t in [*self._threads, *self._workers]:
             t.join(0.05)
 
@@ -213,30 +216,43 @@ class Runner:
 
     def _work(self, worker: str) -> None:
         me = threading.current_thread()
-        while not self._stop.is_set():
-            if not self._take_slot():
-                return
-            try:
-                claimed = self.client.claim(worker, wait=self.claim_wait)
-            except Exception as exc:
-                self._give_back_slot()
-                if self._stop.is_set():
+        claimed: dict[str, Any] | None = None  # a claim that came with the last result (its slot taken)
+        while not self._stop.is_set():  # a claim in hand when stopping lapses (see stop)
+            if claimed is None:
+                if not self._take_slot():
                     return
-                if not isinstance(exc, RemoteError):
-                    raise
-                logger.error("runner %s: claim refused: %s", worker, exc)
-                self._stop.wait(2.0)
-                continue
-            if claimed is None or self._stop.is_set():
-                self._give_back_slot()
-                continue
+                try:
+                    claimed = self.client.claim(worker, wait=self.claim_wait)
+                except Exception as exc:
+                    self._give_back_slot()
+                    if self._stop.is_set():
+                        return
+                    if not isinstance(exc, RemoteError):
+                        raise
+                    logger.error("runner %s: claim refused: %s", worker, exc)
+                    self._stop.wait(2.0)
+                    continue
+                if claimed is None or self._stop.is_set():
+                    self._give_back_slot()
+                    claimed = None
+                    continue
             ended = threading.Event()  # the agent returned (or raised): its thread is not stuck
-            try:
-                self._run_one(claimed, functools.partial(self._replace, worker, me, ended), ended)
-            except Exception:  # never let one rollout end the worker
-                logger.exception("runner %s: rollout %s", worker, claimed.get("rollout_id"))
             with self._lock:
-                if me in self._retired:  # a new thread took this one's place while its agent overran
+                retired = me in self._retired
+            current, claimed = claimed, None
+            try:
+                claimed = self._run_one(
+                    current,
+                    functools.partial(self._replace, worker, me, ended),
+                    ended,
+                    None if retired else worker,
+                )
+            except Exception:  # never let one rollout end the worker
+                logger.exception("runner %s: rollout %s", worker, current.get("rollout_id"))
+            with self._lock:
+                if me in self._retired and claimed is None:
+                    # a new thread took this one's place while its agent overran (a claim that came
+                    # with its result is run first, asking for no other)
                     self._retired.discard(me)
                     return
 
@@ -263,7 +279,10 @@ class Runner:
         claimed: dict[str, Any],
         replace: Callable[[], bool] | None = None,
         ended: threading.Event | None = None,
-    ) -> None:
+        worker: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Run one claimed rollout; with ``worker``, its result asks for that worker's next rollout,
+        returned here (its slot taken) when the trainer handed one out."""
         rid = claimed["rollout_id"]
         mode = claimed.get("mode", "train")
         self.store.register(
@@ -287,6 +306,7 @@ class Runner:
             rollout_key=claimed.get("rollout_key"),
         )
         timeout = claimed.get("timeout")
+        asked = False
         cancel: list[Callable[[], None]] = []
         timer: threading.Timer | None = None
         try:
@@ -302,6 +322,10 @@ class Runner:
                     if ended is not None:
                         with self._lock:
                             ended.set()
+                    # the result (sent as the rollout ends, just below) brings the next claim
+                    asked = worker is not None and not self._stop.is_set() and self._take_slot()
+                    if asked:
+                        self.store.claim_with_result(rid, worker)  # type: ignore[arg-type]
                 if value is not None:
                     ro.reward(check_reward(value, "the agent's returned reward"))  # type: ignore[arg-type]
         except (Exception, asyncio.CancelledError) as exc:  # recorded by the tracer (or _time_out)
@@ -315,7 +339,11 @@ class Runner:
                 self.completed += 1
                 if (self.store.last_result.get(rid) or {}).get("counted"):
                     self.counted += 1
+            following = self.store.take_claim(rid)
             self.store.forget(rid)
+            if asked and following is None:
+                self._give_back_slot()
+        return following
 
     def _time_out(
         self,
