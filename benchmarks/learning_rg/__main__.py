@@ -96,28 +96,9 @@ PROMPTS: dict[str, str | None] = {
 CONFIGS = ("grpo-sync", "ppo-sync", "grpo-async", "grpo-async-tis", "ppo-async")
 
 
+# the agent's client waits up to 2 h for a reply: on a loaded CPU a request queued behind other batches
+# outlasts the OpenAI client's default 600 s, and the rollout would fail instead of being measured
 CLIENT_TIMEOUT_S = 7200.0
-
-
-def _env_class() -> Any:
-    import agentlightning_lite as agl
-
-    class Env(agl.envs.ReasoningGym):
-        """``agl.envs.ReasoningGym`` whose agent's client waits up to ``CLIENT_TIMEOUT_S`` for a reply:
-        on a loaded CPU a request queued behind other batches outlasts the OpenAI client's default
-        600 s, and the rollout would fail instead of being measured."""
-
-        def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
-            client = llm.openai_client(max_retries=0, timeout=CLIENT_TIMEOUT_S)
-            reply = client.chat.completions.create(
-                model=llm.model,
-                messages=self.messages(task, llm.prompt("system", default=self.system_prompt)),
-                max_tokens=self.max_tokens,
-                temperature=temperature,
-            )
-            return self.reward(task, reply.choices[0].message.content)
-
-    return Env
 
 
 def make_env(
@@ -131,14 +112,17 @@ def make_env(
     (True, 48, 'basic_arithmetic')
     """
 
+    import agentlightning_lite as agl
+
     name, config = PRESETS[preset]
-    return _env_class()(
+    return agl.envs.ReasoningGym(
         name,
         size=size,
         seed=seed,
         max_tokens=max_tokens,
         system_prompt=PROMPTS[prompt],
         shots=shots,
+        timeout=CLIENT_TIMEOUT_S,
         **config,
     )
 

@@ -58,7 +58,8 @@ class ReasoningGym(Environment):
     replies are ``<answer>ANSWER</answer>``: a small model that ignores a system prompt's answer format
     copies it from the turns. They come from the same generator and config with ``shots_seed`` (one
     fixed set, so training and held-out tasks see the same prompt); :meth:`messages` is what the agent
-    sends.
+    sends. ``timeout`` (seconds) is the agent's client's wait for a reply (the OpenAI client's own
+    default, 600 s, when None): raise it when a loaded CPU queues requests longer than that.
 
     >>> import agentlightning_lite as agl
     >>> env = agl.envs.ReasoningGym("basic_arithmetic", size=4, seed=1)
@@ -84,13 +85,14 @@ class ReasoningGym(Environment):
         eval_temperature: float = 0.0,
         shots: int = 0,
         shots_seed: int = 777,
+        timeout: float | None = None,
         **config: Any,
     ) -> None:
         _rg()  # the missing extra, named, before anything else
         if shots < 0:
             raise ValueError(f"shots must be >= 0, got {shots}")
         self.name, self.size, self.seed, self.config = name, size, seed, dict(config)
-        self.max_tokens = max_tokens
+        self.max_tokens, self.timeout = max_tokens, timeout
         self.system_prompt = system_prompt or _rg().utils.SYSTEM_PROMPTS["default"]
         config_json = json.dumps(self.config, sort_keys=True)
         dataset = _dataset(name, size, seed, config_json)
@@ -148,7 +150,8 @@ class ReasoningGym(Environment):
 
     def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
         """One chat call with :meth:`messages`; the reward of its reply."""
-        client = llm.openai_client(max_retries=0)
+        options = {} if self.timeout is None else {"timeout": self.timeout}
+        client = llm.openai_client(max_retries=0, **options)
         reply = client.chat.completions.create(
             model=llm.model,
             messages=self.messages(task, llm.prompt("system", default=self.system_prompt)),
