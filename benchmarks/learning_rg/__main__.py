@@ -216,8 +216,8 @@ def base_rates(args: argparse.Namespace) -> None:
         trainer.close()
         cmd = (
             f"nice -n 15 python -m benchmarks.learning_rg base-rates --tasks {preset} --n {args.n} "
-            f"--max-tokens {args.max_tokens} --eval-seed {args.eval_seed} --prompt {args.prompt} --shots {args.shots}"
-            + (f" --threads {args.threads}" if args.threads else "")
+            f"--max-tokens {args.max_tokens} --eval-seed {args.eval_seed} --prompt {args.prompt} "
+            f"--shots {args.shots}" + (f" --threads {args.threads}" if args.threads else "")
         )
         out = {"preset": preset, "command": cmd, "max_tokens": args.max_tokens, "eval_seed": args.eval_seed}
         out["prompt"], out["shots"] = args.prompt, args.shots
@@ -377,9 +377,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
     train = make_env(
         args.task, args.steps * args.batch_size, 1000 + seed, args.max_tokens, args.prompt, args.shots
     )
-    held_out = make_env(
-            args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt, args.shots
-        )
+    held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt, args.shots)
     t0 = time.time()
     trainer = _quiet_trainer(
         out_dir,

@@ -71,7 +71,7 @@ def test_default_agent_against_a_policy_server(correct: bool) -> None:
 def test_shots_are_solved_turns_of_the_same_generator_sent_to_the_server() -> None:
     config = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
     train = agl.envs.ReasoningGym("basic_arithmetic", size=3, seed=1, shots=2, system_prompt="Sum.", **config)
-    held_out = agl.envs.ReasoningGym("basic_arithmetic", size=3, seed=9, shots=2, system_prompt="Sum.", **config)
+    held_out = agl.envs.ReasoningGym("basic_arithmetic", size=3, seed=9, shots=2, **config)
     demos = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=777, **config)
     expected = [(demos[i]["question"], demos[i]["answer"]) for i in range(2)]
     assert train.shots == held_out.shots == expected  # one fixed set: training and held-out prompts match
@@ -90,7 +90,8 @@ def test_shots_are_solved_turns_of_the_same_generator_sent_to_the_server() -> No
 
     store = agl.MemoryStore()
     tracer = agl.Tracer(store)
-    with PolicyServer(engines.ScriptedEngine([f"<answer>{task['answer']}</answer>"], tokenizer="bytes"), store) as srv:
+    engine = engines.ScriptedEngine([f"<answer>{task['answer']}</answer>"], tokenizer="bytes")
+    with PolicyServer(engine, store) as srv:
         with tracer.rollout(task) as ro:
             ro.reward(train.agent(task, srv.llm(ro.id)))
     [span] = [s for s in store.spans(ro.id) if s.kind == "llm"]
