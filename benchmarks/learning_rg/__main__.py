@@ -41,6 +41,18 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (reasoning-gym dataset, its config)
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "arith2": (
+        "basic_arithmetic",
+        {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+", "-"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    ),
     "arith3": (
         "basic_arithmetic",
         {
@@ -84,46 +96,41 @@ PROMPTS: dict[str, str | None] = {
 CONFIGS = ("grpo-sync", "ppo-sync", "grpo-async", "grpo-async-tis", "ppo-async")
 
 
+# the agent's client waits up to 2 h for a reply: on a loaded CPU a request queued behind other batches
+# outlasts the OpenAI client's default 600 s, and the rollout would fail instead of being measured
 CLIENT_TIMEOUT_S = 7200.0
 
 
-def _env_class() -> Any:
-    import agentlightning_lite as agl
-
-    class Env(agl.envs.ReasoningGym):
-        """``agl.envs.ReasoningGym`` whose agent's client waits up to ``CLIENT_TIMEOUT_S`` for a reply:
-        on a loaded CPU a request queued behind other batches outlasts the OpenAI client's default
-        600 s, and the rollout would fail instead of being measured."""
-
-        def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
-            client = llm.openai_client(max_retries=0, timeout=CLIENT_TIMEOUT_S)
-            reply = client.chat.completions.create(
-                model=llm.model,
-                messages=[
-                    {"role": "system", "content": llm.prompt("system", default=self.system_prompt)},
-                    {"role": "user", "content": task["question"]},
-                ],
-                max_tokens=self.max_tokens,
-                temperature=temperature,
-            )
-            return self.reward(task, reply.choices[0].message.content)
-
-    return Env
-
-
-def make_env(preset: str, size: int, seed: int, max_tokens: int, prompt: str = "default") -> Any:
+def make_env(
+    preset: str, size: int, seed: int, max_tokens: int, prompt: str = "default", shots: int = 0
+) -> Any:
     """The preset's reasoning-gym environment: ``size`` tasks generated from ``seed``, its agent's
-    system prompt ``PROMPTS[prompt]``.
+    system prompt ``PROMPTS[prompt]``, ``shots`` solved examples before each question.
 
     >>> env = make_env("arith3", 2, 10_000, 48, "short")
     >>> env.system_prompt == PROMPTS["short"], env.max_tokens, env.tasks[0]["name"]
     (True, 48, 'basic_arithmetic')
     """
 
+    import agentlightning_lite as agl
+
     name, config = PRESETS[preset]
-    return _env_class()(
-        name, size=size, seed=seed, max_tokens=max_tokens, system_prompt=PROMPTS[prompt], **config
+    return agl.envs.ReasoningGym(
+        name,
+        size=size,
+        seed=seed,
+        max_tokens=max_tokens,
+        system_prompt=PROMPTS[prompt],
+        shots=shots,
+        timeout=CLIENT_TIMEOUT_S,
+        **config,
     )
+
+
+def variant(args: argparse.Namespace) -> str:
+    """How the agent is prompted, as it appears in file names: ``short`` or ``short-3shot``."""
+    shots = getattr(args, "shots", 0)
+    return f"{args.prompt}-{shots}shot" if shots else args.prompt
 
 
 def _threads(n: int | None) -> None:
@@ -196,10 +203,10 @@ def base_rates(args: argparse.Namespace) -> None:
     folder = Path(args.results_dir or HERE / "results") / "base_rates"
     folder.mkdir(parents=True, exist_ok=True)
     for preset in args.tasks:
-        path = folder / f"{preset}-{args.prompt}.json"
+        path = folder / f"{preset}-{variant(args)}.json"
         if args.resume and path.exists():
             continue
-        env = make_env(preset, args.n, args.eval_seed, args.max_tokens, args.prompt)
+        env = make_env(preset, args.n, args.eval_seed, args.max_tokens, args.prompt, args.shots)
         store = agl.MemoryStore()
         trainer = _quiet_trainer(Path(args.work_dir) / "base-rates", store=store)
         t0 = time.time()
@@ -209,11 +216,11 @@ def base_rates(args: argparse.Namespace) -> None:
         trainer.close()
         cmd = (
             f"nice -n 15 python -m benchmarks.learning_rg base-rates --tasks {preset} --n {args.n} "
-            f"--max-tokens {args.max_tokens} --eval-seed {args.eval_seed} --prompt {args.prompt}"
-            + (f" --threads {args.threads}" if args.threads else "")
+            f"--max-tokens {args.max_tokens} --eval-seed {args.eval_seed} --prompt {args.prompt} "
+            f"--shots {args.shots}" + (f" --threads {args.threads}" if args.threads else "")
         )
         out = {"preset": preset, "command": cmd, "max_tokens": args.max_tokens, "eval_seed": args.eval_seed}
-        out["prompt"] = args.prompt
+        out["prompt"], out["shots"] = args.prompt, args.shots
         out |= {"result": res, "replies": stats, "wall_s": round(wall, 1), "load_avg": os.getloadavg()}
         out["per_task"] = per_task(store)
         out["first_error"] = next((ro.error for ro in store.rollouts(mode="val") if ro.error), None)
@@ -233,7 +240,7 @@ def write_base_rates(folder: Path, out: Path) -> None:
         name, config = PRESETS[r["preset"]]
         rows.append(
             f"| `{r['preset']}` | `{name}` `{json.dumps(config)}` | {r.get('prompt', 'default')} "
-            f"| {k}/{res['n']} = {res['success_rate']:.1%} "
+            f"| {r.get('shots', 0)} | {k}/{res['n']} = {res['success_rate']:.1%} "
             f"| {lo:.1%}-{hi:.1%} | {st['mean_tokens']:.0f} | {st['cut']}/{st['replies']} | {res['failed']} "
             f"| {r['max_tokens']} | {r['wall_s'] / 60:.1f} min (load {r['load_avg'][0]:.1f}) |"
         )
@@ -255,10 +262,13 @@ def write_base_rates(folder: Path, out: Path) -> None:
         + "; ".join(f"`{k}` is {v!r}" for k, v in PROMPTS.items() if v is not None)
         + ".",
         "",
-        "| preset | dataset and config | prompt | held-out success | Wilson 95% | mean reply tokens "
+        "`shots`: solved examples of the same generator (seed 777) before the question, as earlier "
+        "user/assistant turns answering `<answer>ANSWER</answer>` (`ReasoningGym(shots=)`).",
+        "",
+        "| preset | dataset and config | prompt | shots | held-out success | Wilson 95% | mean reply tokens "
         "| cut at max_tokens "
         "| failed | max_tokens | wall |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
     ]
@@ -285,7 +295,7 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 def _grid_name(args: argparse.Namespace) -> str:
     """A grid's name: its task preset and prompt (``arith3-short``); its files are named after it."""
-    return f"{args.task}-{args.prompt}"
+    return f"{args.task}-{variant(args)}"
 
 
 def before_score(args: argparse.Namespace) -> dict[str, Any]:
@@ -302,6 +312,7 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
         "eval_seed": args.eval_seed,
         "max_tokens": args.max_tokens,
         "prompt": args.prompt,
+        "shots": args.shots,
     }
     if path.exists():
         saved = json.loads(path.read_text())
@@ -311,7 +322,9 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
     if out is None:
         import agentlightning_lite as agl
 
-        held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
+        held_out = make_env(
+            args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt, args.shots
+        )
         store = agl.MemoryStore()
         trainer = _quiet_trainer(Path(args.work_dir) / _grid_name(args) / "before", store=store)
         t0 = time.time()
@@ -327,13 +340,14 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
 def _before_from_base_rates(args: argparse.Namespace) -> dict[str, Any] | None:
     """The untrained score of the first ``eval_size`` base-rate tasks, when ``base-rates`` measured
     this preset with the same settings on at least as many tasks; else ``None``."""
-    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}-{args.prompt}.json"
+    base = Path(args.results_dir or HERE / "results") / "base_rates" / f"{args.task}-{variant(args)}.json"
     rates = json.loads(base.read_text()) if base.exists() else {}
     scores = rates.get("per_task", {})
     if not (
         rates.get("eval_seed") == args.eval_seed
         and rates.get("max_tokens") == args.max_tokens
         and rates.get("prompt", "default") == args.prompt
+        and rates.get("shots", 0) == args.shots
         and all(str(i) in scores for i in range(args.eval_size))
     ):
         return None
@@ -345,7 +359,7 @@ def _before_from_base_rates(args: argparse.Namespace) -> dict[str, Any] | None:
         "n": len(xs),
         "failed": len(xs) - len(ok),
     }
-    key = {k: getattr(args, k) for k in ("eval_size", "eval_seed", "max_tokens", "prompt")}
+    key = {k: getattr(args, k) for k in ("eval_size", "eval_seed", "max_tokens", "prompt", "shots")}
     return {**key, "before": res, "source": str(base.relative_to(base.parents[2])), "wall_s": 0.0}
 
 
@@ -360,8 +374,10 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         import shutil
 
         shutil.rmtree(out_dir)
-    train = make_env(args.task, args.steps * args.batch_size, 1000 + seed, args.max_tokens, args.prompt)
-    held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt)
+    train = make_env(
+        args.task, args.steps * args.batch_size, 1000 + seed, args.max_tokens, args.prompt, args.shots
+    )
+    held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt, args.shots)
     t0 = time.time()
     trainer = _quiet_trainer(
         out_dir,
@@ -401,6 +417,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         "lr": args.lr,
         "max_tokens": args.max_tokens,
         "prompt": args.prompt,
+        "shots": args.shots,
         "max_staleness": args.max_staleness if asynchronous else None,
         "eval_size": args.eval_size,
         "eval_seed": args.eval_seed,
@@ -447,7 +464,7 @@ def _grid_command(args: argparse.Namespace) -> str:
         f"--configs {' '.join(args.configs)} --seeds {' '.join(map(str, args.seeds))} --steps {args.steps} "
         f"--batch-size {args.batch_size} --group-size {args.group_size} --lr {args.lr} "
         f"--max-tokens {args.max_tokens} --eval-size {args.eval_size} --eval-seed {args.eval_seed} "
-        f"--max-staleness {args.max_staleness} --prompt {args.prompt}"
+        f"--max-staleness {args.max_staleness} --prompt {args.prompt} --shots {args.shots}"
         + (f" --threads {args.threads}" if args.threads else "")
         + " --resume"
     )
@@ -531,6 +548,12 @@ def report(args: argparse.Namespace) -> Path:
                 "reasoning-gym's default."
                 if any_run.get("prompt", "default") == "default"
                 else f"{PROMPTS[any_run['prompt']]!r} (`--prompt {any_run['prompt']}`)."
+            )
+            + (
+                f" {any_run['shots']} solved examples (reasoning-gym seed 777) as earlier turns before "
+                f"each question (`--shots {any_run['shots']}`)."
+                if any_run.get("shots")
+                else ""
             )
             + "  "
         )
@@ -714,6 +737,9 @@ def main(argv: list[str] | None = None) -> None:
     common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     common.add_argument(
         "--prompt", choices=sorted(PROMPTS), default="short", help="the agent's system prompt"
+    )
+    common.add_argument(
+        "--shots", type=int, default=0, help="solved examples before each question (agl.envs.ReasoningGym)"
     )
     common.add_argument("--work-dir", default="runs/learning_rg", help="stores, metrics, adapters")
 

@@ -66,3 +66,40 @@ def test_default_agent_against_a_policy_server(correct: bool) -> None:
     assert len(llm_spans) == 1 and "<answer>" in json.dumps(llm_spans[0].input)
     [transition] = agl.transitions(store)
     assert transition.final_reward == reward and transition.response_token_ids
+
+
+def test_shots_are_solved_turns_of_the_same_generator_sent_to_the_server() -> None:
+    config = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
+    train = agl.envs.ReasoningGym("basic_arithmetic", size=3, seed=1, shots=2, system_prompt="Sum.", **config)
+    held_out = agl.envs.ReasoningGym("basic_arithmetic", size=3, seed=9, shots=2, **config)
+    demos = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=777, **config)
+    expected = [(demos[i]["question"], demos[i]["answer"]) for i in range(2)]
+    assert train.shots == held_out.shots == expected  # one fixed set: training and held-out prompts match
+    assert all(q.count("+") == 1 for q, _ in train.shots)
+    task = train.tasks[0]
+    sent = train.messages(task)
+    assert sent[0] == {"role": "system", "content": "Sum."}
+    assert sent[1:5] == [
+        {"role": "user", "content": expected[0][0]},
+        {"role": "assistant", "content": f"<answer>{expected[0][1]}</answer>"},
+        {"role": "user", "content": expected[1][0]},
+        {"role": "assistant", "content": f"<answer>{expected[1][1]}</answer>"},
+    ]
+    assert sent[-1] == {"role": "user", "content": task["question"]}
+    assert agl.envs.ReasoningGym("basic_arithmetic", size=1, seed=1, **config).shots == []
+
+    store = agl.MemoryStore()
+    tracer = agl.Tracer(store)
+    engine = engines.ScriptedEngine([f"<answer>{task['answer']}</answer>"], tokenizer="bytes")
+    with PolicyServer(engine, store) as srv:
+        with tracer.rollout(task) as ro:
+            ro.reward(train.agent(task, srv.llm(ro.id)))
+    [span] = [s for s in store.spans(ro.id) if s.kind == "llm"]
+    recorded = json.dumps(span.input)
+    assert expected[0][0] in recorded and f"<answer>{expected[1][1]}</answer>" in recorded
+    assert store.get_rollout(ro.id).reward == 1.0  # type: ignore[union-attr]
+
+
+def test_negative_shots_are_refused() -> None:
+    with pytest.raises(ValueError, match="shots must be >= 0"):
+        agl.envs.ReasoningGym("basic_arithmetic", size=1, seed=0, shots=-1)

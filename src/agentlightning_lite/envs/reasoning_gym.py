@@ -54,12 +54,22 @@ class ReasoningGym(Environment):
     call; its answer is :func:`extract_answer` of the reply. Bring your own agent and score its reply
     with :meth:`reward`. Needs ``pip install "agentlightning-lite[envs-reasoning-gym]"``; runs offline.
 
+    ``shots=k`` puts ``k`` solved examples before the question, as earlier user/assistant turns whose
+    replies are ``<answer>ANSWER</answer>``: a small model that ignores a system prompt's answer format
+    copies it from the turns. They come from the same generator and config with ``shots_seed`` (one
+    fixed set, so training and held-out tasks see the same prompt); :meth:`messages` is what the agent
+    sends. ``timeout`` (seconds) is the agent's client's wait for a reply (the OpenAI client's own
+    default, 600 s, when None): raise it when a loaded CPU queues requests longer than that.
+
     >>> import agentlightning_lite as agl
     >>> env = agl.envs.ReasoningGym("basic_arithmetic", size=4, seed=1)
     >>> env.tasks[0]["question"]
     'Calculate 5 - 3 - 6.'
     >>> env.reward(env.tasks[0], "<answer>-4</answer>"), env.reward(env.tasks[0], "-3")
     (1.0, 0.0)
+    >>> shot = agl.envs.ReasoningGym("basic_arithmetic", size=4, seed=1, shots=2)
+    >>> [m["role"] for m in shot.messages(shot.tasks[0])]
+    ['system', 'user', 'assistant', 'user', 'assistant', 'user']
     >>> # trainer.fit(env.agent, env.tasks); trainer.evaluate(env.agent, env.tasks)
     """
 
@@ -73,13 +83,23 @@ class ReasoningGym(Environment):
         max_tokens: int = 1024,
         temperature: float = 1.0,
         eval_temperature: float = 0.0,
+        shots: int = 0,
+        shots_seed: int = 777,
+        timeout: float | None = None,
         **config: Any,
     ) -> None:
         _rg()  # the missing extra, named, before anything else
+        if shots < 0:
+            raise ValueError(f"shots must be >= 0, got {shots}")
         self.name, self.size, self.seed, self.config = name, size, seed, dict(config)
-        self.max_tokens = max_tokens
+        self.max_tokens, self.timeout = max_tokens, timeout
         self.system_prompt = system_prompt or _rg().utils.SYSTEM_PROMPTS["default"]
-        dataset = _dataset(name, size, seed, json.dumps(self.config, sort_keys=True))
+        config_json = json.dumps(self.config, sort_keys=True)
+        dataset = _dataset(name, size, seed, config_json)
+        self.shots: list[tuple[str, str]] = []
+        if shots:
+            demos = _dataset(name, shots, shots_seed, config_json)
+            self.shots = [(str(demos[i]["question"]), str(demos[i]["answer"])) for i in range(shots)]
         tasks = [self._task(i, dataset[i]) for i in range(len(dataset))]
         super().__init__(tasks, temperature=temperature, eval_temperature=eval_temperature)
 
@@ -110,15 +130,31 @@ class ReasoningGym(Environment):
         answer = extract_answer(reply)
         return float(dataset.score_answer(answer, dataset[task["index"]]))
 
+    def messages(self, task: dict[str, Any], system_prompt: str | None = None) -> list[dict[str, str]]:
+        """The chat messages the default agent sends for ``task``: the system prompt (``system_prompt``
+        or the environment's), the solved examples (``shots``), then the question.
+
+        >>> import agentlightning_lite as agl
+        >>> env = agl.envs.ReasoningGym("basic_arithmetic", size=1, seed=1, shots=1, system_prompt="Sum.")
+        >>> [m["content"] for m in env.messages(env.tasks[0])][1:3]
+        ['Calculate -( ( -( -( -6256 + -6605 ) ) ) ) + -590.', '<answer>12271</answer>']
+        """
+        out = [{"role": "system", "content": system_prompt or self.system_prompt}]
+        for question, answer in self.shots:
+            out += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+            ]
+        out.append({"role": "user", "content": task["question"]})
+        return out
+
     def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
-        """One chat call with the question; the reward of its reply."""
-        client = llm.openai_client(max_retries=0)
+        """One chat call with :meth:`messages`; the reward of its reply."""
+        options = {} if self.timeout is None else {"timeout": self.timeout}
+        client = llm.openai_client(max_retries=0, **options)
         reply = client.chat.completions.create(
             model=llm.model,
-            messages=[
-                {"role": "system", "content": llm.prompt("system", default=self.system_prompt)},
-                {"role": "user", "content": task["question"]},
-            ],
+            messages=self.messages(task, llm.prompt("system", default=self.system_prompt)),
             max_tokens=self.max_tokens,
             temperature=temperature,
         )
