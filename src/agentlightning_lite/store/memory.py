@@ -180,10 +180,17 @@ class MemoryStore(Store):
         late: list[tuple[SpanRow, str, float]] | None = None
         owners, ended, buckets, pending = self._span_rollout, self._ended, self._spans, self._pending
         popleft = pending.popleft
+        last: str | None = None  # the rollout of the row before (rows of one rollout come in runs)
+        end: float | None = None
+        bucket: dict[str, Span | SpanRow] = {}
         while pending:  # writers may append meanwhile: their rows are filed too, in order
             r = popleft()
             sid, rid = r[0], r[1]
-            end = ended.get(rid)
+            if rid != last:
+                last, end = rid, ended.get(rid)
+                bucket = buckets.get(rid)  # type: ignore[assignment]
+                if bucket is None:
+                    bucket = buckets[rid] = {}
             if end is not None and r[6] > end:  # started after its rollout ended
                 late = late or []
                 ro = self._rollouts[rid]
@@ -194,11 +201,7 @@ class MemoryStore(Store):
                 moved = moved or []
                 moved.append((r, stored))
                 continue
-            # a replaced span keeps its original position, as in SQLiteStore
-            bucket = buckets.get(rid)
-            if bucket is None:
-                bucket = buckets[rid] = {}
-            bucket[sid] = r
+            bucket[sid] = r  # a replaced span keeps its original position, as in SQLiteStore
         return (moved or [], late or []) if moved or late else None
 
     def spans(self, rollout_id: str) -> list[Span]:
