@@ -39,10 +39,6 @@ rollout_var: contextvars.ContextVar[RolloutHandle | None] = contextvars.ContextV
 span_var: contextvars.ContextVar[SpanHandle | None] = contextvars.ContextVar("agl_span", default=None)
 
 
-#: guards the reward and state fields of every RolloutHandle (held for a few field reads and writes)
-_handles_lock = threading.Lock()
-
-
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -327,7 +323,7 @@ class RolloutHandle:
         self._created = created
         self._token: contextvars.Token[RolloutHandle | None] | None = None
         self._span_token: contextvars.Token[SpanHandle | None] | None = None
-        self._lock = _handles_lock
+        self._lock = threading.Lock()
         self._final: float | None = None
         self._last_reward: tuple[float, SpanRow] | None = None  # (value, row)
         self._finished = False  # finished here, or ended from outside (_give_up)
@@ -405,6 +401,8 @@ class RolloutHandle:
         finally:
             if self._span_token is not None:
                 span_var.reset(self._span_token)
+            elif span_var.get() is not None:  # a span left open inside: spans after it start afresh
+                span_var.set(None)
             if self._token is not None:
                 rollout_var.reset(self._token)
 

@@ -399,3 +399,15 @@ def test_sqlite_full_batches_are_committed_by_the_writer_thread(tmp_path: Path) 
     assert reader.execute("SELECT count(*) FROM spans").fetchone()[0] == 10  # no flush or read of ours
     reader.close()
     store.close()
+
+
+def test_a_span_left_open_in_a_rollout_is_not_the_parent_of_spans_after_it() -> None:
+    store = agl.MemoryStore()
+    tracer = agl.Tracer(store)
+    with tracer.rollout("t") as ro:
+        tracer.span("agent", "left open").__enter__()  # never exited
+    assert agl.Tracer.current_span() is None
+    with tracer.span("tool", "after") as sp:  # no rollout open: an implicit one, not `ro`
+        pass
+    assert sp.rollout_id != ro.id and sp.parent_id is None
+    assert [s.name for s in store.spans(sp.rollout_id)] == ["after"]
