@@ -6,15 +6,17 @@ of this thread per episode for each (medians of the repeats; CPU time, so that o
 machine counts less than in wall time):
 
 - ``full``: the tracer into a MemoryStore, as in the benchmark;
+- ``full, no cyclic GC``: the same with ``gc`` disabled (what the collector's passes over the rows the
+  store keeps cost);
 - ``no store``: the same with ``add_span_rows`` a no-op (the store's bookkeeping taken away);
 - ``no store, no JSON``: also without encoding the payloads (the defensive copy taken away);
 - ``rollout only``: ``with tracer.rollout(...)`` and nothing inside;
 - the OTel SDK's episode (SimpleSpanProcessor, in-memory exporter).
 
-Then, per span row of those episodes: what SQLite's insert costs on its own (the store's schema and
-upsert, and a plain insert into the table without its indexes), and what a row costs on its way
-through the remote path (``RemoteStore`` -> ``/agl/v1/spans``: the client's JSON encoding, the
-server's decoding and ``check_row``).
+Then, per span row of those episodes: what SQLite's insert costs on its own (the row's SQL parameters,
+the store's schema and upsert in its multi-row statements, and a plain insert into the table without its
+indexes), and what a row costs on its way through the remote path (``RemoteStore`` ->
+``/agl/v1/spans``: the client's JSON encoding, the server's decoding and ``check_row``).
 
     python -m benchmarks.perf.profile_tracing --episodes 3000 --repeats 5
 """
@@ -36,6 +38,7 @@ from typing import Any
 import agentlightning_lite as agl
 from agentlightning_lite import span_handles
 from agentlightning_lite.store.rows import SpanRow
+from agentlightning_lite.store.sqlite_batch import write_spans
 from agentlightning_lite.store.sqlite_schema import SCHEMA, SPAN_COLUMNS, SPAN_UPSERT, db_row_raw
 
 from .bench_tracing import SPANS_PER_EPISODE, agl_episode, otel_runner
@@ -92,7 +95,10 @@ def _sqlite_insert(rows: list[SpanRow], with_indexes: bool) -> float:
     def write() -> None:
         for i in range(0, len(params), 512):
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(sql, params[i : i + 512])
+            if with_indexes:  # as the store writes them: multi-row statements
+                write_spans(conn, params[i : i + 512])
+            else:
+                conn.executemany(sql, params[i : i + 512])
             conn.execute("COMMIT")
 
     try:
@@ -110,6 +116,8 @@ def _row_costs(n: int) -> None:
         agl_episode(tracer, i)
     rows = capture.rows
     print(f"\nper span row ({len(rows)} rows of these episodes), CPU us:")
+    params = _per_row(lambda: [db_row_raw(r) for r in rows], len(rows))
+    print(f"- the row's SQL parameters (db_row_raw: token blobs): {params:.2f}")
     print(f"- SQLite, the store's schema and upsert: {_sqlite_insert(rows, True):.2f}")
     print(f"- SQLite, plain insert, no indexes: {_sqlite_insert(rows, False):.2f}")
     wire = [list(r) for r in rows]
@@ -144,6 +152,12 @@ def main() -> None:
     for _ in range(args.repeats):
         full = agl.Tracer(agl.MemoryStore())
         cols.setdefault("full", []).append(_cpu_per_episode(functools.partial(agl_episode, full), n))
+        gc.disable()
+        try:
+            no_gc = _cpu_per_episode(functools.partial(agl_episode, agl.Tracer(agl.MemoryStore())), n)
+        finally:
+            gc.enable()
+        cols.setdefault("full, no cyclic GC", []).append(no_gc)
         bare = agl.Tracer(_NoWrites())
         cols.setdefault("no store", []).append(_cpu_per_episode(functools.partial(agl_episode, bare), n))
         span_handles.dumps = lambda value: "null"  # type: ignore[assignment]
@@ -174,6 +188,8 @@ def main() -> None:
     print("|---|---:|---:|")
     for k, v in parts.items():
         print(f"| {k} | {v:.1f} | {v / med['full']:.0%} |")
+    gc_cost = med["full"] - med["full, no cyclic GC"]
+    print(f"\nof which the cyclic GC's passes (full - full, no cyclic GC): {gc_cost:.1f} us")
     need = otel / 10
     print(f"\nfor 10x the OTel SDK an episode would have to take {need:.1f} us; it takes {med['full']:.1f}")
     _row_costs(min(n, 4000))

@@ -187,7 +187,8 @@ def dumps(value: Any) -> str:
         return "null"
     t = type(value)
     if t is str:
-        return utf8_safe(_encode_str(value))
+        text = _encode_str(value)
+        return text if text.isascii() else utf8_safe(text)
     if t is float:
         if math.isfinite(value):
             return _float_repr(value)
@@ -197,7 +198,7 @@ def dumps(value: Any) -> str:
         return "true" if value else "false"
     try:
         text = _dumps(value) if _c_encoder is None else "".join(_c_encoder(value, 0))
-        return utf8_safe(text)
+        return text if text.isascii() else utf8_safe(text)
     except (TypeError, ValueError, RecursionError):
         return utf8_safe(json.dumps(to_jsonable(value), separators=(",", ":"), ensure_ascii=False))
 

@@ -26,6 +26,7 @@ __all__ = ["RolloutHandle", "SpanHandle", "instant_row", "rollout_var", "span_va
 logger = logging.getLogger(__name__)
 
 _now = time.time
+_KINDS = frozenset(SPAN_KINDS)
 _new_row = tuple.__new__  # SpanRow's own __new__, without its Python-level call
 
 #: the rollout open in this task or thread (what :meth:`Tracer.current_rollout
@@ -135,7 +136,7 @@ class SpanHandle:
         start_time: float | None = None,
     ) -> None:
         # what Tracer.start_span documents: parent, rollout and agent default to the context's
-        if kind not in SPAN_KINDS:
+        if kind not in _KINDS:
             raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
         parent = span_var.get()
         owner: RolloutHandle | None = None
@@ -242,36 +243,42 @@ class SpanHandle:
         """Close the span (once) and write it to the store (``end_time``: epoch seconds, default now)."""
         if self._ended:
             raise RuntimeError(f"span {self.name!r} ({self.span_id}) ended twice")
-        self._ended = True
         if output is not None:
             self.output = output
         if error is not None:
             self.set_error(error)
+        self._close(_now() if end_time is None else end_time)
+
+    def _close(self, end_time: float) -> None:
+        self._ended = True
         # the row encodes the payloads now: later changes to the agent's objects are not recorded
         inp, out, attrs = self.input, self.output, self.attributes
-        row = _new_row(
-            SpanRow,
+        self._tracer.store.add_span_rows(
             (
-                self.span_id,
-                self.rollout_id,
-                self.parent_id,
-                self.kind,
-                self.name,
-                self.agent,
-                self.start_time,
-                _now() if end_time is None else end_time,
-                self.status,
-                self.error,
-                "null" if inp is None else dumps(inp),
-                "null" if out is None else dumps(out),
-                dumps(attrs) if attrs else "{}",
-                self.model,
-                self.prompt_token_ids,
-                self.response_token_ids,
-                self.response_logprobs,
-            ),
+                _new_row(
+                    SpanRow,
+                    (
+                        self.span_id,
+                        self.rollout_id,
+                        self.parent_id,
+                        self.kind,
+                        self.name,
+                        self.agent,
+                        self.start_time,
+                        end_time,
+                        self.status,
+                        self.error,
+                        "null" if inp is None else dumps(inp),
+                        "null" if out is None else dumps(out),
+                        dumps(attrs) if attrs else "{}",
+                        self.model,
+                        self.prompt_token_ids,
+                        self.response_token_ids,
+                        self.response_logprobs,
+                    ),
+                ),
+            )
         )
-        self._tracer.store.add_span_rows((row,))
         token = self._token
         if token is not None:
             self._token = None
@@ -291,7 +298,7 @@ class SpanHandle:
         if exc is not None:
             self.set_error(exc)
         if not self._ended:
-            self.end()
+            self._close(_now())
 
     async def __aenter__(self) -> SpanHandle:
         return self.__enter__()
@@ -379,7 +386,8 @@ class RolloutHandle:
 
     def __enter__(self) -> RolloutHandle:
         self._token = rollout_var.set(self)
-        self._span_token = span_var.set(None)  # spans inside start a fresh tree
+        if span_var.get() is not None:  # spans inside start a fresh tree
+            self._span_token = span_var.set(None)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -393,6 +401,8 @@ class RolloutHandle:
         finally:
             if self._span_token is not None:
                 span_var.reset(self._span_token)
+            elif span_var.get() is not None:  # a span left open inside: spans after it start afresh
+                span_var.set(None)
             if self._token is not None:
                 rollout_var.reset(self._token)
 

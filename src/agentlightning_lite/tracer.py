@@ -61,7 +61,7 @@ class Tracer:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         if rollout_id is not None and self.store.get_rollout(rollout_id) is not None:
             return RolloutHandle(self, rollout_id, created=False)
-        return RolloutHandle(self, self.store.open_rollout(task, mode, metadata, rollout_id), created=True)
+        return RolloutHandle(self, self.store.open_rollout(task, mode, metadata, rollout_id), True)
 
     @staticmethod
     def current_rollout() -> RolloutHandle | None:

@@ -92,9 +92,23 @@ def host_name() -> str:
     return socket.gethostname()
 
 
+_pid = os.getpid()  # this process's id, read once (and again in a forked child)
+
+
+def _renew_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_pid)
+else:  # pragma: no cover - no fork on this platform: read it every time
+    _pid = -1
+
+
 def owner() -> dict[str, Any]:
     """This process as a rollout's owner: ``{"pid": ..., "host": ...}``."""
-    return {"pid": os.getpid(), "host": host_name()}
+    return {"pid": _pid if _pid >= 0 else os.getpid(), "host": host_name()}
 
 
 def rollout_payload(task: Any, metadata: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
@@ -106,7 +120,7 @@ def rollout_payload(task: Any, metadata: dict[str, Any] | None) -> tuple[Any, di
     ({'q': [1, 2]}, ['agl.owner', 'step'], True)
     """
     if not metadata:  # the tracer's usual case: the copy of {OWNER_KEY: owner()}, made directly
-        return jsonable_copy(task), {OWNER_KEY: {"pid": os.getpid(), "host": host_name()}}
+        return jsonable_copy(task), {OWNER_KEY: owner()}
     return jsonable_copy(task), jsonable_copy({**metadata, OWNER_KEY: metadata.get(OWNER_KEY) or owner()})
 
 

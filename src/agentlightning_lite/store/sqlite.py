@@ -19,7 +19,7 @@ from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
 from .base import Store, log_dropped, rollout_payload
 from .rows import SpanRow, row_to_span, span_to_row
-from .sqlite_batch import drop_late, full_reason, merge_updates, moved_rows
+from .sqlite_batch import drop_late, full_reason, merge_updates, moved_rows, owner_text, write_spans
 from .sqlite_schema import (  # the file format; these names are importable from here too
     APPLICATION_ID,
     ROLLOUT_COLUMNS,
@@ -28,7 +28,7 @@ from .sqlite_schema import (  # the file format; these names are importable from
     SCHEMA,
     SCHEMA_VERSION,
     SPAN_COLUMNS,
-    SPAN_UPSERT,
+    SPAN_UPSERT,  # noqa: F401 - importable from here, as the comment above says
     NotOurDatabase,
     check_schema,
     db_row,
@@ -54,11 +54,12 @@ class SQLiteStore(Store):
     """Rollouts and spans in a SQLite file that any process can open while others write.
 
     Writes (spans, rollout starts and finishes) are buffered and committed in batches, each batch
-    one transaction: when ``batch_size`` writes are pending, every ``flush_interval`` seconds (a
-    background thread), before any read in this process, on ``flush()`` and on ``close()`` (also at
-    interpreter exit). The file is in WAL mode, so readers never block writers; several processes
-    may write the same file. A process killed mid-stream loses at most its uncommitted batch (at
-    most ``flush_interval`` seconds of work); the file stays valid.
+    one transaction, by a background thread: when ``batch_size`` writes are pending and every
+    ``flush_interval`` seconds; by the writing thread itself before any read in this process, on
+    ``flush()``, on ``close()`` (also at interpreter exit), and when 4 full batches wait. WAL mode:
+    readers never block writers; several processes may write the same file. A process killed
+    mid-stream loses at most what was not committed yet (about ``flush_interval`` seconds of work;
+    never more than 4 full batches waiting and those being committed); the file stays valid.
 
     >>> import tempfile, os, agentlightning_lite as agl
     >>> path = os.path.join(tempfile.mkdtemp(), "runs.db")
@@ -216,8 +217,8 @@ class SQLiteStore(Store):
     # -- writes ---------------------------------------------------------------------------
     # Pending writes wait in three queues (rollout inserts, span rows, rollout updates). Each flush
     # commits all three in one transaction, inserts first: a batch is all there or not at all.
-    # A full batch is written by the thread that filled it (a writer thread would contend for the
-    # GIL with the agent and was measured slower); the background thread flushes partial batches.
+    # A full batch wakes the background thread: SQLite writes the spans in multi-row statements, during
+    # which the sqlite3 module releases the GIL (``executemany`` took it back after every row).
     def flush(self) -> None:
         with self._wlock:
             if self._closed:
@@ -247,11 +248,11 @@ class SQLiteStore(Store):
                     before = c.total_changes
                     c.execute("SAVEPOINT agl_spans")
                     try:
-                        c.executemany(SPAN_UPSERT, [db_row_raw(r) for r in keep])
+                        write_spans(c, [db_row_raw(r) for r in keep])
                     except UnicodeEncodeError:  # text UTF-8 cannot hold (a lone surrogate): escape it
                         c.execute("ROLLBACK TO agl_spans")
                         before = c.total_changes
-                        c.executemany(SPAN_UPSERT, [db_row(r) for r in keep])
+                        write_spans(c, [db_row(r) for r in keep])
                     c.execute("RELEASE agl_spans")
                     moved = moved_rows(c, keep) if c.total_changes - before < len(keep) else []
                     if moved or late:
@@ -293,9 +294,15 @@ class SQLiteStore(Store):
             self._check_open()
         with self._lock:
             self._rows.extend(rows)
-            full = len(self._rows) >= self.batch_size
-        if full:
+            pending = len(self._rows)
+        if pending >= self.batch_size:
+            self._batch_full(pending)
+
+    def _batch_full(self, pending: int) -> None:  # the writer thread commits it, unless 4 batches behind
+        if self._flusher is None or pending >= 4 * self.batch_size:
             self.flush()
+        elif not self._wake.is_set():
+            self._wake.set()
 
     def open_rollout(
         self,
@@ -310,9 +317,10 @@ class SQLiteStore(Store):
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         self._check_open()
         rid = new_rollout_id()
-        task, meta = rollout_payload(task, metadata)
-        # the row start_rollout would queue (rollout_row of its Rollout), without the Rollout
-        row = (rid, dumps(task), mode, "running", time.time(), None, None, dumps(meta), None)
+        # the row start_rollout would queue (rollout_row of its Rollout), without the Rollout; the task's
+        # text is that of its JSON-safe copy, and without metadata the owner's text is the same each time
+        meta = dumps(rollout_payload(None, metadata)[1]) if metadata else owner_text()
+        row = (rid, dumps(task), mode, "running", time.time(), None, None, meta, None)
         with self._lock:
             self._live[rid] = row
             self._inserts.append(row)
@@ -349,7 +357,7 @@ class SQLiteStore(Store):
                     full = len(self._updates) >= self.batch_size
             if type(row) is tuple:
                 if full:
-                    self.flush()
+                    self._batch_full(self.batch_size)
                 return
         super().close_rollout(rollout_id, status, reward, error, only_if_running)
 

@@ -1,19 +1,85 @@
 """What a :class:`~agentlightning_lite.store.sqlite.SQLiteStore` flush does with a batch of writes: fold
 rollout updates into the inserts of the same batch, drop spans that started after their rollout ended,
-find the span ids another rollout holds, and tell a full disk from other errors."""
+write the spans in multi-row statements, find the span ids another rollout holds, and tell a full disk
+from other errors; and the metadata text of the rollouts it starts."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any
 
-from .._json import utf8_safe
-from .base import is_late
+from .._json import dumps, utf8_safe
+from .base import OWNER_KEY, is_late, owner
 from .rows import SpanRow
+from .sqlite_schema import SPAN_COLUMNS, SPAN_UPSERT
 
-__all__ = ["drop_late", "full_reason", "merge_updates", "moved_rows"]
+__all__ = ["drop_late", "full_reason", "merge_updates", "moved_rows", "owner_text", "write_spans"]
 
 _SQLITE_FULL, _SQLITE_IOERR = 13, 10
+_CHUNK = 256  # span rows a statement: SQLite then inserts them in one step, without the GIL
+_NCOLS = len(SPAN_COLUMNS.split(", "))
+_LIMIT_VARIABLE_NUMBER = getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9)
+_upsert_many: dict[int, str] = {}
+
+
+def _upsert_sql(n: int) -> str:
+    """``SPAN_UPSERT`` for ``n`` rows in one statement (the same rows, in order, as ``n`` upserts)."""
+    sql = _upsert_many.get(n)
+    if sql is None:
+        row = "(" + ", ".join("?" * _NCOLS) + ")"
+        head, tail = SPAN_UPSERT.split(" ON CONFLICT", 1)
+        sql = _upsert_many[n] = head.replace(row, ", ".join([row] * n)) + " ON CONFLICT" + tail
+    return sql
+
+
+def write_spans(conn: sqlite3.Connection, params: list[tuple[Any, ...]]) -> None:
+    """Upsert span rows (``SPAN_UPSERT``'s parameters) in statements of up to 256 rows each.
+
+    One statement of many rows is one ``sqlite3_step``, during which the sqlite3 module releases the
+    GIL: the agent's threads run on while SQLite writes (``executemany`` takes the GIL back after
+    every row). The rows go in in order, each as its own upsert would.
+
+    >>> from .sqlite_schema import SCHEMA
+    >>> conn = sqlite3.connect(":memory:")
+    >>> conn.executescript(SCHEMA) and None
+    >>> rows = [(f"s{i}", "r1", None, "tool", "t", None, float(i), None, "ok", None, "null", "null", "{}",
+    ...          None, None, None, None) for i in range(300)]
+    >>> write_spans(conn, rows + [rows[0][:4] + ("renamed",) + rows[0][5:]])
+    >>> conn.execute("SELECT count(*), min(seq), max(seq) FROM spans").fetchone()
+    (300, 1, 300)
+    >>> conn.execute("SELECT name FROM spans WHERE span_id = 's0'").fetchone()
+    ('renamed',)
+    """
+    getlimit = getattr(conn, "getlimit", None)  # Python 3.11+; older SQLite allows 999 variables
+    max_vars = getlimit(_LIMIT_VARIABLE_NUMBER) if getlimit else 999
+    limit = max(1, min(_CHUNK, max_vars // _NCOLS))
+    n = len(params)
+    full = n - n % limit if limit > 1 else 0
+    if full:
+        sql = _upsert_sql(limit)
+        for i in range(0, full, limit):
+            conn.execute(sql, [v for row in params[i : i + limit] for v in row])
+    if full < n:
+        conn.executemany(SPAN_UPSERT, params[full:])
+
+
+_owner_texts: dict[int, str] = {}  # pid -> the JSON text of {OWNER_KEY: owner()}
+
+
+def owner_text() -> str:
+    """The metadata text of a rollout this process starts without metadata: its owner only, the same
+    text every time (made once per process).
+
+    >>> import json
+    >>> json.loads(owner_text())["agl.owner"]["pid"] == os.getpid()
+    True
+    """
+    pid = os.getpid()
+    text = _owner_texts.get(pid)
+    if text is None:
+        text = _owner_texts[pid] = dumps({OWNER_KEY: owner()})
+    return text
 
 
 def full_reason(exc: BaseException) -> str | None:
