@@ -56,10 +56,11 @@ class SQLiteStore(Store):
     Writes (spans, rollout starts and finishes) are buffered and committed in batches, each batch
     one transaction, by a background thread: when ``batch_size`` writes are pending and every
     ``flush_interval`` seconds; by the writing thread itself before any read in this process, on
-    ``flush()``, on ``close()`` (also at interpreter exit), and when 4 full batches wait. WAL mode:
-    readers never block writers; several processes may write the same file. A process killed
-    mid-stream loses at most what was not committed yet (about ``flush_interval`` seconds of work;
-    never more than 4 full batches waiting and those being committed); the file stays valid.
+    ``flush()``, on ``close()`` (also at interpreter exit), and when a second full batch waits.
+    WAL mode: readers never block writers; several processes may write the same file. A process
+    killed mid-stream loses at most the uncommitted batch (the writes since the last commit: at
+    most ``flush_interval`` seconds of work and one full batch besides the one being filled); the
+    file stays valid.
 
     >>> import tempfile, os, agentlightning_lite as agl
     >>> path = os.path.join(tempfile.mkdtemp(), "runs.db")
@@ -298,8 +299,8 @@ class SQLiteStore(Store):
         if pending >= self.batch_size:
             self._batch_full(pending)
 
-    def _batch_full(self, pending: int) -> None:  # the writer thread commits it, unless 4 batches behind
-        if self._flusher is None or pending >= 4 * self.batch_size:
+    def _batch_full(self, pending: int) -> None:  # the writer thread commits it, unless a batch behind
+        if self._flusher is None or pending >= 2 * self.batch_size:
             self.flush()
         elif not self._wake.is_set():
             self._wake.set()
