@@ -57,6 +57,7 @@ def args(tmp_path: Path, *extra: str) -> Any:
         max_staleness=1,
         threads=None,
         prompt="short",
+        shots=0,
         results_dir=str(tmp_path / "results"),
         out_dir=str(tmp_path),
     )
@@ -114,10 +115,12 @@ def test_base_rates_table_from_the_preset_files(tmp_path: Path) -> None:
         "load_avg": [4.0, 4.0, 4.0],
     }
     (tmp_path / "legs2-short.json").write_text(json.dumps(dict(record, prompt="short")))
+    (tmp_path / "legs2-short-3shot.json").write_text(json.dumps(dict(record, prompt="short", shots=3)))
     bench.write_base_rates(tmp_path, tmp_path / "base_rates.md")
     text = (tmp_path / "base_rates.md").read_text()
     assert "    nice -n 15 python -m benchmarks.learning_rg base-rates --tasks legs2 --n 64" in text
-    assert "| `legs2` | `leg_counting` `" in text and "` | short | 8/64" in text
+    assert "| `legs2` | `leg_counting` `" in text and "` | short | 0 | 8/64" in text
+    assert "` | short | 3 | 8/64" in text  # a record without shots is one with none
     assert "| 8/64 = 12.5% | 6.5%-22.8% | 101 | 20/64 | 0 | 128 | 5.0 min (load 4.0) |" in text
 
 
@@ -141,3 +144,22 @@ def test_untrained_score_is_the_base_rates_first_tasks(tmp_path: Path) -> None:
     assert before["source"] == "results/base_rates/arith3-short.json"
     saved = json.loads((tmp_path / "results" / "arith3-short" / "before.json").read_text())
     assert saved["before"] == before["before"] and saved["prompt"] == "short"
+
+
+def test_shots_name_the_grid_and_pick_their_own_base_rates(tmp_path: Path) -> None:
+    a = args(tmp_path)
+    a.eval_size, a.max_tokens, a.shots = 2, 16, 3
+    assert bench.variant(a) == "short-3shot"
+    base = tmp_path / "results" / "base_rates"
+    base.mkdir(parents=True)
+    record = {"preset": "arith3", "max_tokens": 16, "eval_seed": 10_000, "prompt": "short"}
+    # the same preset without shots is another prompt: never taken as this grid's untrained score
+    (base / "arith3-short.json").write_text(json.dumps(dict(record, per_task={"0": 0.0, "1": 0.0})))
+    shot = dict(record, shots=3, per_task={"0": 1.0, "1": 0.0})
+    (base / "arith3-short-3shot.json").write_text(json.dumps(shot))
+    before = bench.before_score(a)
+    assert before["before"]["success_rate"] == 0.5
+    assert before["source"] == "results/base_rates/arith3-short-3shot.json"
+    assert (tmp_path / "results" / "arith3-short-3shot" / "before.json").is_file()
+    env = bench.make_env("arith3", 2, 10_000, 16, "short", shots=3)
+    assert len(env.messages(env.tasks[0])) == 8 and env.timeout == bench.CLIENT_TIMEOUT_S
