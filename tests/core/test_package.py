@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -144,13 +145,85 @@ def test_each_extra_brings_what_its_documented_example_imports() -> None:
     assert project["license"] == "MIT"  # an SPDX expression, not the deprecated table
 
 
+def _load_noxfile(monkeypatch: Any, name: str) -> Any:
+    """noxfile.py imported afresh (its settings read the environment at import), its sessions registered
+    in a registry of their own (nox warns when a session name is registered twice)."""
+    import importlib.util
+
+    import nox.registry
+
+    monkeypatch.setattr(nox.registry, "_REGISTRY", type(nox.registry._REGISTRY)())
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "noxfile.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("prune", ["1", "0"])
+def test_nox_sessions_delete_their_virtualenv_when_pruning(monkeypatch: Any, prune: str) -> None:
+    """CI (``CI`` set) runs a dozen nox sessions with a torch each: each deletes its virtualenv when it
+    ends, passed or failed, so the disk never holds them all (a CI run once filled it)."""
+    import shutil
+    import types
+    import uuid
+
+    pytest.importorskip("nox")
+    monkeypatch.setenv("AGL_NOX_PRUNE", prune)
+    noxfile = _load_noxfile(monkeypatch, f"agl_noxfile_{prune}")
+    logs: list[str] = []
+    made = []
+
+    def fake_session() -> Any:
+        location = noxfile.ROOT / ".nox" / f"agl-prune-test-{uuid.uuid4().hex[:8]}"
+        (location / "lib").mkdir(parents=True)
+        (location / "lib" / "big.bin").write_bytes(b"x" * 1_000_000)
+        made.append(location)
+        venv = types.SimpleNamespace(location=str(location))
+        return types.SimpleNamespace(virtualenv=venv, log=logs.append)
+
+    def passes(session: Any) -> None:
+        logs.append("ran")
+
+    def fails(session: Any) -> None:
+        raise RuntimeError("the session failed")
+
+    try:
+        noxfile.session("agl-prune-test-pass")(passes)(fake_session())
+        with pytest.raises(RuntimeError, match="the session failed"):
+            noxfile.session("agl-prune-test-fail")(fails)(fake_session())
+        assert "ran" in logs and any("GB free at the start" in line for line in logs)
+        if prune == "1":
+            assert not any(p.exists() for p in made)
+            assert sum("0.00 GB of virtualenv deleted" in line for line in logs) == 2  # 1 MB each
+        else:
+            assert all((p / "lib" / "big.bin").exists() for p in made)
+            assert not any("deleted" in line for line in logs)
+    finally:
+        for p in made:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def test_nox_pruning_is_on_under_ci_and_off_by_default(monkeypatch: Any) -> None:
+    pytest.importorskip("nox")
+    monkeypatch.delenv("AGL_NOX_PRUNE", raising=False)
+    for ci, expected in (("true", True), (None, False)):
+        if ci is None:
+            monkeypatch.delenv("CI", raising=False)
+        else:
+            monkeypatch.setenv("CI", ci)
+        assert _load_noxfile(monkeypatch, f"agl_noxfile_ci_{ci}").PRUNE is expected
+
+
 def test_ci_checks_each_documented_extra_alone() -> None:
     import pathlib
     import re
 
     root = pathlib.Path(__file__).resolve().parents[2]
     nox = (root / "noxfile.py").read_text(encoding="utf-8")
-    sessions = set(re.findall(r'@nox\.session\(name="([\w-]+)"\)', nox))
+    sessions = set(re.findall(r'@session\(name="([\w-]+)"\)', nox))  # noxfile's nox.session wrapper
     for extra in ("serve", "remote", "otel", "cli", "ui", "adapters"):
         assert f"extras-{extra}" in sessions
     for family in ("langchain", "openai-agents", "autogen", "crewai"):
