@@ -382,6 +382,60 @@ def test_sqlite_multi_row_statements_store_what_one_upsert_a_row_stores(tmp_path
     assert len(dbs[0][1]) == 700 and dbs[0][0] < 900
 
 
+def test_sqlite_multi_row_rollout_writes_store_what_one_statement_a_row_stores(tmp_path: Path) -> None:
+    import sqlite3
+
+    from agentlightning_lite.store.sqlite_batch import write_rollouts
+    from agentlightning_lite.store.sqlite_schema import ROLLOUT_INSERT, ROLLOUT_UPDATE, SCHEMA
+
+    inserts = [
+        (f"r{i % 600}", f'{{"i":{i}}}', "train", "running", float(i), None, None, "{}", None)
+        for i in range(700)  # 100 ids inserted twice: the first insert stays
+    ]
+    updates = [
+        ("succeeded" if i % 2 else "failed", 1000.0 + i, i / 10, None if i % 2 else f"e{i}", f'{{"u":{i}}}',
+         f"r{i % 450}")
+        for i in range(900)  # 450 rollouts updated twice (the last stays), 150 never
+    ] + [("timeout", 5.0, None, "x", "{}", "absent")]  # fmt: skip
+
+    def one_by_one(c: sqlite3.Connection, ins: Any, upd: Any) -> None:
+        c.executemany(ROLLOUT_INSERT, ins)
+        c.executemany(ROLLOUT_UPDATE, upd)
+
+    dbs = []
+    for name, write in (("many", write_rollouts), ("one", one_by_one)):
+        conn = sqlite3.connect(tmp_path / f"{name}.db")
+        conn.executescript(SCHEMA)
+        write(conn, inserts, updates)
+        dbs.append(conn.execute("SELECT * FROM rollouts ORDER BY rowid").fetchall())
+        conn.close()
+    assert dbs[0] == dbs[1]
+    assert len(dbs[0]) == 600 and {r[3] for r in dbs[0]} == {"succeeded", "failed", "running"}
+
+
+def test_sqlite_flush_writes_rollouts_in_few_statements(tmp_path: Path) -> None:
+    """Each statement is one release of the GIL and one wait to take it back: a flush of 100 rollouts
+    is not 100 statements (the writer thread then falls behind the agents)."""
+    store = agl.SQLiteStore(tmp_path / "runs.db", flush_interval=0)
+    tracer = agl.Tracer(store)
+    store.flush()
+    statements: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(statements.append)
+    for i in range(100):
+        with tracer.rollout({"i": i}, mode="train") as ro:
+            ro.reward(1.0)
+    long = store.open_rollout("still running")
+    store.flush()
+    store.close_rollout(long, "failed", error="x")
+    store.flush()
+    inserts = [s for s in statements if s.startswith("INSERT INTO rollouts")]
+    updates = [s for s in statements if s.startswith("UPDATE rollouts")]
+    assert 1 <= len(inserts) <= 7 and len(updates) == 1, statements
+    assert len(agl.SQLiteStore(tmp_path / "runs.db").rollouts(status="succeeded")) == 100
+    store.close()
+
+
 def test_sqlite_full_batches_are_committed_by_the_writer_thread(tmp_path: Path) -> None:
     import sqlite3
     import time

@@ -17,14 +17,14 @@ from typing import Any
 from .._json import dumps, utf8_safe
 from ..ids import new_rollout_id
 from ..types import ROLLOUT_MODES, ROLLOUT_STATUSES, Rollout, Span, check_reward
+from . import sqlite_batch as batch
 from .base import Store, log_dropped, rollout_payload
 from .rows import SpanRow, row_to_span, span_to_row
-from .sqlite_batch import drop_late, full_reason, merge_updates, moved_rows, owner_text, write_spans
 from .sqlite_schema import (  # the file format; these names are importable from here too
     APPLICATION_ID,
     ROLLOUT_COLUMNS,
-    ROLLOUT_INSERT,
-    ROLLOUT_UPDATE,
+    ROLLOUT_INSERT,  # noqa: F401 - importable from here, as the comment above says
+    ROLLOUT_UPDATE,  # noqa: F401 - importable from here, as the comment above says
     SCHEMA,
     SCHEMA_VERSION,
     SPAN_COLUMNS,
@@ -143,7 +143,7 @@ class SQLiteStore(Store):
                 self._transaction(conn, lambda c: self._create_schema(c))
             except sqlite3.Error as exc:
                 conn.close()
-                full = full_reason(exc)
+                full = batch.full_reason(exc)
                 if full is None:
                     raise
                 raise StoreFullError(
@@ -232,30 +232,27 @@ class SQLiteStore(Store):
                 self._error = None
                 return
 
-            inserts, updates = merge_updates(inserts, updates)
+            inserts, updates = batch.merge_updates(inserts, updates)
 
             dropped: list[Any] = []
 
             def tx(c: sqlite3.Connection) -> None:
                 dropped.clear()  # a retried transaction starts over
-                if inserts:
-                    c.executemany(ROLLOUT_INSERT, inserts)
                 # rollout updates before spans: a span queued after its rollout finished is judged
                 # against the finished rollout (spans that started before the end pass either way)
-                if updates:
-                    c.executemany(ROLLOUT_UPDATE, updates)
+                batch.write_rollouts(c, inserts, updates)
                 if spans:
-                    keep, late = drop_late(c, spans)
+                    keep, late = batch.drop_late(c, spans)
                     before = c.total_changes
                     c.execute("SAVEPOINT agl_spans")
                     try:
-                        write_spans(c, [db_row_raw(r) for r in keep])
+                        batch.write_spans(c, [db_row_raw(r) for r in keep])
                     except UnicodeEncodeError:  # text UTF-8 cannot hold (a lone surrogate): escape it
                         c.execute("ROLLBACK TO agl_spans")
                         before = c.total_changes
-                        write_spans(c, [db_row(r) for r in keep])
+                        batch.write_spans(c, [db_row(r) for r in keep])
                     c.execute("RELEASE agl_spans")
-                    moved = moved_rows(c, keep) if c.total_changes - before < len(keep) else []
+                    moved = batch.moved_rows(c, keep) if c.total_changes - before < len(keep) else []
                     if moved or late:
                         dropped.append((moved, late))
 
@@ -265,7 +262,7 @@ class SQLiteStore(Store):
                 with self._lock:  # nothing is lost: the batch goes back to the front of the queues
                     self._inserts[:0], self._rows[:0], self._updates[:0] = inserts, spans, updates
                     pending = len(self._inserts) + len(self._rows) + len(self._updates)
-                full = full_reason(exc)
+                full = batch.full_reason(exc)
                 if full is None:
                     raise
                 raise StoreFullError(
@@ -320,7 +317,7 @@ class SQLiteStore(Store):
         rid = new_rollout_id()
         # the row start_rollout would queue (rollout_row of its Rollout), without the Rollout; the task's
         # text is that of its JSON-safe copy, and without metadata the owner's text is the same each time
-        meta = dumps(rollout_payload(None, metadata)[1]) if metadata else owner_text()
+        meta = dumps(rollout_payload(None, metadata)[1]) if metadata else batch.owner_text()
         row = (rid, dumps(task), mode, "running", time.time(), None, None, meta, None)
         with self._lock:
             self._live[rid] = row
@@ -459,7 +456,7 @@ class SQLiteStore(Store):
                 with self._lock:
                     lost = len(self._inserts) + len(self._rows) + len(self._updates)
                     self._inserts, self._rows, self._updates = [], [], []
-                reason = full_reason(exc.__cause__ or exc) or "it is full"
+                reason = batch.full_reason(exc.__cause__ or exc) or "it is full"
                 raise StoreFullError(
                     f"cannot write to {self.path}: {reason} (sqlite3: {exc.__cause__}); "
                     f"what was committed before is kept; closing it lost {lost} write(s) not committed"

@@ -12,33 +12,87 @@ from typing import Any
 from .._json import dumps, utf8_safe
 from .base import OWNER_KEY, is_late, owner
 from .rows import SpanRow
-from .sqlite_schema import SPAN_COLUMNS, SPAN_UPSERT
+from .sqlite_schema import ROLLOUT_INSERT, ROLLOUT_UPDATE, SPAN_UPSERT
 
-__all__ = ["drop_late", "full_reason", "merge_updates", "moved_rows", "owner_text", "write_spans"]
+__all__ = [
+    "drop_late",
+    "full_reason",
+    "merge_updates",
+    "moved_rows",
+    "owner_text",
+    "write_many",
+    "write_rollouts",
+    "write_spans",
+]
 
 _SQLITE_FULL, _SQLITE_IOERR = 13, 10
-_CHUNK = 256  # span rows a statement: SQLite then inserts them in one step, without the GIL
-_NCOLS = len(SPAN_COLUMNS.split(", "))
+_CHUNK = 256  # rows a statement: SQLite then inserts them in one step, without the GIL
 _LIMIT_VARIABLE_NUMBER = getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9)
-_upsert_many: dict[int, str] = {}
+_many: dict[tuple[str, int], str] = {}
+# UPDATE ... FROM (SQLite 3.33+): a batch's rollout updates in one statement
+_UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
+_ROLLOUT_UPDATE_MANY = (
+    "UPDATE rollouts SET status = v.column1, end_time = v.column2, reward = v.column3, error = v.column4, "
+    "metadata = v.column5 FROM (VALUES {rows}) AS v WHERE rollouts.rollout_id = v.column6"
+)
 
 
-def _upsert_sql(n: int) -> str:
-    """``SPAN_UPSERT`` for ``n`` rows in one statement (the same rows, in order, as ``n`` upserts)."""
-    sql = _upsert_many.get(n)
-    if sql is None:
-        row = "(" + ", ".join("?" * _NCOLS) + ")"
-        head, tail = SPAN_UPSERT.split(" ON CONFLICT", 1)
-        sql = _upsert_many[n] = head.replace(row, ", ".join([row] * n)) + " ON CONFLICT" + tail
-    return sql
+def _many_sql(sql: str, n: int) -> str:
+    """``sql`` (one ``VALUES`` group of ``?``, or ``{rows}`` in its place) for ``n`` rows in one statement."""
+    key = (sql, n)
+    many = _many.get(key)
+    if many is None:
+        if "{rows}" in sql:
+            ncols = 6
+            many = sql.format(rows=", ".join(["(" + ", ".join("?" * ncols) + ")"] * n))
+        else:
+            values = sql[sql.index("VALUES (") + 7 :]
+            row = values[: values.index(")") + 1]
+            many = sql.replace(row, ", ".join([row] * n), 1)
+        _many[key] = many
+    return many
+
+
+def write_many(conn: sqlite3.Connection, sql: str, params: list[tuple[Any, ...]]) -> None:
+    """Run ``sql`` (an ``INSERT ... VALUES (?, ...)``) once per row of ``params``, in order, as statements
+    of up to 256 rows each (then 128, 64, ... for the rest: a few statement shapes, each prepared once).
+
+    One statement of many rows is one ``sqlite3_step``, during which the sqlite3 module releases the
+    GIL, and takes it back once. ``executemany`` takes it back after every row: each time it waits
+    for the agent's threads to hand it over (up to the interpreter's switch interval, 5 ms), so a
+    writer thread writing row by row falls behind the agents that feed it.
+
+    >>> conn = sqlite3.connect(":memory:")
+    >>> _ = conn.execute("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT)")
+    >>> write_many(conn, "INSERT INTO t (a, b) VALUES (?, ?) ON CONFLICT(a) DO NOTHING",
+    ...            [(i, str(i)) for i in range(300)] + [(0, "again")])
+    >>> conn.execute("SELECT count(*), max(a) FROM t").fetchone()
+    (300, 299)
+    >>> conn.execute("SELECT b FROM t WHERE a = 0").fetchone()
+    ('0',)
+    """
+    if not params:
+        return
+    getlimit = getattr(conn, "getlimit", None)  # Python 3.11+; older SQLite allows 999 variables
+    max_vars = getlimit(_LIMIT_VARIABLE_NUMBER) if getlimit else 999
+    limit = max(1, min(_CHUNK, max_vars // len(params[0])))
+    i, n = 0, len(params)
+    while i < n:
+        size = limit
+        while size > n - i:
+            size //= 2
+        if size <= 1:
+            conn.execute(sql if "{rows}" not in sql else _many_sql(sql, 1), params[i])
+            i += 1
+            continue
+        conn.execute(_many_sql(sql, size), [v for row in params[i : i + size] for v in row])
+        i += size
 
 
 def write_spans(conn: sqlite3.Connection, params: list[tuple[Any, ...]]) -> None:
-    """Upsert span rows (``SPAN_UPSERT``'s parameters) in statements of up to 256 rows each.
+    """Upsert span rows (``SPAN_UPSERT``'s parameters) in multi-row statements (:func:`write_many`).
 
-    One statement of many rows is one ``sqlite3_step``, during which the sqlite3 module releases the
-    GIL: the agent's threads run on while SQLite writes (``executemany`` takes the GIL back after
-    every row). The rows go in in order, each as its own upsert would.
+    The rows go in in order, each as its own upsert would.
 
     >>> from .sqlite_schema import SCHEMA
     >>> conn = sqlite3.connect(":memory:")
@@ -51,17 +105,34 @@ def write_spans(conn: sqlite3.Connection, params: list[tuple[Any, ...]]) -> None
     >>> conn.execute("SELECT name FROM spans WHERE span_id = 's0'").fetchone()
     ('renamed',)
     """
-    getlimit = getattr(conn, "getlimit", None)  # Python 3.11+; older SQLite allows 999 variables
-    max_vars = getlimit(_LIMIT_VARIABLE_NUMBER) if getlimit else 999
-    limit = max(1, min(_CHUNK, max_vars // _NCOLS))
-    n = len(params)
-    full = n - n % limit if limit > 1 else 0
-    if full:
-        sql = _upsert_sql(limit)
-        for i in range(0, full, limit):
-            conn.execute(sql, [v for row in params[i : i + limit] for v in row])
-    if full < n:
-        conn.executemany(SPAN_UPSERT, params[full:])
+    write_many(conn, SPAN_UPSERT, params)
+
+
+def write_rollouts(
+    conn: sqlite3.Connection, inserts: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]
+) -> None:
+    """Insert rollouts (``ROLLOUT_INSERT``'s parameters: a rollout id already there is left as it is),
+    then apply updates (``ROLLOUT_UPDATE``'s), both in multi-row statements; for a rollout updated
+    more than once, the last update is the one that stays, as when applied one by one.
+
+    >>> from .sqlite_schema import SCHEMA
+    >>> conn = sqlite3.connect(":memory:")
+    >>> conn.executescript(SCHEMA) and None
+    >>> write_rollouts(conn, [(f"r{i}", "null", "train", "running", 1.0, None, None, "{}", None)
+    ...                       for i in range(3)], [("failed", 2.0, None, "x", "{}", "r1"),
+    ...                                             ("succeeded", 3.0, 1.0, None, "{}", "r1")])
+    >>> conn.execute("SELECT rollout_id, status, reward FROM rollouts ORDER BY rollout_id").fetchall()
+    [('r0', 'running', None), ('r1', 'succeeded', 1.0), ('r2', 'running', None)]
+    """
+    if inserts:
+        write_many(conn, ROLLOUT_INSERT, inserts)
+    if not updates:
+        return
+    if not _UPDATE_FROM:
+        conn.executemany(ROLLOUT_UPDATE, updates)
+        return
+    last = {u[5]: u for u in updates}  # each update sets every column it touches: the last one stays
+    write_many(conn, _ROLLOUT_UPDATE_MANY, list(last.values()))
 
 
 _owner_texts: dict[int, str] = {}  # pid -> the JSON text of {OWNER_KEY: owner()}
