@@ -98,3 +98,42 @@ def peak_rss_mib() -> float:
     """
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB elsewhere
+
+
+def available_mib() -> float | None:
+    """Memory the system can give this process now, in MiB (Linux ``MemAvailable``; ``None`` elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def estimate_update_peak_mib(model: Any, micro_batch_tokens: int, autocast: Any = None) -> float:
+    """A conservative estimate of the activations a micro-batch of ``micro_batch_tokens`` tokens keeps
+    for the backward pass without gradient checkpointing, in MiB.
+
+    Per decoder layer and token: about 16 hidden-size and 6 intermediate-size vectors (the norms'
+    inputs, q/k/v/o, the MLP's gate, up, activation and product, LoRA's inputs), and the attention
+    probabilities (heads x the row's length, the row taken as the whole micro-batch); 4 bytes each
+    in float32, 2 for what runs under bfloat16 autocast (the linear layers' outputs). It errs high:
+    its purpose is to say when memory is plentiful.
+
+    >>> from types import SimpleNamespace
+    >>> cfg = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9)
+    >>> round(estimate_update_peak_mib(SimpleNamespace(config=cfg), 2048))
+    8640
+    """
+    cfg = getattr(model, "config", None)
+    h = int(getattr(cfg, "hidden_size", 0) or 0)
+    inter = int(getattr(cfg, "intermediate_size", 0) or 4 * h)
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    heads = int(getattr(cfg, "num_attention_heads", 0) or 1)
+    if not h or not layers:
+        return float("inf")  # unknown architecture: assume the savers are needed
+    width = 2 if autocast is not None else 4
+    per_token = layers * ((16 * h + 6 * inter) * width + heads * micro_batch_tokens * 4)
+    return micro_batch_tokens * per_token / 2**20

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ._memory import limit_heap_retention, peak_rss_mib, rss_mib
+from ._memory import available_mib, estimate_update_peak_mib, limit_heap_retention, peak_rss_mib, rss_mib
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "enable_gradient_checkpointing",
@@ -44,16 +47,48 @@ def enable_gradient_checkpointing(model: Any) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def prepare_update_memory(model: Any, update_config: Any) -> bool:
+def memory_is_short(model: Any, update_config: Any, micro_batch_tokens: int, autocast: Any = None) -> bool:
+    """Whether the update's estimated activations (:func:`._memory.estimate_update_peak_mib` for a
+    micro-batch of ``micro_batch_tokens``) pass ``update_config.memory_budget`` of the memory
+    available now; logged once with the figures. Unknown available memory: not short."""
+    need = estimate_update_peak_mib(model, micro_batch_tokens, autocast)
+    have = available_mib()
+    if have is None:
+        return need == float("inf")
+    budget = update_config.memory_budget * have
+    short = need > budget
+    logger.info(
+        "update memory: about %.0f MiB of activations per micro-batch of %d tokens against a budget of %.0f MiB "
+        "(%.0f%% of %.0f MiB available): %s",
+        need,
+        micro_batch_tokens,
+        budget,
+        100 * update_config.memory_budget,
+        have,
+        "gradient checkpointing and the 1 MiB mmap threshold on" if short else "no memory savers needed",
+    )
+    return short
+
+
+def prepare_update_memory(
+    model: Any, update_config: Any, micro_batch_tokens: int = 2048, autocast: Any = None
+) -> bool:
     """What :class:`~.config.UpdateConfig` says about memory, applied once when a trainer starts:
-    gradient checkpointing on ``model`` and glibc's mmap threshold for host memory. Returns whether
+    gradient checkpointing on ``model`` and glibc's mmap threshold for host memory, each either as
+    set or, left to ``None`` / ``"auto"``, on when :func:`memory_is_short`. Returns whether
     checkpointing is on."""
-    if update_config.host_mmap_threshold_mib is not None:
-        limit_heap_retention(update_config.host_mmap_threshold_mib)
+    auto_ckpt = update_config.gradient_checkpointing is None
+    auto_mmap = update_config.host_mmap_threshold_mib == "auto"
+    short = (auto_ckpt or auto_mmap) and memory_is_short(model, update_config, micro_batch_tokens, autocast)
+    mmap = update_config.host_mmap_threshold_mib
+    if auto_mmap:
+        mmap = 1.0 if short else None
+    if mmap is not None:
+        limit_heap_retention(float(mmap))
     wanted = update_config.gradient_checkpointing
-    if wanted is None:  # on where the model supports it
+    if wanted is None:  # on where memory is short and the model supports it
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        wanted = bool(getattr(base, "supports_gradient_checkpointing", False))
+        wanted = short and bool(getattr(base, "supports_gradient_checkpointing", False))
     if wanted:
         enable_gradient_checkpointing(model)
     return bool(wanted)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .packing import Packed, pack_prefixes
+
 __all__ = ["Sample", "TokenBatch", "collate", "forward_logprobs", "trained"]
 
 #: most bytes of float32 logits that :func:`forward_logprobs` materialises at once (one chunk)
@@ -135,6 +137,13 @@ class TokenBatch:
     response_len: int
     token_temperature: torch.Tensor | None = None  # [B, R] when a merged sample mixes temperatures
     segment_ids: torch.Tensor | None = None  # [B, R]: which call of the row, 0 on padding/context
+    #: the same samples with their shared prefixes packed (:mod:`.packing`), or ``None``
+    packed: Packed | None = None
+
+    @property
+    def model_tokens(self) -> int:
+        """The tokens the model computes for this batch: packed, or every sample's own (unpadded)."""
+        return self.packed.tokens if self.packed is not None else int(self.attention_mask.sum())
 
     def to(self, device: torch.device) -> TokenBatch:
         return TokenBatch(
@@ -147,14 +156,17 @@ class TokenBatch:
             self.response_len,
             None if self.token_temperature is None else self.token_temperature.to(device),
             None if self.segment_ids is None else self.segment_ids.to(device),
+            None if self.packed is None else self.packed.to(device),
         )
 
 
-def collate(samples: Sequence[Sample], pad_id: int) -> TokenBatch:
+def collate(samples: Sequence[Sample], pad_id: int, share_prefix: bool = False) -> TokenBatch:
     """Left-pad prompts and right-pad responses into one :class:`TokenBatch`.
 
     Merged samples bring their own mask (context between calls is 0), per-token temperatures and
-    segment ids; for single calls these are all-ones, the call's temperature and 1.
+    segment ids; for single calls these are all-ones, the call's temperature and 1. With
+    ``share_prefix`` the samples that share a prefix are also packed (:func:`.packing.pack_prefixes`):
+    :func:`forward_logprobs` then runs each shared prefix once.
     """
     p_max = max(len(s.prompt_ids) for s in samples)
     r_max = max(max(len(s.response_ids) for s in samples), 1)
@@ -180,7 +192,12 @@ def collate(samples: Sequence[Sample], pad_id: int) -> TokenBatch:
                 tok_temps[i, :r] = torch.tensor(s.token_temperatures())
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     temps = torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in samples], dtype=torch.float32)
-    return TokenBatch(input_ids, attn, position_ids, resp, rmask, temps, r_max, tok_temps, segs)
+    packed = (
+        pack_prefixes([s.prompt_ids for s in samples], [s.response_ids for s in samples], r_max, pad_id)
+        if share_prefix and len(samples) > 1
+        else None
+    )
+    return TokenBatch(input_ids, attn, position_ids, resp, rmask, temps, r_max, tok_temps, segs, packed)
 
 
 def forward_logprobs(
@@ -215,14 +232,28 @@ def forward_logprobs(
     if split is None:
         return _forward_logprobs_full(model, batch, value_head, ctx)
     decoder, head = split
+    packed = batch.packed
     with ctx:
-        out = decoder(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        )
-    hidden = out.last_hidden_state[:, -(r + 1) : -1, :]  # [B, R, H]: the states that predict each token
+        if packed is None:
+            out = decoder(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            )
+        else:  # each shared prefix once, under a block mask (see .packing)
+            impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+            dtype = next(decoder.parameters()).dtype
+            out = decoder(
+                input_ids=packed.input_ids,
+                attention_mask=packed.attention_mask(dtype, impl),
+                position_ids=packed.position_ids,
+                use_cache=False,
+            )
+    if packed is None:
+        hidden = out.last_hidden_state[:, -(r + 1) : -1, :]  # [B, R, H]: the states that predict each token
+    else:
+        hidden = out.last_hidden_state[packed.row[:, None], packed.pos]  # [B, R, H], gathered
     keep = batch.response_mask > 0
     if not bool(keep.any()):
         keep = torch.ones_like(keep)  # nothing trained: score every position so a graph still exists
@@ -309,18 +340,33 @@ def _forward_logprobs_full(
     return logp, values
 
 
-def micro_batches(samples: Sequence[Sample], most: int, max_tokens: int) -> list[list[Sample]]:
-    """Split samples (in order) so each chunk has at most ``most`` samples and, padded, ``max_tokens``."""
+def micro_batches(
+    samples: Sequence[Sample], most: int, max_tokens: int, share_prefix: bool = False
+) -> list[list[Sample]]:
+    """Split samples (in order) so each chunk has at most ``most`` samples and ``max_tokens`` tokens:
+    padded (one row per sample), or with ``share_prefix`` the prompt of consecutive samples that share
+    it counted once (what :mod:`.packing` runs).
+
+    >>> s = [Sample([1] * 100, [2] * 10, None, 0.0, "g") for _ in range(4)]
+    >>> [len(c) for c in micro_batches(s, 8, 300)], [len(c) for c in micro_batches(s, 8, 300, True)]
+    ([2, 2], [4])
+    """
     chunks: list[list[Sample]] = []
     cur: list[Sample] = []
     p_max = r_max = 0
+    packed = 0  # tokens of the chunk with shared prompts counted once
     for s in samples:
         p, r = max(p_max, len(s.prompt_ids)), max(r_max, len(s.response_ids))
-        if cur and (len(cur) >= most or (len(cur) + 1) * (p + r) > max_tokens):
+        shared = bool(cur) and cur[-1].prompt_ids == s.prompt_ids
+        add = len(s.response_ids) + (0 if shared else len(s.prompt_ids))
+        over = packed + add > max_tokens if share_prefix else (len(cur) + 1) * (p + r) > max_tokens
+        if cur and (len(cur) >= most or over):
             chunks.append(cur)
             cur, p, r = [], len(s.prompt_ids), len(s.response_ids)
+            packed, add = 0, len(s.prompt_ids) + len(s.response_ids)
         cur.append(s)
         p_max, r_max = p, r
+        packed += add
     if cur:
         chunks.append(cur)
     return chunks

@@ -152,18 +152,28 @@ class UpdateConfig:
         gradient_checkpointing: recompute each decoder layer's activations in the backward pass
             instead of keeping them (transformers' gradient checkpointing, non-reentrant, so it
             works with peft's frozen base): activation memory of the update falls from one set per
-            layer to about one layer's, for roughly one more forward pass of time. ``None`` (the
-            default): on when the model supports it, as TRL does; ``True`` requires it; ``False``
-            trades that memory for speed. Generation is unaffected (the engine runs
-            the model in eval mode, where checkpointing is off). The numbers are the same either way.
+            layer to about one layer's, for roughly one more forward pass of time (1.32x the update
+            measured on the embedded model). ``None`` (the default): on when memory is short, that is
+            when the estimated activations of a micro-batch of the algorithm's ``micro_batch_tokens``
+            pass ``memory_budget`` of the memory available when the trainer starts (and the model
+            supports it); ``True`` requires it; ``False`` never. Generation is unaffected (the engine
+            runs the model in eval mode, where checkpointing is off). The numbers are the same either way.
         host_mmap_threshold_mib: on Linux with glibc, host (CPU) memory blocks of at least this many
             MiB get their own mapping, returned to the system as soon as they are freed (glibc's
             ``M_MMAP_THRESHOLD``, set for the whole process when the trainer starts). glibc's own
             default raises that threshold to 32 MiB after the first large free, and the update's
             freed activations then stay in its heap, fragmented: a CPU update peaked at 3.5 GiB with
             0.1 GiB of saved activations (``benchmarks/perf/memory_results.md``). The cost is more
-            page faults (a CPU update takes longer; GPU memory is not affected). ``None`` keeps
+            page faults (1.26x the update's time measured). ``"auto"`` (the default): 1.0 MiB when
+            memory is short (as for ``gradient_checkpointing``), else glibc's behaviour; ``None`` keeps
             glibc's behaviour; an explicit ``MALLOC_MMAP_THRESHOLD_`` in the environment wins.
+        memory_budget: the share (0, 1] of the memory available at start that the update's
+            estimated activations may take before the memory savers above turn on (``"auto"`` /
+            ``None`` only); the decision and its figures are logged once.
+        share_prefix: run a prefix shared by several samples of a micro-batch (a GRPO group's
+            prompt, the earlier turns of a conversation) through the model once, under a block
+            mask (:mod:`.packing`); the logprobs and gradients are those of one sequence per sample.
+            ``False``: one padded sequence per sample.
 
     >>> UpdateConfig(gradient_checkpointing=False, host_mmap_threshold_mib=None).old_logprobs
     'auto'
@@ -172,8 +182,10 @@ class UpdateConfig:
     old_logprobs: str = "auto"
     logprob_tolerance: float = 1e-3
     gradient_checkpointing: bool | None = None
-    host_mmap_threshold_mib: float | None = 1.0
+    host_mmap_threshold_mib: float | str | None = "auto"
     correction: Any = None
+    memory_budget: float = 0.5
+    share_prefix: bool = True
 
     def __post_init__(self) -> None:
         from .correction import parse_correction
@@ -181,10 +193,11 @@ class UpdateConfig:
         self.correction = parse_correction(self.correction)
         if self.old_logprobs not in ("auto", "engine", "recompute"):
             raise ValueError("old_logprobs must be 'auto', 'engine' or 'recompute'")
-        if self.host_mmap_threshold_mib is not None and not 0 < self.host_mmap_threshold_mib <= 32:
-            raise ValueError(
-                f"host_mmap_threshold_mib must be in (0, 32] MiB or None, got {self.host_mmap_threshold_mib}"
-            )
+        mmap = self.host_mmap_threshold_mib
+        if mmap is not None and mmap != "auto" and (isinstance(mmap, str) or not 0 < mmap <= 32):
+            raise ValueError(f"host_mmap_threshold_mib must be 'auto', in (0, 32] MiB or None, got {mmap!r}")
+        if not 0 < self.memory_budget <= 1:
+            raise ValueError(f"memory_budget must be in (0, 1], got {self.memory_budget}")
 
 
 @dataclass

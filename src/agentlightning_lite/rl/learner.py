@@ -119,7 +119,9 @@ class Learner:
             autocast=update_autocast(built, device),
             seed=seed,
         )
-        learner.gradient_checkpointing = prepare_update_memory(policy, update_config)
+        learner.gradient_checkpointing = prepare_update_memory(
+            policy, update_config, getattr(algorithm, "micro_batch_tokens", 2048), learner.autocast
+        )
         return learner
 
     # -- what the algorithms read -------------------------------------------------------------
@@ -187,6 +189,7 @@ class Learner:
             logprob_tolerance=self.update_config.logprob_tolerance,
             correction=self.update_config.correction,
             merged=self.merged,
+            share_prefix=self.update_config.share_prefix,
             step=step,
             timer=timer if timer is not None else Timer(self.device),
             data_parallel=DataParallel.active(),

@@ -49,6 +49,7 @@ class UpdateSettings:
     #: the off-policy corrections (:mod:`.correction`); empty: none
     correction: tuple[Any, ...] = ()
     merged: bool = False  # samples are merged trajectories (one sequence per episode)
+    share_prefix: bool = True  # a prefix shared by samples of a micro-batch runs once (.packing)
     step: int = 0
     timer: Timer = field(default_factory=Timer)
     #: a :class:`~.distributed.DataParallel` when several ranks share the update, else ``None``
@@ -75,6 +76,11 @@ class _Reference:
     calls: int = 0  # calls whose engine logprobs were checked ("auto")
     fallbacks: int = 0  # ... and disagreed: their ratio is taken against the recomputation
     engine_calls: int = 0  # calls whose ratio is taken against the engine's logprobs
+    #: on-policy (one optimizer step, no correction): no no-grad pass ran; ``old_lp[j]`` is ``None``
+    #: and the gradient pass's own logprobs, detached, are the denominator (see :func:`on_policy`)
+    from_gradient_pass: bool = False
+    #: per micro-batch, the engine's logprobs kept to measure the mismatch in the gradient pass
+    engine: list[torch.Tensor | None] = field(default_factory=list)
 
 
 _warned_fallback = False
@@ -91,6 +97,43 @@ def _engine_logprobs(chunk: list[Sample], batch: TokenBatch, device: torch.devic
     return eng.to(device)
 
 
+def on_policy(algo: PolicyGradient, n_chunks_per_step: list[list[int]], cfg: UpdateSettings) -> bool:
+    """Whether the update is strictly on-policy: each sample gets exactly one optimizer step (one
+    epoch, one mini-batch) and no off-policy correction is asked. Then ``pi_old`` is the weights the
+    gradient pass runs with, so its own logprobs, detached, are the ratio's denominator (ratio exactly
+    1, the gradient unchanged) and the no-grad pass that would recompute them is skipped, as TRL
+    (``num_iterations == 1``) and verl do. ``old_logprobs="engine"`` keeps the engine's logprobs.
+
+    >>> import agentlightning_lite as agl
+    >>> cfg = UpdateSettings(device=torch.device("cpu"))
+    >>> on_policy(agl.GRPO(group_size=2), [[0, 1]], cfg), on_policy(agl.GRPO(group_size=2, epochs=2), [[0, 1]], cfg)
+    (True, False)
+    >>> on_policy(agl.GRPO(group_size=2, mini_batch_size=2), [[0], [1]], cfg)
+    False
+    """
+    return algo.epochs == 1 and len(n_chunks_per_step) == 1 and not cfg.correction and cfg.old_logprobs != "engine"
+
+
+def _measure(out: _Reference, eng: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Add the engine/trainer mismatch of one micro-batch to ``out``; returns ``|eng - lp|`` on the mask."""
+    diff = (eng - lp).abs() * mask
+    out.mismatch_sum += float(diff.sum())
+    out.mismatch_n += int(mask.sum())
+    out.mismatch_max = max(out.mismatch_max, float(diff.max()))
+    out.log_rhos.append((lp - eng)[mask > 0].cpu())
+    return diff
+
+
+def _check_calls(out: _Reference, diff: torch.Tensor, mask: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """Per call, whether the engine's logprobs agree with the trainer's (mean |difference| within
+    ``tolerance``); counted in ``out.calls`` / ``out.fallbacks``."""
+    per_call = diff.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    agree = per_call <= tolerance
+    out.calls += int(agree.numel())
+    out.fallbacks += int((~agree).sum())
+    return agree
+
+
 def _reference(
     model: Any,
     chunks: list[list[Sample]],
@@ -98,16 +141,18 @@ def _reference(
     algo: PolicyGradient,
     value_head: ValueHead | None,
     cfg: UpdateSettings,
+    from_gradient_pass: bool = False,
 ) -> _Reference:
     """Phase 1, no gradient. The engine's logprobs are the behaviour policy's; a no-grad forward pass
     recomputes them with the weights the update starts from (``pi_old``), unless ``old_logprobs=
     "engine"`` without a correction. In "auto" mode every call is checked: it keeps the engine's
     logprobs when they agree with the recomputation within tolerance, else takes the recomputed ones.
     With a correction the ratio is always taken against ``pi_old`` and the correction weighs each token
-    by ``pi_old / pi_engine``."""
-    global _warned_fallback
+    by ``pi_old / pi_engine``. With ``from_gradient_pass`` (:func:`on_policy`) no pass runs for the old
+    logprobs (PPO's values still need one): ``old_lp`` holds ``None`` and the gradient pass supplies
+    them, and measures the mismatch against the engine's."""
     model.eval()
-    out = _Reference([], [], [], float("nan"), 0.0, 0.0)
+    out = _Reference([], [], [], float("nan"), 0.0, 0.0, from_gradient_pass=from_gradient_pass)
     owned = _shares(chunks, batches, algo, cfg)
     out.per_rank = owned is not None
     corrected = bool(cfg.correction)
@@ -117,23 +162,33 @@ def _reference(
                 out.old_lp.append(None)  # type: ignore[arg-type]
                 out.old_v.append(None)
                 out.weights.append(None)
+                out.engine.append(None)
                 if algo.needs_reference:
                     out.ref.append(None)  # type: ignore[arg-type]
                 continue
             with cfg.timer.phase("old_logprobs"):
                 eng = _engine_logprobs(c, b, cfg.device)
+                if from_gradient_pass:
+                    v = None
+                    if algo.needs_values:  # PPO's advantages need the old values before the loss
+                        v = forward_logprobs(model, b, value_head, cfg.autocast)[1]
+                    out.old_lp.append(None)  # type: ignore[arg-type]
+                    out.old_v.append(v)
+                    out.weights.append(None)
+                    out.engine.append(eng)
+                    if algo.needs_reference:
+                        with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
+                            out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
+                    continue
                 trust = eng is not None and cfg.old_logprobs == "engine" and not corrected
                 lp = v = None
                 if not trust or algo.needs_values:
                     lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
                 old, weight = lp, None
+                out.engine.append(None)
                 if eng is not None and lp is not None:
                     m = b.response_mask
-                    diff = (eng - lp).abs() * m
-                    out.mismatch_sum += float(diff.sum())
-                    out.mismatch_n += int(m.sum())
-                    out.mismatch_max = max(out.mismatch_max, float(diff.max()))
-                    out.log_rhos.append((lp - eng)[m > 0].cpu())
+                    diff = _measure(out, eng, lp, m)
                     if corrected:
                         weight, cstats = correction_weights(cfg.correction, lp, eng, m)
                         out.masked_n += cstats["masked_n"]
@@ -142,11 +197,8 @@ def _reference(
                         old = eng
                         out.engine_calls += len(c)
                     elif cfg.old_logprobs == "auto":  # per call: the engine's where they agree
-                        per_call = diff.sum(dim=1) / m.sum(dim=1).clamp(min=1)
-                        agree = per_call <= cfg.logprob_tolerance
+                        agree = _check_calls(out, diff, m, cfg.logprob_tolerance)
                         old = torch.where(agree[:, None], eng, lp)
-                        out.calls += len(c)
-                        out.fallbacks += int((~agree).sum())
                         out.engine_calls += int(agree.sum())
                 elif trust:
                     old = eng
@@ -157,21 +209,34 @@ def _reference(
             if algo.needs_reference:
                 with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
                     out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
-    out.mismatch_mean = out.mismatch_sum / out.mismatch_n if out.mismatch_n else float("nan")
     n_calls = sum(len(c) for k, c in enumerate(chunks) if owned is None or k in owned)
     out.engine_share = out.engine_calls / n_calls if n_calls else 0.0
+    if not from_gradient_pass:
+        _summarise(out, cfg)
+    return out
+
+
+def _summarise(out: _Reference, cfg: UpdateSettings) -> None:
+    """The mean mismatch, and a warning (once; later steps log it) when calls disagree."""
+    global _warned_fallback
+    out.mismatch_mean = out.mismatch_sum / out.mismatch_n if out.mismatch_n else float("nan")
     if out.fallbacks:
         log = logger.info if _warned_fallback else logger.warning
         _warned_fallback = True
+        how = (
+            "their ratio is taken against the recomputation"
+            if not out.from_gradient_pass
+            else "measured in the gradient pass (the update is on-policy: the ratio is taken against it)"
+        )
         log(
             "step %d: the engine's logprobs of %d of %d calls disagree with the trainer's recomputation "
-            "(mean |difference| > %g): their ratio is taken against the recomputation",
+            "(mean |difference| > %g): %s",
             cfg.step,
             out.fallbacks,
             out.calls,
             cfg.logprob_tolerance,
+            how,
         )
-    return out
 
 
 def _groups(chunks: list[list[Sample]], algo: PolicyGradient) -> list[list[int]]:
@@ -233,7 +298,14 @@ def _epochs(
                 b = batches[j]
                 segs = b.segment_ids if cfg.merged else None
                 lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
-                pg, pstats = policy_loss(lp, old_lp[j], advs[j], b.response_mask, algo.clip, clip_high)
+                old = old_lp[j]
+                if reference.from_gradient_pass:  # on-policy: pi_old is this pass's own logprobs (ratio 1, same gradient)
+                    old = lp.detach()
+                    if (eng := reference.engine[j]) is not None:
+                        diff = _measure(reference, eng, old, b.response_mask)
+                        if cfg.old_logprobs == "auto":
+                            _check_calls(reference, diff, b.response_mask, cfg.logprob_tolerance)
+                pg, pstats = policy_loss(lp, old, advs[j], b.response_mask, algo.clip, clip_high)
                 if (is_w := reference.weights[j]) is not None:
                     pg = pg * is_w  # the off-policy correction: loss_t * w_t (TIS / masked IS, no gradient)
                 tok_loss = pg
@@ -277,13 +349,16 @@ def optimise(
 ) -> dict[str, float]:
     """Update ``model`` (its active adapter) on ``samples``, whose advantages are already set; returns
     the update's metrics (``train/loss``, ``train/grad_norm``, ``train/logprob_mismatch_mean``...)."""
-    chunks = micro_batches(samples, algo.micro_batch_size, algo.micro_batch_tokens)
-    batches = [collate(c, cfg.pad_id).to(cfg.device) for c in chunks]
-    reference = _reference(model, chunks, batches, algo, value_head, cfg)
+    chunks = micro_batches(samples, algo.micro_batch_size, algo.micro_batch_tokens, cfg.share_prefix)
+    batches = [collate(c, cfg.pad_id, cfg.share_prefix).to(cfg.device) for c in chunks]
+    skip = on_policy(algo, _groups(chunks, algo), cfg)
+    reference = _reference(model, chunks, batches, algo, value_head, cfg, from_gradient_pass=skip)
     with cfg.timer.phase("advantages"):  # GRPO: each call's; PPO: GAE on the old values
         advantages = algo.token_advantages(chunks, batches, reference.old_v, cfg.merged)
     with cfg.timer.phase("update"):
         logs = _epochs(model, chunks, batches, reference, advantages, algo, optimizer, value_head, cfg)
+    if skip:
+        _summarise(reference, cfg)
     mismatch_mean, mismatch_max = reference.mismatch_mean, reference.mismatch_max
     if (dp := cfg.data_parallel) is not None:  # every rank's micro-batches in the metrics, as in one process
         logs = dp.gather_logs(logs)
@@ -298,6 +373,7 @@ def optimise(
     out["train/ratio_from_engine_logprobs"] = reference.engine_share
     if cfg.old_logprobs == "auto" and not cfg.correction:
         out["train/old_logprobs_fallback"] = reference.fallbacks / reference.calls if reference.calls else 0.0
+    out["train/old_logprobs_pass"] = 0.0 if skip else 1.0
     out.update(mismatch_metrics(reference.log_rhos))
     if cfg.correction:
         n_tok = sum(int(x.numel()) for x in reference.log_rhos)
