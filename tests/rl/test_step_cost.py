@@ -45,7 +45,9 @@ def _samples(seed: int = 0, prompt_len: tuple[int, int] = (24, 48)) -> list[Samp
             out.append(Sample(list(prompt), response, None, float(k), g, advantage=k - 1.0, temperature=0.7))
     out.append(Sample([rng.randrange(256) for _ in range(30)], [5, 6, 7], None, 0.0, 9, advantage=0.5))
     first = out[0]
-    out.append(Sample(first.prompt_ids + first.response_ids + [1, 2, 3], [9, 9, 4], None, 1.0, 0, advantage=1.0))
+    out.append(
+        Sample(first.prompt_ids + first.response_ids + [1, 2, 3], [9, 9, 4], None, 1.0, 0, advantage=1.0)
+    )
     return out
 
 
@@ -72,7 +74,7 @@ def test_groups_of_shared_prefixes() -> None:
     packed = pack_prefixes([[7] * 20] * 3, [[1, 2], [3], [4, 5, 6]], 3, pad_id=0)
     assert packed is not None and packed.tokens == 26 and packed.plain_tokens == 66
     # each suffix sees the prefix and itself, not its neighbours; positions continue from the prefix
-    assert packed.position_ids[0].tolist() == list(range(20)) + [20, 21, 20, 20, 21, 22]
+    assert packed.position_ids[0].tolist() == [*range(22), 20, 20, 21, 22]
     allowed = packed.allowed[0]
     assert bool(allowed[22, :20].all()) and not bool(allowed[22, 20:22].any()) and bool(allowed[22, 22])
     assert packed.pos.tolist() == [[19, 20, 0], [19, 0, 0], [19, 23, 24]]
@@ -112,7 +114,9 @@ def test_micro_batches_count_a_shared_prompt_once() -> None:
     assert [len(c) for c in micro_batches(samples, 16, 2048, share_prefix=True)] == [16]  # 2 x (150 + 96)
 
 
-def _optimise(model: Any, samples: list[Sample], algo: Any, cfg: update.UpdateSettings, head: Any = None) -> Any:
+def _optimise(
+    model: Any, samples: list[Sample], algo: Any, cfg: update.UpdateSettings, head: Any = None
+) -> Any:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-2)
     stats = update.optimise(model, samples, algo, opt, head, cfg)
@@ -130,7 +134,11 @@ def _engine_samples() -> list[Sample]:
 def test_an_on_policy_update_skips_the_no_grad_pass_and_gives_the_same_weights(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    algo = agl.GRPO(group_size=3, micro_batch_size=4) if name == "grpo" else agl.PPO(micro_batch_size=4, epochs=1)
+    algo = (
+        agl.GRPO(group_size=3, micro_batch_size=4)
+        if name == "grpo"
+        else agl.PPO(micro_batch_size=4, epochs=1)
+    )
     calls: list[bool] = []
     real = update.forward_logprobs
 
@@ -157,7 +165,9 @@ def test_an_on_policy_update_skips_the_no_grad_pass_and_gives_the_same_weights(
     for n in w_pass:
         torch.testing.assert_close(w_skip[n], w_pass[n], atol=1e-6, rtol=1e-5)
     # the engine/trainer mismatch is still measured, from the gradient pass
-    assert s_skip["train/logprob_mismatch_mean"] == pytest.approx(s_pass["train/logprob_mismatch_mean"], rel=1e-5)
+    assert s_skip["train/logprob_mismatch_mean"] == pytest.approx(
+        s_pass["train/logprob_mismatch_mean"], rel=1e-5
+    )
     assert s_skip["mismatch/tokens"] == s_pass["mismatch/tokens"] > 0
 
 
@@ -174,7 +184,9 @@ def test_the_pass_runs_again_when_the_update_is_not_on_policy() -> None:
     assert not update.on_policy(agl.GRPO(group_size=2), one, engine)  # the engine's logprobs, as asked
     # and a real update with two mini-batches runs it
     model = _lora_model()
-    stats, _ = _optimise(model, _engine_samples(), agl.GRPO(group_size=3, micro_batch_size=4, mini_batch_size=4), cfg)
+    stats, _ = _optimise(
+        model, _engine_samples(), agl.GRPO(group_size=3, micro_batch_size=4, mini_batch_size=4), cfg
+    )
     assert stats["train/old_logprobs_pass"] == 1.0
 
 
@@ -187,7 +199,9 @@ def test_memory_savers_turn_on_only_when_memory_is_short() -> None:
     short = _lora_model()  # a budget of a millionth of the memory available: today's savers
     assert prepare_update_memory(short, UpdateConfig(memory_budget=1e-6), micro_batch_tokens=64)
     assert is_checkpointing(short.get_base_model())
-    assert prepare_update_memory(_lora_model(), UpdateConfig(gradient_checkpointing=True), micro_batch_tokens=64)
+    assert prepare_update_memory(
+        _lora_model(), UpdateConfig(gradient_checkpointing=True), micro_batch_tokens=64
+    )
     with pytest.raises(ValueError, match="memory_budget"):
         UpdateConfig(memory_budget=0)
     with pytest.raises(ValueError, match="host_mmap_threshold_mib"):

@@ -58,8 +58,8 @@ def memory_is_short(model: Any, update_config: Any, micro_batch_tokens: int, aut
     budget = update_config.memory_budget * have
     short = need > budget
     logger.info(
-        "update memory: about %.0f MiB of activations per micro-batch of %d tokens against a budget of %.0f MiB "
-        "(%.0f%% of %.0f MiB available): %s",
+        "update memory: about %.0f MiB of activations per micro-batch of %d tokens against a budget "
+        "of %.0f MiB (%.0f%% of %.0f MiB available): %s",
         need,
         micro_batch_tokens,
         budget,

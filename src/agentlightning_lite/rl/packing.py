@@ -68,7 +68,9 @@ def _lcp(a: Sequence[int], b: Sequence[int], most: int) -> int:
     return i
 
 
-def prefix_groups(seqs: Sequence[Sequence[int]], min_shared: int = MIN_SHARED_TOKENS) -> list[tuple[list[int], int]]:
+def prefix_groups(
+    seqs: Sequence[Sequence[int]], min_shared: int = MIN_SHARED_TOKENS
+) -> list[tuple[list[int], int]]:
     """Group sequences that share a prefix of at least ``min_shared`` tokens.
 
     Returns ``(indices, shared)`` per group, ``shared`` the group's common prefix length; a sequence
@@ -135,7 +137,7 @@ def pack_prefixes(
             spans.append((start, len(suffix)))
             row_of[i] = len(rows)
 
-            def where(u: int, start: int = start) -> int:  # the packed index of sequence position u
+            def where(u: int, start: int = start, shared: int = shared) -> int:  # packed index of u
                 return u if u < shared else start + (u - shared)
 
             p_len = len(prompts[i])

@@ -25,6 +25,7 @@ import torch
 from .batching import Sample, TokenBatch, collate, forward_logprobs, micro_batches
 from .correction import correction_weights, mismatch_metrics
 from .distributed import partition_by_tokens
+from .flops import update_flops
 from .grpo import aggregate, kl_penalty, policy_loss
 from .policies import Policy
 from .policy_gradient import PolicyGradient
@@ -106,12 +107,19 @@ def on_policy(algo: PolicyGradient, n_chunks_per_step: list[list[int]], cfg: Upd
 
     >>> import agentlightning_lite as agl
     >>> cfg = UpdateSettings(device=torch.device("cpu"))
-    >>> on_policy(agl.GRPO(group_size=2), [[0, 1]], cfg), on_policy(agl.GRPO(group_size=2, epochs=2), [[0, 1]], cfg)
-    (True, False)
+    >>> on_policy(agl.GRPO(group_size=2), [[0, 1]], cfg)
+    True
+    >>> on_policy(agl.GRPO(group_size=2, epochs=2), [[0, 1]], cfg)
+    False
     >>> on_policy(agl.GRPO(group_size=2, mini_batch_size=2), [[0], [1]], cfg)
     False
     """
-    return algo.epochs == 1 and len(n_chunks_per_step) == 1 and not cfg.correction and cfg.old_logprobs != "engine"
+    return (
+        algo.epochs == 1
+        and len(n_chunks_per_step) == 1
+        and not cfg.correction
+        and cfg.old_logprobs != "engine"
+    )
 
 
 def _measure(out: _Reference, eng: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -166,46 +174,45 @@ def _reference(
                 if algo.needs_reference:
                     out.ref.append(None)  # type: ignore[arg-type]
                 continue
-            with cfg.timer.phase("old_logprobs"):
-                eng = _engine_logprobs(c, b, cfg.device)
-                if from_gradient_pass:
+            if from_gradient_pass:
+                with cfg.timer.phase("old_logprobs"):
+                    eng = _engine_logprobs(c, b, cfg.device)
                     v = None
                     if algo.needs_values:  # PPO's advantages need the old values before the loss
                         v = forward_logprobs(model, b, value_head, cfg.autocast)[1]
-                    out.old_lp.append(None)  # type: ignore[arg-type]
-                    out.old_v.append(v)
-                    out.weights.append(None)
-                    out.engine.append(eng)
-                    if algo.needs_reference:
-                        with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
-                            out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
-                    continue
-                trust = eng is not None and cfg.old_logprobs == "engine" and not corrected
-                lp = v = None
-                if not trust or algo.needs_values:
-                    lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
-                old, weight = lp, None
-                out.engine.append(None)
-                if eng is not None and lp is not None:
-                    m = b.response_mask
-                    diff = _measure(out, eng, lp, m)
-                    if corrected:
-                        weight, cstats = correction_weights(cfg.correction, lp, eng, m)
-                        out.masked_n += cstats["masked_n"]
-                        out.clipped_n += cstats["clipped_n"]
-                    elif cfg.old_logprobs == "engine":
+                out.old_lp.append(None)  # type: ignore[arg-type]
+                out.old_v.append(v)
+                out.weights.append(None)
+                out.engine.append(eng)
+            else:
+                with cfg.timer.phase("old_logprobs"):
+                    eng = _engine_logprobs(c, b, cfg.device)
+                    trust = eng is not None and cfg.old_logprobs == "engine" and not corrected
+                    lp = v = None
+                    if not trust or algo.needs_values:
+                        lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
+                    old, weight = lp, None
+                    out.engine.append(None)
+                    if eng is not None and lp is not None:
+                        m = b.response_mask
+                        diff = _measure(out, eng, lp, m)
+                        if corrected:
+                            weight, cstats = correction_weights(cfg.correction, lp, eng, m)
+                            out.masked_n += cstats["masked_n"]
+                            out.clipped_n += cstats["clipped_n"]
+                        elif cfg.old_logprobs == "engine":
+                            old = eng
+                            out.engine_calls += len(c)
+                        elif cfg.old_logprobs == "auto":  # per call: the engine's where they agree
+                            agree = _check_calls(out, diff, m, cfg.logprob_tolerance)
+                            old = torch.where(agree[:, None], eng, lp)
+                            out.engine_calls += int(agree.sum())
+                    elif trust:
                         old = eng
                         out.engine_calls += len(c)
-                    elif cfg.old_logprobs == "auto":  # per call: the engine's where they agree
-                        agree = _check_calls(out, diff, m, cfg.logprob_tolerance)
-                        old = torch.where(agree[:, None], eng, lp)
-                        out.engine_calls += int(agree.sum())
-                elif trust:
-                    old = eng
-                    out.engine_calls += len(c)
-                out.old_lp.append(old)  # type: ignore[arg-type]
-                out.old_v.append(v)
-                out.weights.append(weight)
+                    out.old_lp.append(old)  # type: ignore[arg-type]
+                    out.old_v.append(v)
+                    out.weights.append(weight)
             if algo.needs_reference:
                 with cfg.timer.phase("ref_logprobs"), model.disable_adapter():
                     out.ref.append(forward_logprobs(model, b, None, cfg.autocast)[0])
@@ -299,7 +306,9 @@ def _epochs(
                 segs = b.segment_ids if cfg.merged else None
                 lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
                 old = old_lp[j]
-                if reference.from_gradient_pass:  # on-policy: pi_old is this pass's own logprobs (ratio 1, same gradient)
+                if (
+                    reference.from_gradient_pass
+                ):  # on-policy: pi_old is this pass's own logprobs (ratio 1, same gradient)
                     old = lp.detach()
                     if (eng := reference.engine[j]) is not None:
                         diff = _measure(reference, eng, old, b.response_mask)
@@ -355,8 +364,10 @@ def optimise(
     reference = _reference(model, chunks, batches, algo, value_head, cfg, from_gradient_pass=skip)
     with cfg.timer.phase("advantages"):  # GRPO: each call's; PPO: GAE on the old values
         advantages = algo.token_advantages(chunks, batches, reference.old_v, cfg.merged)
+    t_update = time.perf_counter()
     with cfg.timer.phase("update"):
         logs = _epochs(model, chunks, batches, reference, advantages, algo, optimizer, value_head, cfg)
+    t_update = time.perf_counter() - t_update
     if skip:
         _summarise(reference, cfg)
     mismatch_mean, mismatch_max = reference.mismatch_mean, reference.mismatch_max
@@ -385,9 +396,31 @@ def optimise(
     out["train/response_tokens"] = float(sum(sum(s.token_mask()) for s in samples))
     out["train/sequences"] = float(len(samples))
     out["train/sequence_tokens"] = float(sum(len(s.prompt_ids) + len(s.response_ids) for s in samples))
+    out.update(_cost(model, batches, algo, skip, t_update))
     if cfg.data_parallel:
         out.update(cfg.data_parallel.metrics())
     return out
+
+
+def _cost(
+    model: Any, batches: list[TokenBatch], algo: PolicyGradient, skip: bool, seconds: float
+) -> dict[str, float]:
+    """What the update computed: tokens through the gradient passes (after prefix sharing) and
+    through the no-grad passes, its model FLOPs (:mod:`.flops`) and the FLOP/s it achieved (this
+    rank's micro-batches under data parallelism are not told apart: the figures are the step's)."""
+    tokens = sum(b.model_tokens for b in batches)
+    scored = sum(int((b.response_mask > 0).sum()) for b in batches)
+    flops = update_flops(model).forward_backward(tokens, scored) * algo.epochs
+    no_grad = 0 if skip and not algo.needs_values else tokens
+    if algo.needs_reference:
+        no_grad += tokens
+    return {
+        "perf/update_tokens": float(tokens * algo.epochs),
+        "perf/plain_tokens": float(sum(int(b.attention_mask.sum()) for b in batches) * algo.epochs),
+        "perf/no_grad_tokens": float(no_grad),
+        "perf/update_flops": float(flops),
+        "perf/update_flops_per_s": flops / seconds if seconds > 0 else 0.0,
+    }
 
 
 def update_policies(

@@ -55,7 +55,9 @@ def cpu_autocast() -> Any:
     logger.info(
         "CPU precision: %s; generation and the update run %s (override with HFEngine(autocast=...), "
         "e.g. engine_options={'autocast': None})",
-        f"bfloat16 units found ({', '.join(units)})" if units else "no bfloat16 units (no amx_bf16/avx512_bf16)",
+        f"bfloat16 units found ({', '.join(units)})"
+        if units
+        else "no bfloat16 units (no amx_bf16/avx512_bf16)",
         "under bfloat16 autocast, weights and optimizer states in float32" if units else "in float32",
     )
     return chosen
