@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agentlightning_lite.serving.engines import GenRequest, GenResult
+from agentlightning_lite.serving.engines import GenRequest, GenResult, describe_running
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -199,6 +199,7 @@ def test_running_reports_the_replies_in_progress(tiny_engine: Any) -> None:
     n_prompt = len(req.prompt_token_ids)
     assert (now.request_id, now.session, now.prompt_tokens, now.adapter) == ("r1", "ro-1", n_prompt, None)
     assert 5 <= now.tokens < 500 and now.seconds > 0
+    assert describe_running([now]).startswith("1 reply still generating: r1 (rollout ro-1): ")
     engine.cancel(fut)
     assert fut.result(60).finish_reason == "abort"
     wait_for(lambda: engine.running() == [])

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from .base import Engine, GenRequest, GenResult
 
-__all__ = ["BatchingEngine", "RunningRequest"]
+__all__ = ["BatchingEngine", "RunningRequest", "describe_running"]
 
 _STOP = object()
 
@@ -34,6 +34,29 @@ class RunningRequest(NamedTuple):
     tokens: int
     seconds: float
     adapter: str | None
+
+
+def describe_running(running: Sequence[RunningRequest], limit: int = 5) -> str:
+    """One line naming the replies still generating (the longest running first, at most ``limit``): what
+    an error about requests that timed out can add.
+
+    >>> describe_running([RunningRequest("chatcmpl-1", "ro-7", 120, 412, 95.25, None)])
+    '1 reply still generating: chatcmpl-1 (rollout ro-7): 412 tokens so far (prompt 120) in 95.2 s'
+    >>> describe_running([])
+    'no reply is generating'
+    """
+    if not running:
+        return "no reply is generating"
+    items = sorted(running, key=lambda r: -r.seconds)
+    parts = []
+    for r in items[:limit]:
+        who = r.request_id or "a request"
+        if r.session:
+            who += f" (rollout {r.session})"
+        parts.append(f"{who}: {r.tokens} tokens so far (prompt {r.prompt_tokens}) in {r.seconds:.1f} s")
+    more = f", and {len(items) - limit} more" if len(items) > limit else ""
+    noun = "reply" if len(items) == 1 else "replies"
+    return f"{len(items)} {noun} still generating: " + "; ".join(parts) + more
 
 
 class BatchingEngine(Engine):
