@@ -18,7 +18,8 @@ __all__ = ["serve_continuously"]
 
 def serve_continuously(engine: HFEngine, batch: list[Item]) -> None:
     """Serve ``batch`` (the first requests, collected by the batching loop) and every request that
-    arrives while rows are decoding, until none is left to serve; then the engine's loop waits again.
+    arrives while rows are decoding, until no row is left; then the engine's loop collects the next
+    requests as it collected these (its batch window, :meth:`~.BatchingEngine.expect`).
 
     Rows of one adapter decode at a time (a *group*, under ``engine.lock``): a group starts with every
     waiting request of the adapter of the oldest waiting request (up to ``max_batch_size``), and
@@ -35,7 +36,6 @@ def serve_continuously(engine: HFEngine, batch: list[Item]) -> None:
         if adapter is _NONE_LEFT:
             break
         served += _serve_group(engine, adapter)
-        engine._take_waiting()
     if served:
         engine._record_busy(served, time.perf_counter() - t0)
 
@@ -119,6 +119,8 @@ def _serve_group(engine: HFEngine, adapter: str | None) -> int:
                     _finish(engine, batch, ended)
                     _finish(engine, batch, batch.step())
                     _flush(engine, counters)
+                    if not batch.rows:  # drained: new requests are collected afresh (window, expect)
+                        break
                     engine._take_waiting()
                     joining = _admit(engine, adapter, engine.max_batch_size - len(batch.rows), first=False)
         except BaseException as exc:  # every row of the group gets the error; the loop goes on
