@@ -8,7 +8,7 @@ attached), and a scripted one for tests.
 
 from ..._compat import quiet_upstream_warnings
 from .base import Engine, GenRequest, GenResult
-from .batching import BatchingEngine
+from .batching import BatchingEngine, RunningRequest, describe_running
 from .contract import AdapterRemovingEngine, InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
 from .hf import HFEngine
 from .http import BackendError, HTTPEngine
@@ -28,8 +28,10 @@ __all__ = [
     "HTTPEngine",
     "InPlaceEngine",
     "MultiAdapterEngine",
+    "RunningRequest",
     "ScriptedEngine",
     "ServingEngine",
     "TrainableEngine",
     "VLLMEngine",
+    "describe_running",
 ]

@@ -296,6 +296,30 @@ class Engine(Pausable, abc.ABC):
             s["busy_s"] += busy
             s["aborted"] += sum(r.finish_reason == "abort" for r in results)
 
+    def _record_result(self, request: GenRequest, result: GenResult) -> None:
+        """Count one request as it ends (engines that resolve requests one by one)."""
+        with self._stats_lock:
+            s = self._stats
+            s["requests"] += 1
+            s["prompt_tokens"] += len(request.prompt_token_ids)
+            s["generated_tokens"] += result.num_tokens
+            s["aborted"] += result.finish_reason == "abort"
+
+    def _record_rows(self, rows: int, first: bool) -> None:
+        """Note ``rows`` generating at once in an engine that batches continuously; ``first``: the first
+        rows since it went busy (a new batch, in :attr:`stats`)."""
+        with self._stats_lock:
+            s = self._stats
+            s["batches"] += first
+            s["max_batch_size"] = max(s["max_batch_size"], rows)
+
+    def _record_busy(self, requests: int, busy: float) -> None:
+        """Count the end of one batch of an engine that batches continuously: ``requests`` served from
+        the engine going busy until it had nothing left, in ``busy`` seconds."""
+        with self._stats_lock:
+            self._stats["batch_sizes"][requests] += 1
+            self._stats["busy_s"] += busy
+
     @property
     def stats(self) -> dict[str, Any]:
         """Counters: ``requests``, ``batches``, ``max_batch_size``, ``batch_sizes`` (size -> count),

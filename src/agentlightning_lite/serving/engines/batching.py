@@ -4,18 +4,59 @@ and generates each batch at once (``HFEngine``)."""
 from __future__ import annotations
 
 import abc
+import collections
 import concurrent.futures
 import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .base import Engine, GenRequest, GenResult
 
-__all__ = ["BatchingEngine"]
+__all__ = ["BatchingEngine", "RunningRequest", "describe_running"]
 
 _STOP = object()
+
+#: a request taken from the queue and the future its caller holds
+Item = tuple[GenRequest, "concurrent.futures.Future[GenResult]"]
+
+
+class RunningRequest(NamedTuple):
+    """A request generating now (see :meth:`BatchingEngine.running`): its ``request_id`` and
+    ``session`` (the rollout, for requests of the PolicyServer), ``prompt_tokens``, the ``tokens``
+    generated so far (0 where the engine does not report progress), ``seconds`` since it started
+    generating and the ``adapter`` serving it."""
+
+    request_id: str
+    session: str | None
+    prompt_tokens: int
+    tokens: int
+    seconds: float
+    adapter: str | None
+
+
+def describe_running(running: Sequence[RunningRequest], limit: int = 5) -> str:
+    """One line naming the replies still generating (the longest running first, at most ``limit``): what
+    an error about requests that timed out can add.
+
+    >>> describe_running([RunningRequest("chatcmpl-1", "ro-7", 120, 412, 95.25, None)])
+    '1 reply still generating: chatcmpl-1 (rollout ro-7): 412 tokens so far (prompt 120) in 95.2 s'
+    >>> describe_running([])
+    'no reply is generating'
+    """
+    if not running:
+        return "no reply is generating"
+    items = sorted(running, key=lambda r: -r.seconds)
+    parts = []
+    for r in items[:limit]:
+        who = r.request_id or "a request"
+        if r.session:
+            who += f" (rollout {r.session})"
+        parts.append(f"{who}: {r.tokens} tokens so far (prompt {r.prompt_tokens}) in {r.seconds:.1f} s")
+    more = f", and {len(items) - limit} more" if len(items) > limit else ""
+    noun = "reply" if len(items) == 1 else "replies"
+    return f"{len(items)} {noun} still generating: " + "; ".join(parts) + more
 
 
 class BatchingEngine(Engine):
@@ -48,6 +89,10 @@ class BatchingEngine(Engine):
         self._abort_lock = threading.Lock()
         self._aborted: set[int] = set()  # id()s of running requests to stop at the next step
         self._running: dict[int, GenRequest] = {}  # id(future) -> its request, while in a batch
+        # id(future) -> (when it started, its adapter, its tokens so far if the engine reports them)
+        self._progress: dict[int, tuple[float, str | None, Sequence[int] | None]] = {}
+        self._pending: collections.deque[Item] = collections.deque()  # taken from the queue, not started
+        self._stopping = False  # close() was called: start nothing more
 
     @abc.abstractmethod
     def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
@@ -66,6 +111,46 @@ class BatchingEngine(Engine):
                 return False
             self._aborted.add(id(request))
             return True
+
+    def running(self) -> list[RunningRequest]:
+        """The requests generating now, the longest running first: what a caller whose requests time
+        out can report (which replies were still being generated, for how long, how many tokens so far).
+
+        >>> class Echo(BatchingEngine):
+        ...     def _generate_batch(self, requests):
+        ...         return []
+        >>> Echo().running()
+        []
+        """
+        now = time.monotonic()
+        with self._abort_lock:
+            out = []
+            for key, request in self._running.items():
+                started, adapter, tokens = self._progress.get(key, (now, None, None))
+                out.append(
+                    RunningRequest(
+                        request.request_id,
+                        request.session,
+                        len(request.prompt_token_ids),
+                        len(tokens) if tokens is not None else 0,
+                        now - started,
+                        adapter,
+                    )
+                )
+        return sorted(out, key=lambda r: -r.seconds)
+
+    def _started(
+        self,
+        request: GenRequest,
+        future: concurrent.futures.Future[GenResult],
+        adapter: str | None = None,
+        tokens: Sequence[int] | None = None,
+    ) -> None:
+        """Note that ``request`` started generating (``tokens``: a list the engine appends to)."""
+        with self._abort_lock:
+            self._running[id(future)] = request
+            before = self._progress.get(id(future))
+            self._progress[id(future)] = (before[0] if before else time.monotonic(), adapter, tokens)
 
     def _should_abort(self, request: GenRequest) -> bool:
         """Whether :meth:`cancel` asked a running request to stop (cheap: call it every step)."""
@@ -120,9 +205,35 @@ class BatchingEngine(Engine):
                 )
                 self._loop_thread.start()
 
-    def _collect(self) -> list[tuple[GenRequest, concurrent.futures.Future[GenResult]]] | None:
-        first = self._queue.get()
+    def _next(self, timeout: float | None) -> Any:
+        """The next request: one taken earlier and not started first, else from the queue (waiting up
+        to ``timeout`` seconds, ``None``: for ever); raises ``queue.Empty``."""
+        if self._pending:
+            return self._pending.popleft()
+        if timeout is None:
+            return self._queue.get()
+        return self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+
+    def _take_waiting(self) -> bool:
+        """Move the requests queued now to ``_pending`` without waiting (an engine that lets requests
+        join a running batch calls it between steps); ``False`` once :meth:`close` was called."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return not self._stopping
+            if item is _STOP:
+                self._queue.put(_STOP)
+                self._stopping = True
+                return False
+            self._pending.append(item)
+
+    def _collect(self) -> list[Item] | None:
+        if self._stopping:
+            return None
+        first = self._next(None)
         if first is _STOP:
+            self._stopping = True
             return None
         batch = [first]
         start = time.monotonic()
@@ -133,7 +244,7 @@ class BatchingEngine(Engine):
         while len(batch) < self.max_batch_size:
             timeout = (regroup if len(batch) < target else window) - time.monotonic()
             try:
-                item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+                item = self._next(timeout)
             except queue.Empty:
                 break
             if item is _STOP:
@@ -148,31 +259,38 @@ class BatchingEngine(Engine):
             batch = self._collect()
             if batch is None:
                 return
-            live = [(r, f) for r, f in batch if f.set_running_or_notify_cancel()]
-            if not live:
-                continue
-            requests = [r for r, _ in live]
-            with self._abort_lock:
-                self._running.update((id(f), r) for r, f in live)
-            t0 = time.perf_counter()
-            try:
-                results = self._generate_batch(requests)
-                if len(results) != len(requests):
-                    raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
-            except BaseException as exc:  # every waiting caller gets the error; the loop goes on
-                for _, f in live:
-                    f.set_exception(exc)
-                self._forget(live)
-                continue
-            self._record_batch(requests, results, time.perf_counter() - t0)
-            for (_, f), res in zip(live, results, strict=True):
-                f.set_result(res)
-            self._forget(live)
+            self._serve(batch)
 
-    def _forget(self, live: list[tuple[GenRequest, concurrent.futures.Future[GenResult]]]) -> None:
+    def _serve(self, batch: list[Item]) -> None:
+        """Generate for a collected batch and resolve its futures: :meth:`_generate_batch` on the
+        requests not cancelled meanwhile. An engine that batches continuously overrides it (its
+        requests join and leave the running batch between steps: ``HFEngine``)."""
+        live = [(r, f) for r, f in batch if f.set_running_or_notify_cancel()]
+        if not live:
+            return
+        requests = [r for r, _ in live]
+        for r, f in live:
+            self._started(r, f)
+        t0 = time.perf_counter()
+        try:
+            results = self._generate_batch(requests)
+            if len(results) != len(requests):
+                raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
+        except BaseException as exc:  # every waiting caller gets the error; the loop goes on
+            for _, f in live:
+                f.set_exception(exc)
+            self._forget(live)
+            return
+        self._record_batch(requests, results, time.perf_counter() - t0)
+        for (_, f), res in zip(live, results, strict=True):
+            f.set_result(res)
+        self._forget(live)
+
+    def _forget(self, live: Sequence[Item]) -> None:
         with self._abort_lock:
             for r, f in live:
                 self._running.pop(id(f), None)
+                self._progress.pop(id(f), None)
                 self._aborted.discard(id(r))
 
     def close(self) -> None:
@@ -184,9 +302,9 @@ class BatchingEngine(Engine):
             self._loop_thread.join(timeout=30)
         while True:  # fail whatever is still queued
             try:
-                item = self._queue.get_nowait()
+                item = self._pending.popleft() if self._pending else self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is not _STOP:
+            if item is not _STOP and item[1].set_running_or_notify_cancel():
                 item[1].set_exception(RuntimeError(f"{type(self).__name__} closed"))
         super().close()
