@@ -4,6 +4,7 @@ left running, agents that hang past their timeout, a single AIR rule."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -143,6 +144,15 @@ def test_hung_agents_time_out_free_their_engine_slots_and_do_not_pile_up(
             "async": ["timeout"] * 4,
             "ok": ["succeeded"] * 4,
         }
+        # a timed-out rollout whose reply was generating says so, with its tokens so far
+        errors = [r.error or "" for r in trainer.store.rollouts(mode="train") if r.task["kind"] == "llm"]
+        assert all(
+            re.search(r"1 reply still generating: \S+ \(rollout [^)]+\): \d+ tokens so far", e)
+            for e in errors
+        )
+        assert all("lower the agent's max_tokens" in e for e in errors)
+        sleepers = [r.error or "" for r in trainer.store.rollouts(mode="train") if r.task["kind"] == "sleep"]
+        assert not any("still generating" in e for e in sleepers)  # nothing of theirs was generating
         # the blocked calls were stopped in the engine, not decoded to their 3000 tokens
         assert engine.stats["aborted"] >= 1 and engine.stats["generated_tokens"] < 4 * 3000 // 2
         # the async agents were cancelled and the blocked callers answered: only the 4 sleepers hang on,

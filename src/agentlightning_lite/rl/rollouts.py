@@ -72,6 +72,7 @@ def run_rollouts(
     timeout: float | None = None,
     on_done: Callable[[RolloutResult], None] | None = None,
     on_timeout: Callable[[str], None] | None = None,
+    describe: Callable[[str], str | None] | None = None,
     cancel: threading.Event | None = None,
 ) -> list[RolloutResult]:
     """Run ``agent`` once per spec, ``concurrency`` at a time; results in spec order.
@@ -81,7 +82,9 @@ def run_rollouts(
     ``llm_for(rollout_id)`` as its model endpoint, in a daemon thread of its own.
 
     A rollout past ``timeout`` seconds is marked ``timeout`` and ``on_timeout(rollout_id)`` is
-    called (the trainer cancels its engine requests there); the others go on. An ``async`` agent
+    called (the trainer cancels its engine requests there); the others go on. ``describe(rollout_id)``,
+    asked first, names the replies of that rollout still generating (their tokens so far), and its
+    timeout error says so. An ``async`` agent
     is cancelled (``CancelledError`` at its current ``await``) and its thread ends. A sync agent's
     thread cannot be killed: it is left running as a daemon thread (it never keeps the process
     from exiting), a free slot takes its place, and it is counted in :func:`hung_threads`; past
@@ -160,6 +163,11 @@ def run_rollouts(
                     if now - began[i] > timeout:
                         rid = started[i].rollout_id
                         msg = f"TimeoutError: no result within {timeout} s"
+                        if describe is not None and (detail := describe(rid)):
+                            msg += (
+                                f" ({detail}: lower the agent's max_tokens or raise "
+                                "RolloutConfig(timeout=...))"
+                            )
                         store.finish_rollout(rid, status="timeout", error=msg, only_if_running=True)
                         if i in handles:  # what the agent records from now on is dropped
                             handles[i]._give_up()

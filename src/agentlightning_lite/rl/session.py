@@ -174,11 +174,13 @@ class Rollouts:
         samples (``timing/rollouts``, ``timing/samples`` on ``timer``)."""
         timer = timer if timer is not None else Timer()
         version = int(self.engine.version)
+        before = _engine_counters(self.engine)
         with timer.phase("rollouts"):
             results = self.step_results(agent, tasks, step, algorithm)
+        work = _engine_work(before, _engine_counters(self.engine), timer.seconds.get("rollouts", 0.0))
         with timer.phase("samples"):
             samples, stats = self.samples(results, algorithm.min_reward)
-        return RolloutBatch(results, samples, stats, version)
+        return RolloutBatch(results, samples, {**stats, **work}, version)
 
     def step_results(
         self, agent: Callable[..., Any], tasks: Sequence[tuple[int, Any]], step: int, algorithm: Algorithm
@@ -201,6 +203,33 @@ class Rollouts:
         specs = [RolloutSpec(task, "val", {"step": step, "task_index": i}) for i, task in enumerate(dataset)]
         with self.serving():
             return self.run(agent, specs, desc="evaluating")
+
+
+#: the engine counters (``Engine.stats``) a step reports as ``perf/<name>``: what generation computed
+ENGINE_WORK = ("prefill_tokens", "decode_tokens", "prefix_cache_hits", "prefill_tokens_saved")
+
+
+def _engine_counters(engine: Any) -> dict[str, float]:
+    """The engine's work counters now (empty for engines that keep none)."""
+    try:
+        stats = engine.stats
+    except AttributeError:
+        return {}
+    return {k: float(stats[k]) for k in ENGINE_WORK if isinstance(stats, dict) and k in stats}
+
+
+def _engine_work(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """What the engine computed between two readings, as ``perf/...`` metrics, and the tokens it
+    generated per second of the rollouts.
+
+    >>> was = {"prefill_tokens": 10.0, "decode_tokens": 5.0}
+    >>> _engine_work(was, {"prefill_tokens": 110.0, "decode_tokens": 45.0}, 2.0)
+    {'perf/prefill_tokens': 100.0, 'perf/decode_tokens': 40.0, 'perf/decode_tokens_per_s': 20.0}
+    """
+    out = {f"perf/{k}": after[k] - before.get(k, 0.0) for k in after if k in before}
+    if seconds > 0 and "perf/decode_tokens" in out:
+        out["perf/decode_tokens_per_s"] = out["perf/decode_tokens"] / seconds
+    return out
 
 
 class _EngineTurns:

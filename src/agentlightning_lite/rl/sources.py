@@ -100,6 +100,7 @@ class InProcessRollouts:
                 timeout=self.config.timeout,
                 on_done=(lambda _r: progress()) if progress is not None else None,
                 on_timeout=server.cancel_rollout,
+                describe=getattr(server, "running_replies", None),
                 cancel=cancelled,
             )
         finally:

@@ -28,6 +28,7 @@ from ..errors import AGLError, UnknownRolloutError
 from ..store.base import Store
 from ..store.memory import MemoryStore
 from .context import ServingContext
+from .engines.batching import describe_running
 from .engines.contract import ServingEngine
 from .errors import APIError, api_error_of, internal_error
 from .llm import LLM
@@ -275,6 +276,19 @@ class PolicyServer(ThreadedUvicorn):
         Returns how many requests were cancelled.
         """
         return sum(1 for f in self.rollouts.cancel(rollout_id) if self.engine.cancel(f))
+
+    def running_replies(self, rollout_id: str) -> str | None:
+        """One line naming ``rollout_id``'s replies the engine is generating now, with their token
+        counts so far and how long they have run (``None``: none, or the engine does not tell).
+
+        >>> server.running_replies(ro.id)  # doctest: +SKIP
+        '1 reply still generating: chatcmpl-3 (rollout ro-7): 412 tokens so far (prompt 120) in 95.2 s'
+        """
+        running = getattr(self.engine, "running", None)
+        if not callable(running):
+            return None
+        mine = [r for r in running() if r.session == rollout_id]
+        return describe_running(mine) if mine else None
 
     # -- app ------------------------------------------------------------------------------
     def _handler(self, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
