@@ -81,13 +81,17 @@ def test_one_grpo_step_on_a_reply_in_the_family_format(family: ModelFamily, tmp_
     turn = itertools.count()
 
     def agent(task: dict, llm: agl.LLM) -> float:
+        # each rollout words its question a little differently: the forced replies are the same tokens, so
+        # two identical sequences with opposite advantages would cancel exactly and nothing would train
+        k = next(turn)
+        question = {**USER, "content": f"{USER['content']} (attempt {k})"}
         r = llm.openai_client(max_retries=0).chat.completions.create(
-            model=llm.model, messages=[USER], tools=TOOLS, max_tokens=len(reply_ids) + 8
+            model=llm.model, messages=[question], tools=TOOLS, max_tokens=len(reply_ids) + 8
         )
         message = r.choices[0].message
         seen.append(message)
         calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
-        return float(calls == [("get_weather", ARGS)]) * (next(turn) % 2)  # a reward spread in the group
+        return float(calls == [("get_weather", ARGS)]) * (k % 2)  # a reward spread in the group
 
     trainer = agl.Trainer(
         engine=engine,
@@ -230,3 +234,37 @@ def test_qwen3_thinking_tool_loop_merges_in_trajectory_mode_when_the_thinking_co
     else:
         assert metrics["trajectory/merged_calls"] == 0.0 and metrics["trajectory/prefix_mismatches"] == 2.0
         assert metrics["trajectory/sequences"] == 4.0
+
+
+@pytest.mark.parametrize("family", TINY, ids=[f.name for f in TINY])
+def test_shared_prefixes_give_the_plain_logprobs_where_they_are_packed(
+    family: ModelFamily, tmp_path: Path
+) -> None:
+    """The packed update (a group's prompt once, under a block mask) gives each packable family's model the
+    logprobs of one sequence per sample; the other architectures are never packed (gpt-oss's sliding
+    windows and attention sinks give other logprobs under the mask; DeepSeek-V3's attention refuses it)."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from agentlightning_lite.rl.batching import PACKABLE_MODEL_TYPES, Sample, collate, forward_logprobs, packs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(family, tmp_path / family.name))
+    packable = family.config not in ("DeepseekV3Config", "GptOssConfig")
+    assert packs(model) == packable and (model.config.model_type in PACKABLE_MODEL_TYPES) == packable
+    if not packable:
+        return
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    samples = []
+    for g in range(2):
+        prompt = [rng.randrange(vocab) for _ in range(24)]
+        samples += [
+            Sample(prompt, [rng.randrange(vocab) for _ in range(3 + k)], None, 0.0, g) for k in range(3)
+        ]
+    plain = collate(samples, 0)
+    packed = collate(samples, 0, share_prefix=True)
+    assert packed.packed is not None and packed.model_tokens < plain.model_tokens
+    a = forward_logprobs(model, plain)[0].detach() * plain.response_mask
+    b = forward_logprobs(model, packed)[0].detach() * plain.response_mask
+    torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)

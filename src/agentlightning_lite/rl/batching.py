@@ -9,6 +9,8 @@ generated tokens in the loss.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -19,7 +21,26 @@ from torch.utils.checkpoint import checkpoint
 
 from .packing import Packed, pack_prefixes
 
-__all__ = ["Sample", "TokenBatch", "collate", "forward_logprobs", "trained"]
+__all__ = ["PACKABLE_MODEL_TYPES", "Sample", "TokenBatch", "collate", "forward_logprobs", "packs", "trained"]
+
+logger = logging.getLogger(__name__)
+
+#: models whose attention refused the packed batch's block mask: they run the plain path from then on
+_UNPACKABLE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+#: the architectures (``config.model_type``) whose attention takes the packed batch's block mask and
+#: gives the plain path's logprobs, checked per family (``tests/rl/test_model_families.py``); others
+#: (gpt-oss's sliding windows and sinks gave other logprobs; DeepSeek-V3's attention refuses the mask)
+#: run one sequence per sample
+PACKABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "glm4_moe"})
+
+
+def packs(model: Any) -> bool:
+    """Whether :func:`forward_logprobs` runs ``model`` on packed shared prefixes (its architecture is in
+    :data:`PACKABLE_MODEL_TYPES` and its attention has not refused the mask)."""
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "model_type", None) in PACKABLE_MODEL_TYPES and model not in _UNPACKABLE
+
 
 #: most bytes of float32 logits that :func:`forward_logprobs` materialises at once (one chunk)
 LOGITS_CHUNK_BYTES = 32 * 2**20
@@ -232,22 +253,33 @@ def forward_logprobs(
     if split is None:
         return _forward_logprobs_full(model, batch, value_head, ctx)
     decoder, head = split
-    packed = batch.packed
+    packed = batch.packed if packs(model) else None
     with ctx:
-        if packed is None:
+        out = None
+        if packed is not None:  # each shared prefix once, under a block mask (see .packing)
+            impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+            dtype = next(decoder.parameters()).dtype
+            try:
+                out = decoder(
+                    input_ids=packed.input_ids,
+                    attention_mask=packed.attention_mask(dtype, impl),
+                    position_ids=packed.position_ids,
+                    use_cache=False,
+                )
+            except RuntimeError as exc:  # an attention that takes no custom 4D mask: the plain path
+                _UNPACKABLE.add(model)
+                logger.warning(
+                    "%s does not run shared prefixes under a block mask (%s): this model's updates run one "
+                    "sequence per sample (UpdateConfig(share_prefix=False) says so up front)",
+                    type(model).__name__,
+                    str(exc).splitlines()[0][:200],
+                )
+                packed = None
+        if out is None:
             out = decoder(
                 input_ids=batch.input_ids,
                 attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids,
-                use_cache=False,
-            )
-        else:  # each shared prefix once, under a block mask (see .packing)
-            impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-            dtype = next(decoder.parameters()).dtype
-            out = decoder(
-                input_ids=packed.input_ids,
-                attention_mask=packed.attention_mask(dtype, impl),
-                position_ids=packed.position_ids,
                 use_cache=False,
             )
     if packed is None:

@@ -211,11 +211,8 @@ ENGINE_WORK = ("prefill_tokens", "decode_tokens", "prefix_cache_hits", "prefill_
 
 def _engine_counters(engine: Any) -> dict[str, float]:
     """The engine's work counters now (empty for engines that keep none)."""
-    try:
-        stats = engine.stats
-    except AttributeError:
-        return {}
-    return {k: float(stats[k]) for k in ENGINE_WORK if isinstance(stats, dict) and k in stats}
+    stats = engine.stats
+    return {k: float(stats[k]) for k in ENGINE_WORK if k in stats}
 
 
 def _engine_work(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:

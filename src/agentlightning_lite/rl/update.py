@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .batching import Sample, TokenBatch, collate, forward_logprobs, micro_batches
+from .batching import Sample, TokenBatch, collate, forward_logprobs, micro_batches, packs
 from .correction import correction_weights, mismatch_metrics
 from .distributed import partition_by_tokens
 from .flops import update_flops
@@ -358,8 +358,9 @@ def optimise(
 ) -> dict[str, float]:
     """Update ``model`` (its active adapter) on ``samples``, whose advantages are already set; returns
     the update's metrics (``train/loss``, ``train/grad_norm``, ``train/logprob_mismatch_mean``...)."""
-    chunks = micro_batches(samples, algo.micro_batch_size, algo.micro_batch_tokens, cfg.share_prefix)
-    batches = [collate(c, cfg.pad_id, cfg.share_prefix).to(cfg.device) for c in chunks]
+    share = cfg.share_prefix and packs(model)
+    chunks = micro_batches(samples, algo.micro_batch_size, algo.micro_batch_tokens, share)
+    batches = [collate(c, cfg.pad_id, share).to(cfg.device) for c in chunks]
     skip = on_policy(algo, _groups(chunks, algo), cfg)
     reference = _reference(model, chunks, batches, algo, value_head, cfg, from_gradient_pass=skip)
     with cfg.timer.phase("advantages"):  # GRPO: each call's; PPO: GAE on the old values

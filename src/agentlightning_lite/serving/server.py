@@ -284,10 +284,7 @@ class PolicyServer(ThreadedUvicorn):
         >>> server.running_replies(ro.id)  # doctest: +SKIP
         '1 reply still generating: chatcmpl-3 (rollout ro-7): 412 tokens so far (prompt 120) in 95.2 s'
         """
-        running = getattr(self.engine, "running", None)
-        if not callable(running):
-            return None
-        mine = [r for r in running() if r.session == rollout_id]
+        mine = [r for r in self.engine.running() if r.session == rollout_id]
         return describe_running(mine) if mine else None
 
     # -- app ------------------------------------------------------------------------------

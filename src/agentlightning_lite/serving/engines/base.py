@@ -14,13 +14,13 @@ import concurrent.futures
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..chat_format import chat_template_text, render_chat
 from ..structured import ResponseFormat, ResponseFormatError
 from .pausing import Pausable
 
-__all__ = ["Engine", "GenRequest", "GenResult"]
+__all__ = ["Engine", "GenRequest", "GenResult", "RunningRequest", "describe_running"]
 
 
 @dataclass
@@ -105,6 +105,43 @@ class GenResult:
     def num_tokens(self) -> int:
         """How many tokens were generated."""
         return len(self.token_ids)
+
+
+class RunningRequest(NamedTuple):
+    """A request generating now (see :meth:`BatchingEngine.running`): its ``request_id`` and
+    ``session`` (the rollout, for requests of the PolicyServer), ``prompt_tokens``, the ``tokens``
+    generated so far (0 where the engine does not report progress), ``seconds`` since it started
+    generating and the ``adapter`` serving it."""
+
+    request_id: str
+    session: str | None
+    prompt_tokens: int
+    tokens: int
+    seconds: float
+    adapter: str | None
+
+
+def describe_running(running: Sequence[RunningRequest], limit: int = 5) -> str:
+    """One line naming the replies still generating (the longest running first, at most ``limit``): what
+    an error about requests that timed out can add.
+
+    >>> describe_running([RunningRequest("chatcmpl-1", "ro-7", 120, 412, 95.25, None)])
+    '1 reply still generating: chatcmpl-1 (rollout ro-7): 412 tokens so far (prompt 120) in 95.2 s'
+    >>> describe_running([])
+    'no reply is generating'
+    """
+    if not running:
+        return "no reply is generating"
+    items = sorted(running, key=lambda r: -r.seconds)
+    parts = []
+    for r in items[:limit]:
+        who = r.request_id or "a request"
+        if r.session:
+            who += f" (rollout {r.session})"
+        parts.append(f"{who}: {r.tokens} tokens so far (prompt {r.prompt_tokens}) in {r.seconds:.1f} s")
+    more = f", and {len(items) - limit} more" if len(items) > limit else ""
+    noun = "reply" if len(items) == 1 else "replies"
+    return f"{len(items)} {noun} still generating: " + "; ".join(parts) + more
 
 
 class Engine(Pausable, abc.ABC):
@@ -319,6 +356,11 @@ class Engine(Pausable, abc.ABC):
         with self._stats_lock:
             self._stats["batch_sizes"][requests] += 1
             self._stats["busy_s"] += busy
+
+    def running(self) -> list[RunningRequest]:
+        """The requests generating now, the longest running first (``[]`` for engines that do not
+        track them; :class:`~.batching.BatchingEngine` does)."""
+        return []
 
     @property
     def stats(self) -> dict[str, Any]:

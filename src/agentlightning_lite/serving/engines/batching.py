@@ -10,9 +10,9 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-from .base import Engine, GenRequest, GenResult
+from .base import Engine, GenRequest, GenResult, RunningRequest, describe_running
 
 __all__ = ["BatchingEngine", "RunningRequest", "describe_running"]
 
@@ -20,43 +20,6 @@ _STOP = object()
 
 #: a request taken from the queue and the future its caller holds
 Item = tuple[GenRequest, "concurrent.futures.Future[GenResult]"]
-
-
-class RunningRequest(NamedTuple):
-    """A request generating now (see :meth:`BatchingEngine.running`): its ``request_id`` and
-    ``session`` (the rollout, for requests of the PolicyServer), ``prompt_tokens``, the ``tokens``
-    generated so far (0 where the engine does not report progress), ``seconds`` since it started
-    generating and the ``adapter`` serving it."""
-
-    request_id: str
-    session: str | None
-    prompt_tokens: int
-    tokens: int
-    seconds: float
-    adapter: str | None
-
-
-def describe_running(running: Sequence[RunningRequest], limit: int = 5) -> str:
-    """One line naming the replies still generating (the longest running first, at most ``limit``): what
-    an error about requests that timed out can add.
-
-    >>> describe_running([RunningRequest("chatcmpl-1", "ro-7", 120, 412, 95.25, None)])
-    '1 reply still generating: chatcmpl-1 (rollout ro-7): 412 tokens so far (prompt 120) in 95.2 s'
-    >>> describe_running([])
-    'no reply is generating'
-    """
-    if not running:
-        return "no reply is generating"
-    items = sorted(running, key=lambda r: -r.seconds)
-    parts = []
-    for r in items[:limit]:
-        who = r.request_id or "a request"
-        if r.session:
-            who += f" (rollout {r.session})"
-        parts.append(f"{who}: {r.tokens} tokens so far (prompt {r.prompt_tokens}) in {r.seconds:.1f} s")
-    more = f", and {len(items) - limit} more" if len(items) > limit else ""
-    noun = "reply" if len(items) == 1 else "replies"
-    return f"{len(items)} {noun} still generating: " + "; ".join(parts) + more
 
 
 class BatchingEngine(Engine):

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, Union, runtime_checkable
 
 from ..structured import ResponseFormat
-from .base import GenRequest, GenResult
+from .base import GenRequest, GenResult, RunningRequest
 
 __all__ = [
     "AdapterRemovingEngine",
@@ -109,6 +109,16 @@ class ServingEngine(Protocol):
     def adapter_for(self, agent: str | None) -> str | None: ...
 
     def close(self) -> None: ...
+
+    def running(self) -> list[RunningRequest]:
+        """The requests generating now (what a timed-out rollout's error names)."""
+        ...
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Work counters (``requests``, ``generated_tokens``; the HF engine also ``prefill_tokens``,
+        ``decode_tokens``, ``prefix_cache_hits``...)."""
+        ...
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ from .hf_adapters import HFAdapters
 from .hf_decode import DecodeCounters, RowBatch, decode_batch
 from .hf_kvcache import PrefixCache
 from .hf_sampling import LogprobsMode
+from .hf_scheduler import ContinuousBatching
 
 __all__ = ["HFEngine"]
 
@@ -34,7 +35,7 @@ _WORK = {
 }
 
 
-class HFEngine(HFAdapters, BatchingEngine):
+class HFEngine(ContinuousBatching, HFAdapters, BatchingEngine):
     """Serve a transformers causal LM: ``HFEngine("smollm2-135m")``, any Hugging Face id or local path.
 
     Args:
@@ -279,9 +280,13 @@ class HFEngine(HFAdapters, BatchingEngine):
         return super().submit(request)
 
     def _serve(self, batch: list[Item]) -> None:
-        from .hf_scheduler import serve_continuously
-
-        serve_continuously(self, batch)
+        if (
+            type(self)._decode is not HFEngine._decode
+            or type(self)._generate_batch is not HFEngine._generate_batch
+        ):
+            super()._serve(batch)  # a subclass that decodes its own way: whole batches, as before
+            return
+        self._serve_continuously(batch)
 
     def _row_batch(
         self, adapter: str | None, prefixes: PrefixCache | None, counters: DecodeCounters
