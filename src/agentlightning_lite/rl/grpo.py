@@ -9,7 +9,7 @@ samples of the same task (the group of ``group_size`` rollouts of one task, all 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -58,8 +58,16 @@ class GRPO(PolicyGradient):
             over rollouts: every rollout weighs the same, whatever its number of calls or tokens.
         max_response_tokens: the constant of ``seq-mean-token-sum-norm``.
         eps: added to the std before dividing.
-        scale_rewards: divide by the group's std (``True``, GRPO) or only subtract its mean
-            (``False``, Dr.GRPO, Liu et al. 2025: the std division biases toward easy/hard tasks).
+        scale_rewards: divide by the group's std (``True`` or ``"group"``, GRPO), by the std of the
+            whole batch's rewards (``"batch"``), or only subtract the group's mean (``False`` or
+            ``"none"``, Dr.GRPO, Liu et al. 2025: the std division biases toward easy/hard tasks);
+            TRL's ``GRPOConfig(scale_rewards=...)`` values.
+        zero_spread: what a group whose rewards are all equal trains as. Its advantages are all 0,
+            so it carries no signal: ``"drop"`` (default) leaves its calls out of the update (no
+            compute; under ``token-mean`` their tokens no longer dilute the others'), ``"keep"``
+            trains them with advantage 0 (TRL's behaviour). Counted as ``grpo/zero_std_groups``
+            and ``samples/zero_spread_dropped``. With ``kl_coef > 0`` they are kept (the KL term
+            still pulls on them).
 
     The knobs shared with :class:`~.ppo.PPO` live in :class:`~.policy_gradient.PolicyGradient`
     and are validated there, once.
@@ -69,10 +77,21 @@ class GRPO(PolicyGradient):
     'token-mean'
     """
 
-    scale_rewards: bool = True
+    scale_rewards: bool | Literal["group", "batch", "none"] = True
+    zero_spread: Literal["drop", "keep"] = "drop"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.scale_rewards not in (True, False, "group", "batch", "none"):
+            raise ValueError(
+                f"GRPO: scale_rewards must be True, False, 'group', 'batch' or 'none', got {self.scale_rewards!r}"
+            )
+        if self.zero_spread not in ("drop", "keep"):
+            raise ValueError(f"GRPO: zero_spread must be 'drop' or 'keep', got {self.zero_spread!r}")
 
     def advantages(self, samples: list[Sample]) -> dict[str, float]:
-        """Group-relative advantages of the calls (:func:`group_advantages`), set on each sample."""
+        """Group-relative advantages of the calls (:func:`group_advantages`), set on each sample;
+        the calls of zero-spread groups are left out of the loss under ``zero_spread="drop"``."""
         adv, gstats = group_advantages(
             [s.reward for s in samples], [s.group for s in samples], scale=self.scale_rewards, eps=self.eps
         )
@@ -81,6 +100,17 @@ class GRPO(PolicyGradient):
         stats = {f"grpo/{k}": v for k, v in gstats.items()}
         if all(a == 0.0 for a in adv):
             stats["train/skipped_update"] = 1.0  # every group had zero spread: no gradient
+        elif self.zero_spread == "drop" and self.kl_coef == 0:
+            spread: dict[object, bool] = {}
+            for s, a in zip(samples, adv, strict=True):
+                spread[s.group] = spread.get(s.group, False) or a != 0.0
+            dropped = 0
+            for s in samples:
+                if not spread[s.group] and not s.meta.get("masked"):
+                    s.meta["masked"] = True  # in no loss: see PolicyGradient.update's trained()
+                    s.meta["zero_spread"] = True
+                    dropped += 1
+            stats["samples/zero_spread_dropped"] = float(dropped)
         return stats
 
 
