@@ -165,20 +165,7 @@ def reply_stats(store: Any, mode: str = "val") -> dict[str, Any]:
     >>> reply_stats(agl.MemoryStore())
     {'replies': 0, 'mean_tokens': 0.0, 'cut': 0, 'example': None}
     """
-    lengths, cut, example = [], 0, None
-    for ro in store.rollouts(mode=mode):
-        for span in store.spans(ro.rollout_id):
-            if span.kind != "llm":
-                continue
-            lengths.append(len(span.response_token_ids or []))
-            reason = span.attributes.get("engine_finish_reason") or span.attributes.get("finish_reason")
-            cut += reason == "length"
-            if example is None:
-                out = span.output
-                example = out.get("content") if isinstance(out, dict) else out
-                example = example if isinstance(example, str) else json.dumps(out)[:600]
-    mean = statistics.fmean(lengths) if lengths else 0.0
-    return {"replies": len(lengths), "mean_tokens": round(mean, 1), "cut": cut, "example": example}
+    return _replies_of(store, list(store.rollouts(mode=mode)))
 
 
 def per_task(store: Any, mode: str = "val") -> dict[str, float | None]:
@@ -284,9 +271,10 @@ def write_base_rates(folder: Path, out: Path) -> None:
 def _algorithm(config: str, args: argparse.Namespace) -> Any:
     import agentlightning_lite as agl
 
+    lr = {} if args.lr is None else {"lr": args.lr}  # None: the library's default
     if config.startswith("ppo"):
-        return agl.PPO(group_size=args.group_size, lr=args.lr, epochs=1, micro_batch_size=16)
-    return agl.GRPO(group_size=args.group_size, lr=args.lr, micro_batch_size=16)
+        return agl.PPO(group_size=args.group_size, epochs=1, micro_batch_size=16, **lr)
+    return agl.GRPO(group_size=args.group_size, micro_batch_size=16, **lr)
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
@@ -378,22 +366,45 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         args.task, args.steps * args.batch_size, 1000 + seed, args.max_tokens, args.prompt, args.shots
     )
     held_out = make_env(args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt, args.shots)
-    t0 = time.time()
     trainer = _quiet_trainer(
         out_dir,
         seed=seed,
-        algorithm=_algorithm(config, args),
+        algorithm=(algorithm := _algorithm(config, args)),
         lora=agl.LoRA(r=16, alpha=32),
         batch_size=args.batch_size,
         rollout_config=RolloutConfig(timeout=3600, async_rollouts=asynchronous),
         sample_config=SampleConfig(max_staleness=args.max_staleness if asynchronous else None),
         update_config=UpdateConfig(correction=agl.TIS(cap=2.0) if config.endswith("-tis") else None),
     )
-    trainer.fit(train.agent, train.tasks, steps=args.steps)
-    t_train = time.time() - t0
-    after = trainer.evaluate(held_out.agent, held_out.tasks)
-    after_tasks, after_replies = per_task(trainer.store), reply_stats(trainer.store)
+    t0, train_s, seen = time.time(), 0.0, set()
+    curve = []
+    every = args.eval_every or args.steps
+    if args.eval_every:  # the untrained point: the model before any update (same for every seed)
+        b = before_score(args)
+        seen = {ro.rollout_id for ro in trainer.store.rollouts(mode="val")}
+        curve.append(_point(0, 0, 0.0, b["before"], {"cut": None}, None))
+    while trainer.step < args.steps:
+        t1 = time.time()
+        trainer.fit(train.agent, train.tasks, steps=min(trainer.step + every, args.steps))
+        train_s += time.time() - t1
+        if trainer.step < args.steps or args.eval_every:
+            res = trainer.evaluate(held_out.agent, held_out.tasks)
+            new = [ro for ro in trainer.store.rollouts(mode="val") if ro.rollout_id not in seen]
+            seen |= {ro.rollout_id for ro in new}
+            rollouts = trainer.step * args.batch_size * args.group_size
+            curve.append(_point(trainer.step, rollouts, train_s, res, _replies_of(trainer.store, new), None))
+            print(
+                f"  {config} seed {seed} step {trainer.step}: held-out {res['success_rate']:.1%}", flush=True
+            )
+    t_train = train_s
+    after = trainer.evaluate(held_out.agent, held_out.tasks) if not curve else res
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    rewards = [m.get("train/reward_mean") for m in metrics if "train/reward_mean" in m]
+    for point in curve[1:]:  # the mean training reward of the steps up to each point
+        point["train_reward"] = rewards[point["step"] - 1] if point["step"] <= len(rewards) else None
+    latest = [ro for ro in trainer.store.rollouts(mode="val")][-args.eval_size :]
+    after_tasks = {str(ro.task["index"]): ro.reward for ro in latest}
+    after_replies = _replies_of(trainer.store, latest)
     trainer.close()
     keys = (
         "train/reward_mean",
@@ -414,7 +425,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         "steps": args.steps,
         "batch_size": args.batch_size,
         "group_size": args.group_size,
-        "lr": args.lr,
+        "lr": algorithm.lr,
         "max_tokens": args.max_tokens,
         "prompt": args.prompt,
         "shots": args.shots,
@@ -426,10 +437,45 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         "after_replies": after_replies,
         "curves": {k: [m.get(k) for m in metrics if "train/reward_mean" in m] for k in keys},
         "train_wall_s": round(t_train, 1),
+        "eval_every": args.eval_every,
+        "heldout_curve": curve,
         "wall_s": round(time.time() - t0, 1),
         "load_avg": os.getloadavg(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _point(
+    step: int, rollouts: int, train_s: float, res: dict[str, Any], cut: dict[str, Any], reward: float | None
+) -> dict[str, Any]:
+    """One point of a run's held-out curve."""
+    return {
+        "step": step,
+        "rollouts": rollouts,
+        "train_wall_s": round(train_s, 1),
+        "heldout_success": res["success_rate"],
+        "heldout_reward": res["mean_reward"],
+        "heldout_cut": cut["cut"],
+        "train_reward": reward,
+    }
+
+
+def _replies_of(store: Any, rollouts: list[Any]) -> dict[str, Any]:
+    """:func:`reply_stats` of the given rollouts only (one evaluation among several in a store)."""
+    lengths, cut, example = [], 0, None
+    for ro in rollouts:
+        for span in store.spans(ro.rollout_id):
+            if span.kind != "llm":
+                continue
+            lengths.append(len(span.response_token_ids or []))
+            reason = span.attributes.get("engine_finish_reason") or span.attributes.get("finish_reason")
+            cut += reason == "length"
+            if example is None:
+                out = span.output
+                example = out.get("content") if isinstance(out, dict) else out
+                example = example if isinstance(example, str) else json.dumps(out)[:600]
+    mean = statistics.fmean(lengths) if lengths else 0.0
+    return {"replies": len(lengths), "mean_tokens": round(mean, 1), "cut": cut, "example": example}
 
 
 def grid(args: argparse.Namespace) -> None:
@@ -462,8 +508,10 @@ def _grid_command(args: argparse.Namespace) -> str:
     return (
         f"nice -n 15 python -m benchmarks.learning_rg grid --task {args.task} "
         f"--configs {' '.join(args.configs)} --seeds {' '.join(map(str, args.seeds))} --steps {args.steps} "
-        f"--batch-size {args.batch_size} --group-size {args.group_size} --lr {args.lr} "
-        f"--max-tokens {args.max_tokens} --eval-size {args.eval_size} --eval-seed {args.eval_seed} "
+        f"--batch-size {args.batch_size} --group-size {args.group_size} "
+        + (f"--lr {args.lr} " if args.lr is not None else "")
+        + (f"--eval-every {args.eval_every} " if getattr(args, "eval_every", 0) else "")
+        + f"--max-tokens {args.max_tokens} --eval-size {args.eval_size} --eval-seed {args.eval_seed} "
         f"--max-staleness {args.max_staleness} --prompt {args.prompt} --shots {args.shots}"
         + (f" --threads {args.threads}" if args.threads else "")
         + " --resume"
@@ -762,9 +810,15 @@ def main(argv: list[str] | None = None) -> None:
         g.add_argument("--steps", type=int, default=3)
         g.add_argument("--batch-size", type=int, default=2, help="tasks per step")
         g.add_argument("--group-size", type=int, default=8, help="rollouts per task")
-        g.add_argument("--lr", type=float, default=2e-4)
+        g.add_argument("--lr", type=float, default=None, help="default: agl.GRPO's / agl.PPO's")
         g.add_argument("--eval-size", type=int, default=48)
         g.add_argument("--max-staleness", type=int, default=1)
+        g.add_argument(
+            "--eval-every",
+            type=int,
+            default=0,
+            help="held-out evaluation every N updates (0: only after the last); curves in the run files",
+        )
         g.add_argument("--resume", action="store_true", help="skip the runs whose JSON file exists")
         g.add_argument(
             "--results-dir", default=None, help="where run JSON files go (default: beside this file)"

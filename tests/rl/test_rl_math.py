@@ -320,3 +320,77 @@ def test_trainer_update_weighs_rollouts_equally(tiny_llama: Any, tmp_path: Any, 
     # under token-mean the short rollout's share is its token count's: far from a half
     n = next(iter(both))
     assert not torch.allclose(by_tokens[n], both[n], rtol=1e-2, atol=0)
+
+
+def test_scale_rewards_takes_trls_names() -> None:
+    rewards, groups = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b", "b", "b"]
+    group, _ = group_advantages(rewards, groups, scale="group")
+    assert group == group_advantages(rewards, groups, scale=True)[0]
+    none, _ = group_advantages(rewards, groups, scale="none")
+    assert none == pytest.approx([0.5, -0.5, 0.75, -0.25, -0.25, -0.25])
+    batch, _ = group_advantages(rewards, groups, scale="batch", eps=0.0)
+    sd = float(torch.tensor(rewards).std())  # the std of the whole batch's rewards
+    assert batch == pytest.approx([x / sd for x in none])
+    with pytest.raises(ValueError, match="scale_rewards"):
+        agl.GRPO(scale_rewards="std")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="zero_spread"):
+        agl.GRPO(zero_spread="skip")  # type: ignore[arg-type]
+
+
+def _group_samples() -> list[Sample]:
+    """Task "a" with reward spread, task "b" where every rollout scored 1 (no signal)."""
+    meta = {"policy": "default"}
+    out = [Sample([1, 2, 3], [4 + i, 5, 6], None, float(i % 2), "a", meta=dict(meta)) for i in range(4)]
+    out += [Sample([1, 2, 9], [7, 8 + i, 9, 10, 11], None, 1.0, "b", meta=dict(meta)) for i in range(4)]
+    return out
+
+
+def test_zero_spread_groups_are_dropped_and_counted() -> None:
+    samples = _group_samples()
+    stats = agl.GRPO(group_size=4).advantages(samples)
+    assert stats["samples/zero_spread_dropped"] == 4.0 and stats["grpo/zero_std_groups"] == 1.0
+    assert [bool(s.meta.get("masked")) for s in samples] == [False] * 4 + [True] * 4
+    kept = _group_samples()
+    assert "samples/zero_spread_dropped" not in agl.GRPO(group_size=4, zero_spread="keep").advantages(kept)
+    assert not any(s.meta.get("masked") for s in kept)
+    with_kl = _group_samples()  # the KL term still pulls on zero-advantage calls: they stay
+    agl.GRPO(group_size=4, kl_coef=0.1).advantages(with_kl)
+    assert not any(s.meta.get("masked") for s in with_kl)
+
+
+def test_dropping_zero_spread_groups_trains_on_the_spread_groups_alone(
+    tiny_llama: Any, tmp_path: Any
+) -> None:
+    """Through the trainer's update, ``zero_spread="drop"`` moves the adapter exactly as training on
+    the groups with reward spread alone does; ``"keep"`` also runs the zero-spread calls (advantage 0)."""
+    from agentlightning_lite.serving.engines import HFEngine
+    from agentlightning_lite.serving.tokenizer import ByteTokenizer
+
+    def weights_after(
+        samples: list[Sample], zero_spread: str
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        engine = HFEngine(
+            tiny_llama(),
+            tokenizer=ByteTokenizer(),
+            lora=agl.LoRA(r=4, alpha=8, target_modules=["q_proj"]),
+            seed=0,
+        )
+        with torch.no_grad():
+            for n, p in engine.model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.02)
+        algo = agl.GRPO(group_size=4, lr=1e-2, zero_spread=zero_spread)  # type: ignore[arg-type]
+        trainer = agl.Trainer(engine=engine, algorithm=algo, store=agl.MemoryStore(), output_dir=tmp_path,
+                              logging_config=LoggingConfig(loggers=[]))  # fmt: skip
+        stats = trainer.learner.learn(samples)
+        out = {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if "lora" in n}
+        trainer.close()
+        return out, stats
+
+    dropped, stats = weights_after(_group_samples(), "drop")
+    alone, _ = weights_after(_group_samples()[:4], "keep")
+    _, kept_stats = weights_after(_group_samples(), "keep")
+    assert stats["samples/zero_spread_dropped"] == 4.0 and "samples/zero_spread_dropped" not in kept_stats
+    assert stats["perf/update_tokens"] < kept_stats["perf/update_tokens"]  # the dropped calls cost nothing
+    for n, w in dropped.items():
+        torch.testing.assert_close(w, alone[n], rtol=0, atol=0, msg=n)
