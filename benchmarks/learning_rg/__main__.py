@@ -100,6 +100,10 @@ CONFIGS = ("grpo-sync", "ppo-sync", "grpo-async", "grpo-async-tis", "ppo-async")
 # outlasts the OpenAI client's default 600 s, and the rollout would fail instead of being measured
 CLIENT_TIMEOUT_S = 7200.0
 
+# requests decoded together and rollouts run at once: a held-out set is evaluated 64 at a time (a step's
+# 16 training rollouts all run together either way; greedy and seeded replies do not depend on the batch)
+EVAL_BATCH = 64
+
 
 def make_env(
     preset: str, size: int, seed: int, max_tokens: int, prompt: str = "default", shots: int = 0
@@ -144,9 +148,10 @@ def _quiet_trainer(output_dir: Path, seed: int = 0, **kwargs: Any) -> Any:
     import agentlightning_lite as agl
     from agentlightning_lite.rl.config import LoggingConfig, RolloutConfig
 
-    kwargs.setdefault("rollout_config", RolloutConfig(timeout=3600))
+    kwargs.setdefault("rollout_config", RolloutConfig(timeout=3600, concurrency=EVAL_BATCH))
     return agl.Trainer(
         model="smollm2-135m",
+        engine_options={"max_batch_size": EVAL_BATCH},
         output_dir=str(output_dir),
         seed=seed,
         logging_config=LoggingConfig(loggers=[]),
@@ -372,7 +377,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         algorithm=(algorithm := _algorithm(config, args)),
         lora=agl.LoRA(r=16, alpha=32),
         batch_size=args.batch_size,
-        rollout_config=RolloutConfig(timeout=3600, async_rollouts=asynchronous),
+        rollout_config=RolloutConfig(timeout=3600, async_rollouts=asynchronous, concurrency=EVAL_BATCH),
         sample_config=SampleConfig(max_staleness=args.max_staleness if asynchronous else None),
         update_config=UpdateConfig(correction=agl.TIS(cap=2.0) if config.endswith("-tis") else None),
     )
@@ -566,6 +571,7 @@ def report(args: argparse.Namespace) -> Path:
         runs[r["config"], r["seed"]] = r
     seeds = sorted({s for _, s in runs} | set(args.seeds))
     configs = [c for c in CONFIGS if c in args.configs or any(k[0] == c for k in runs)]
+    configs += sorted({c for c, _ in runs} - set(configs))  # e.g. "trl-grpo" (trl_side.py)
     cmd_path = run_dir / "command.txt"
     cmd = cmd_path.read_text().strip() if cmd_path.exists() else _grid_command(args)
     name, config = PRESETS[args.task]
@@ -645,7 +651,11 @@ def report(args: argparse.Namespace) -> Path:
             if r is None:
                 lines.append(f"| `{c}` | {s} | not measured |" + " |" * 7)
                 continue
-            cv = r["curves"]
+            cv = r.get("curves") or {
+                "train/reward_mean": [
+                    p["train_reward"] for p in _curve(r)[1:] if p["train_reward"] is not None
+                ]
+            }
             stale = [x for x in cv.get("async/staleness_mean", []) if x is not None]
             dropped = [x for x in cv.get("async/dropped_stale", []) if x is not None]
             trunc = cv.get("samples/truncated", [])
@@ -663,15 +673,88 @@ def report(args: argparse.Namespace) -> Path:
             ]
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "![training reward per step](" + f"curves_{_grid_name(args)}.png)", ""]
+    lines += [x.replace("PLACEHOLDER", _grid_name(args)) for x in _curve_table(runs, configs, seeds)]
     lines += _noise_note(runs, configs, seeds, n)
     out_dir = Path(args.out_dir or HERE)
+    out_dir.mkdir(parents=True, exist_ok=True)
     notes = out_dir / f"notes_{_grid_name(args)}.md"
     if notes.exists():
         lines += ["", notes.read_text().strip(), ""]
     out = out_dir / f"results_{_grid_name(args)}.md"
     out.write_text("\n".join(lines) + "\n")
     _plot(runs, configs, seeds, out_dir / f"curves_{_grid_name(args)}.png", b)
+    _plot_heldout(runs, configs, seeds, out_dir / f"heldout_{_grid_name(args)}.png", b)
     return out
+
+
+def _curve(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's held-out curve: ours (``heldout_curve``) or trl_side.py's (``curve``); [] if none."""
+    return list(run.get("heldout_curve") or run.get("curve") or [])
+
+
+def _curve_table(
+    runs: dict[tuple[str, int], dict[str, Any]], configs: list[str], seeds: list[int]
+) -> list[str]:
+    """Held-out success at each evaluated update, with the training wall time spent to reach it."""
+    rows = [(c, s) for c in configs for s in seeds if len(_curve(runs.get((c, s), {}))) > 1]
+    if not rows:
+        return []
+    out = [
+        "## Held-out success along training",
+        "",
+        "Each cell: held-out success after that many rollouts, and the training wall time (rollouts and "
+        "updates; the evaluations excluded) spent to reach it.",
+        "",
+    ]
+    points = sorted({p["rollouts"] for c, s in rows for p in _curve(runs[c, s])})
+    out += ["| config | seed | " + " | ".join(f"{x} rollouts" for x in points) + " |"]
+    out += ["|---|---:|" + "---:|" * len(points)]
+    for c, s in rows:
+        by = {p["rollouts"]: p for p in _curve(runs[c, s])}
+        cells = [
+            f"{by[x]['heldout_success']:.1%} ({by[x]['train_wall_s'] / 60:.1f} min)" if x in by else "-"
+            for x in points
+        ]
+        out.append(f"| `{c}` | {s} | " + " | ".join(cells) + " |")
+    return [*out, "", "![held-out success against rollouts and wall time](heldout_PLACEHOLDER.png)", ""]
+
+
+def _plot_heldout(
+    runs: dict[tuple[str, int], dict[str, Any]],
+    configs: list[str],
+    seeds: list[int],
+    path: Path,
+    before: float,
+) -> None:
+    """Held-out success against rollouts (left) and training wall time (right), one line per run."""
+    rows = [(c, s) for c in configs for s in seeds if len(_curve(runs.get((c, s), {}))) > 1]
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    colors: dict[str, Any] = {}
+    for c, s in rows:
+        pts = _curve(runs[c, s])
+        for ax, key, scale in ((axes[0], "rollouts", 1.0), (axes[1], "train_wall_s", 60.0)):
+            (line,) = ax.plot(
+                [p[key] / scale for p in pts], [p["heldout_success"] for p in pts], "o-", alpha=0.75,
+                color=colors.get(c), label=f"{c}" if c not in colors else None,
+            )  # fmt: skip
+        colors.setdefault(c, line.get_color())
+    for ax, label in ((axes[0], "rollouts"), (axes[1], "training wall time (min)")):
+        if not math.isnan(before):
+            ax.axhline(before, color="grey", ls="--", lw=1)
+        ax.set_xlabel(label)
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].set_ylabel("held-out success (greedy)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _replies(stats: dict[str, Any] | None) -> str:
@@ -731,7 +814,7 @@ def _plot(
         print("matplotlib missing: no plot")
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    styles = dict(zip(CONFIGS, ("o-", "s-", "^--", "v--", "d:"), strict=True))
+    styles = dict(zip(CONFIGS, ("o-", "s-", "^--", "v--", "d:"), strict=True)) | {"trl-grpo": "x-."}
     for c in configs:
         color = None
         for s in seeds:

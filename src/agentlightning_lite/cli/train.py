@@ -78,7 +78,9 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--steps", type=int, default=None, help="training steps (default: one epoch)")
     train.add_argument("--batch-size", type=int, default=8, help="tasks per step (default 8)")
     train.add_argument("--group-size", type=int, default=4, help="rollouts per task (default 4)")
-    train.add_argument("--lr", type=float, default=1e-5, help="learning rate of the adapter (default 1e-5)")
+    train.add_argument(
+        "--lr", type=float, default=None, help="learning rate of the adapter (default: agl.GRPO's / agl.PPO's)"
+    )
     train.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
     train.add_argument("--qlora", action="store_true", help="4-bit base weights (QLoRA; CUDA GPU only)")
     train.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto", help="default: auto")
@@ -307,6 +309,8 @@ def train(args: argparse.Namespace) -> int:
     from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig
 
     algo_cls = agl.GRPO if args.algorithm == "grpo" else agl.PPO
+    algorithm = algo_cls(group_size=args.group_size, **({} if args.lr is None else {"lr": args.lr}))
+    args.lr = algorithm.lr
     print_error(
         f"training {args.agent} on {len(tasks)} tasks: {args.model}, {args.algorithm.upper()}, "
         f"group {args.group_size}, batch {args.batch_size}, lr {args.lr:g}, output in {args.output_dir}"
@@ -327,7 +331,7 @@ def train(args: argparse.Namespace) -> int:
     trainer = agl.Trainer(
         runners=runners,
         model=args.model,
-        algorithm=algo_cls(group_size=args.group_size, lr=args.lr),
+        algorithm=algorithm,
         lora=agl.LoRA(r=args.lora_r, alpha=2 * args.lora_r, load_in_4bit=args.qlora),
         engine=engine,
         engine_options=engine_options,
