@@ -222,3 +222,38 @@ def test_a_weight_update_waits_for_the_running_rows_and_holds_new_ones(tiny_engi
     assert updated.wait(10)
     assert (r_first.weights_version, r_first.num_tokens) == (0, 60)  # not cut short by the update
     assert r_later.weights_version == 1  # it did not join the rows of the old weights
+
+
+def test_prompts_sharing_a_head_prefill_it_once_and_later_prompts_reuse_it(tiny_engine: Any) -> None:
+    """Few-shot prompts (one long head, different questions) get what they get alone; the head runs once,
+    and a prompt joining the running batch later with the same head prefills only its own tail."""
+    engine = tiny_engine(step_delay_s=0.005, no_eos=True, max_batch_size=8)
+    head = prompt(engine, "Examples: 1 + 1 = <answer>2</answer>; 3 - 1 = <answer>2</answer>. Now: ")
+    assert len(head) >= 40
+    tails = [prompt(engine, q) for q in ("4 + 5 =", "9 - 2 = ?", "7 + 0")]
+    reqs = [GenRequest(head + t, max_tokens=10, temperature=0.0) for t in tails]
+    reqs.append(GenRequest(head + tails[0], max_tokens=10, temperature=1.0, seed=3))  # a duplicate prompt
+    later = [
+        GenRequest(head + prompt(engine, "2 + 2 equals"), max_tokens=10, temperature=0.0),
+        GenRequest(head + prompt(engine, "8 - 8 equals"), max_tokens=10, temperature=1.0, seed=4),
+    ]
+    alone = [engine.generate([r])[0] for r in (*reqs, *later)]
+    engine.reset_stats()
+    engine.expect(len(reqs))
+    together = engine.generate(reqs)
+    for a, b in zip(alone[: len(reqs)], together, strict=True):
+        same(a, b)
+    assert engine.stats["prefill_tokens"] == len(head) + sum(len(t) for t in tails), engine.stats
+    assert engine.stats["prefill_tokens_saved"] == 3 * len(head) + len(reqs[-1].prompt_token_ids)
+
+    first = GenRequest(head + prompt(engine, "keep going"), max_tokens=300, temperature=0.0)
+    busy = engine.submit(first)
+    wait_for(lambda: bool(engine.running()))
+    engine.reset_stats()
+    for a, r in zip(alone[len(reqs) :], later, strict=True):  # each joins the running batch on its own
+        same(a, engine.submit(r).result(60))
+        assert not busy.done()
+    tails_later = sum(len(r.prompt_token_ids) - len(head) for r in later)
+    # the running batch's first prompt was prefilled whole; the later ones reuse its head's KV
+    assert engine.stats["prefill_tokens"] == len(first.prompt_token_ids) + tails_later, engine.stats
+    engine.cancel(busy)

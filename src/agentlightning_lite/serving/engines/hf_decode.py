@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .base import GenRequest, GenResult
 from .hf_kvcache import (
     KV,
+    MIN_SHARED_PREFIX,
     CachedPrompt,
     PrefixCache,
     bare,
@@ -20,6 +21,7 @@ from .hf_kvcache import (
     merge_kv,
     select_kv,
     seq_len,
+    shared_head,
     with_kv,
 )
 from .hf_sampling import allowed_tokens, grammar_matcher, sample_row, sample_rows
@@ -164,11 +166,11 @@ class RowBatch:
                 found[u] = hit
             else:
                 todo.append(key)
-        if todo:
-            for u, entry in zip((order[k] for k in todo), self._run_prompts(todo), strict=True):
-                found[u] = entry
         c.prefix_hits += len(prompts) - len(todo)
         c.prefill_tokens_saved += sum(len(p) for p in prompts) - sum(len(k) for k in todo)
+        if todo:
+            for u, entry in zip((order[k] for k in todo), self._run_shared(todo), strict=True):
+                found[u] = entry
         if self.template is None:
             self.template = found[0].template
         uniques = [found[u] for u in range(len(order))]
@@ -180,6 +182,86 @@ class RowBatch:
             kv = select_kv(kv, idx, seq_len(kv))
             logits = logits.index_select(0, idx)
         return kv, logits
+
+    def _run_shared(self, prompts: Sequence[tuple[int, ...]]) -> list[CachedPrompt]:
+        """Prefill distinct ``prompts``, each shared head (few-shot examples, a system prompt, earlier
+        turns) run once. A prompt whose first :data:`MIN_SHARED_PREFIX` or more tokens a prompt of the
+        prefix cache also starts with reuses that prompt's KV of those tokens (causal attention: they do
+        not depend on what follows); the other prompts' common head, when that long, is prefilled once
+        (and cached). Each prompt then prefills only its own tail."""
+        heads: dict[tuple[int, int], tuple[int, CachedPrompt]] = {}  # (entry id, length) -> the head
+        head_of: list[tuple[int, int] | None] = []
+        for p in prompts:
+            hit = (
+                self.prefix_cache.longest_common(self.version, self.adapter, p) if self.prefix_cache else None
+            )
+            key = None
+            if hit is not None and hit[0] >= MIN_SHARED_PREFIX:
+                key = (id(hit[1]), hit[0])
+                heads[key] = hit
+            head_of.append(key)
+        rest = [p for p, h in zip(prompts, head_of, strict=True) if h is None]
+        common = shared_head(rest)
+        if len(rest) > 1 and len(common) >= MIN_SHARED_PREFIX:
+            entry = self._run_prompts([common])[0]  # kept in the prefix cache for later prompts
+            key = (id(entry), len(common))
+            heads[key] = (len(common), entry)
+            head_of = [key if h is None else h for h in head_of]
+        out: dict[tuple[int, ...], CachedPrompt] = {}
+        plain = [p for p, h in zip(prompts, head_of, strict=True) if h is None]
+        if plain:
+            out.update(zip(plain, self._run_prompts(plain), strict=True))
+        for key, (start, entry) in heads.items():
+            tails = [p for p, h in zip(prompts, head_of, strict=True) if h == key]
+            out.update(zip(tails, self._run_tails(start, entry, tails), strict=True))
+        return [out[p] for p in prompts]
+
+    def _run_tails(
+        self, start: int, entry: CachedPrompt, prompts: Sequence[tuple[int, ...]]
+    ) -> list[CachedPrompt]:
+        """Prefill ``prompts``, whose first ``start`` tokens are ``entry``'s, from ``entry``'s KV of those
+        tokens: the tails left-padded after it in one forward pass; one entry (unpadded: head, tail) each."""
+        torch = self._torch
+        engine, c = self.engine, self.counters
+        n = len(prompts)
+        tails = [p[start:] for p in prompts]
+        width = max(len(t) for t in tails)
+        ids = torch.full((n, width), engine.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, start + width), dtype=torch.long)
+        mask[:, :start] = 1
+        for i, t in enumerate(tails):
+            ids[i, width - len(t) :] = torch.tensor(t, dtype=torch.long)
+            mask[i, start + width - len(t) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = start + (mask[:, start:].cumsum(-1) - 1).clamp(min=0)
+        name = cache_name()
+        past = [
+            (k[:, :, :start].expand(n, -1, -1, -1), v[:, :, :start].expand(n, -1, -1, -1))
+            for k, v in entry.kv
+        ]
+        past = [(k.contiguous(), v.contiguous()) for k, v in past]
+        out = engine.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{name: with_kv(entry.template, past)},
+        )  # fmt: skip
+        c.prefill_passes += 1
+        c.prefill_tokens += sum(len(t) for t in tails)
+        c.prefill_tokens_saved += start * n
+        kv = kv_of(getattr(out, name))
+        logits = out.logits[:, -1, :].float()
+        entries = []
+        for i, (p, t) in enumerate(zip(prompts, tails, strict=True)):
+            own = start + width - len(t)  # where this row's tail begins, after the padding
+            row_kv = [
+                (torch.cat([k[i : i + 1, :, :start], k[i : i + 1, :, own:]], dim=2),
+                 torch.cat([v[i : i + 1, :, :start], v[i : i + 1, :, own:]], dim=2))
+                for k, v in kv
+            ]  # fmt: skip
+            cached = CachedPrompt(row_kv, logits[i : i + 1], entry.template, kv_bytes(row_kv))
+            if self.prefix_cache is not None:
+                self.prefix_cache.put(self.version, self.adapter, p, cached)
+            entries.append(cached)
+        return entries
 
     def _run_prompts(self, prompts: Sequence[tuple[int, ...]]) -> list[CachedPrompt]:
         """Prefill distinct ``prompts`` in one left-padded forward pass; one entry (unpadded) each."""

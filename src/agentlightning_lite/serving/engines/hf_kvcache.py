@@ -10,10 +10,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CachedPrompt", "PrefixCache", "bare", "cache_name", "kv_of", "merge_kv", "select_kv", "with_kv"]
+__all__ = [
+    "MIN_SHARED_PREFIX",
+    "CachedPrompt",
+    "PrefixCache",
+    "bare",
+    "cache_name",
+    "shared_head",
+    "kv_of",
+    "merge_kv",
+    "select_kv",
+    "with_kv",
+]
 
 #: one layer's keys and values, ``[rows, heads, seq, head_dim]`` each
 KV = list[tuple[Any, Any]]
+
+#: the shortest head of prompts worth prefilling once for several of them (a shorter one costs more in
+#: KV copies than it saves)
+MIN_SHARED_PREFIX = 32
+
+
+def shared_head(prompts: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The longest head common to all ``prompts`` that leaves each at least one token of its own.
+
+    >>> shared_head([(1, 2, 3), (1, 2, 4, 5)]), shared_head([(1, 2), (1, 2, 3)]), shared_head([])
+    ((1, 2), (1,), ())
+    """
+    if not prompts:
+        return ()
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    i = 0
+    while i < n and all(p[i] == first[i] for p in prompts):
+        i += 1
+    return tuple(first[:i])
 
 
 @functools.cache
@@ -143,6 +173,32 @@ class PrefixCache:
         if hit is not None:
             self._entries.move_to_end(key)
         return hit
+
+    def longest_common(
+        self, version: int, adapter: str | None, prompt: Sequence[int]
+    ) -> tuple[int, CachedPrompt] | None:
+        """The entry sharing the longest head with ``prompt`` (at most all but its last token), and the
+        head's length; ``None`` when no entry of these weights and adapter shares a token with it.
+
+        >>> cache = PrefixCache()
+        >>> cache.put(0, None, [1, 2, 3], CachedPrompt([], None, None, 0))
+        >>> cache.longest_common(0, None, [1, 2, 5])[0], cache.longest_common(0, None, [1, 2, 3])[0]
+        (2, 2)
+        """
+        best: tuple[int, tuple[int, str | None, tuple[int, ...]]] | None = None
+        limit = len(prompt) - 1
+        for key in self._entries:
+            if key[0] != version or key[1] != adapter:
+                continue
+            p, n = key[2], 0
+            while n < limit and n < len(p) and p[n] == prompt[n]:
+                n += 1
+            if n > 0 and (best is None or n > best[0]):
+                best = (n, key)
+        if best is None:
+            return None
+        self._entries.move_to_end(best[1])
+        return best[0], self._entries[best[1]]
 
     def put(self, version: int, adapter: str | None, prompt: Sequence[int], entry: CachedPrompt) -> None:
         """Keep ``entry`` (unless it alone exceeds the byte bound), evicting the least recently used."""
