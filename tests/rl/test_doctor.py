@@ -165,6 +165,12 @@ def test_a_reward_that_went_down_after_the_first_steps() -> None:
     assert f.steps == (5, 6, 7) and f.figure == "mean reward 0.6 over the first 3 steps, 0.423 at steps 5-7"
     a_little = [{**r, "train/reward_mean": v} for r, v in zip(healthy(), [0.6] * 4 + [0.55] * 4, strict=True)]
     assert "reward_fell" not in codes(a_little)
+    noisy = [
+        {**r, "train/reward_mean": 0.7 if r["step"] % 2 else 0.3} for r in healthy()
+    ]  # windows 0.57, 0.43
+    assert "reward_fell" not in codes(noisy)  # a drop of 0.13, within the window means' noise
+    steady = [{**r, "train/reward_mean": 0.57 if r["step"] <= 3 else 0.43} for r in healthy()]
+    assert "reward_fell" in codes(steady)  # the same drop without the noise
 
 
 def test_info_is_kept_apart_from_warnings() -> None:

@@ -37,6 +37,7 @@ With one adapter per agent, the top-level metrics (the policies' mean loss and g
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -82,8 +83,9 @@ class Thresholds:
     failed or timed out; ``entropy_drop``: the end's entropy below this fraction of the start's;
     ``kl_k3``, ``clipped``: engine/trainer mismatch; ``clip_frac``: the PPO ratio's clip fraction;
     ``grad_spike``: a grad norm (or, twice and at least ``loss_floor``, a loss) this many times the
-    median of the steps before; ``reward_drop``: a
-    later window this far (absolute) below the first ``window`` steps' mean reward.
+    median of the steps before; ``reward_drop``: a later window this far (absolute) below the first
+    ``window`` steps' mean reward, and three times the noise of a window's mean (from the step-to-step
+    changes) below it.
 
     >>> Thresholds(zero_spread=0.75).zero_spread
     0.75
@@ -145,10 +147,13 @@ def _longest_run(flags: Sequence[tuple[int, bool]]) -> list[int]:
     best: list[int] = []
     cur: list[int] = []
     for step, flag in flags:
-        cur = [*cur, step] if flag else []
+        if not flag:
+            cur = []
+            continue
+        cur.append(step)
         if len(cur) > len(best):
             best = cur
-    return best
+    return list(best)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -267,7 +272,7 @@ def _zero_spread(rows: Rows, t: Thresholds) -> list[Finding]:
     run = _longest_run([(s, v >= t.zero_spread) for s, v in frac])
     if len(run) < t.run:
         return []
-    peak = max(v for s, v in frac if s in run)
+    peak = max(v for s, v in frac if s in set(run))
     skipped = [s for s, v in _series(rows, "train/skipped_update") if v == 1.0]
     also = f"; {len(skipped)} steps had no group with spread (no update)" if skipped else ""
     figure = f"up to {_pct(peak)} of groups without reward spread for {len(run)} steps in a row "
@@ -373,11 +378,12 @@ def _mismatch(rows: Rows, t: Thresholds) -> list[Finding]:
     return out
 
 
-def _spikes(series: Sequence[tuple[int, float]], factor: float) -> list[int]:
-    """Steps whose value is at least ``factor`` times the median of the (absolute) values before it."""
+def _spikes(series: Sequence[tuple[int, float]], factor: float, last: int = 20) -> list[int]:
+    """Steps whose value is at least ``factor`` times the median of the (absolute) values of the (up to
+    ``last``, at least 3) steps before it."""
     out = []
     for i in range(3, len(series)):
-        ref = statistics.median(abs(v) for _, v in series[:i])
+        ref = statistics.median(abs(v) for _, v in series[max(0, i - last) : i])
         if ref > 0 and abs(series[i][1]) >= factor * ref:
             out.append(series[i][0])
     return out
@@ -407,7 +413,8 @@ def _reward_fell(rows: Rows, t: Thresholds) -> list[Finding]:
     first = _mean([v for _, v in rewards[:w]])
     windows = [(i, _mean([v for _, v in rewards[i : i + w]])) for i in range(w, len(rewards) - w + 1)]
     i, low = min(windows, key=lambda x: x[1])
-    if first - low < t.reward_drop:
+    noise = statistics.stdev(b - a for (_, a), (_, b) in itertools.pairwise(rewards)) / math.sqrt(2 * w)
+    if first - low < max(t.reward_drop, 3 * noise):  # clearly below: past the window means' own noise
         return []
     steps = [s for s, _ in rewards[i : i + w]]
     figure = f"mean reward {first:.3g} over the first {w} steps, {low:.3g} at steps {_ranges(steps)}"
