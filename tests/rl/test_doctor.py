@@ -190,6 +190,11 @@ def test_the_trainer_check_says_each_code_once() -> None:
     assert said == [(3, "zero_spread")]
     found, lines = watch.summary()
     assert found and lines[0].startswith("doctor: 1 finding(s) in 8 steps") and "[zero_spread]" in lines[1]
+    late = with_(healthy(), "grpo/zero_std_frac", {5: 1.0, 6: 1.0, 7: 1.0, 8: 1.0})  # shows at step 7
+    every = Watch()
+    assert [(r["step"], f.code) for r in late for f in every.step(r)] == [(7, "zero_spread")]
+    sparse = Watch(every_step=2)  # past step 2, a check every n // 2 steps: at 3, 4, 6, 8
+    assert [(r["step"], f.code) for r in late for f in sparse.step(r)] == [(8, "zero_spread")]
     quiet = Watch()
     assert [f for r in healthy() for f in quiet.step(r)] == [] and quiet.summary() == (
         False,
