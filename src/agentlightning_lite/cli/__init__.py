@@ -4,6 +4,7 @@
 given as ``module:function``; ``agl-lite apo`` optimises the prompts it reads (``agl.APO``);
 ``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``, ``show``, ``transitions``,
 ``export-sft`` and ``plot`` read an existing SQLite store without ever creating or changing it;
+``doctor`` says why a training run's reward is flat, from its output directory's metrics;
 ``recover`` marks the rollouts that a dead process left ``running`` as ``failed`` (error
 ``"interrupted"``).
 
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 from ..store.readonly import StoreNotFound
 from ..store.sqlite import NotOurDatabase
-from . import apo, export, plot, recover, runner, runs, serve, train, transitions, ui
+from . import apo, doctor, export, plot, recover, runner, runs, serve, train, transitions, ui
 from ._common import (
     EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_parsers(sub)
     transitions.add_parsers(sub)
     plot.add_parser(sub)
+    doctor.add_parser(sub)
     recover.add_parser(sub)
     ui.add_parser(sub)
     export.add_parser(sub)
@@ -91,6 +93,7 @@ _COMMANDS = {
     "transitions": transitions.transitions_cmd,
     "export-sft": transitions.export_sft_cmd,
     "plot": plot.plot,
+    "doctor": doctor.doctor,
     "recover": recover.recover,
     "ui": ui.ui,
     "export": export.export,

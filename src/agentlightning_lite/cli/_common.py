@@ -30,7 +30,7 @@ exit codes:
   2  usage error: bad arguments, a missing file, or a file that is not an agentlightning-lite store
   3  nothing found: no rollouts / transitions / rewards match (or no rollout has that id)
 
-Read-only commands (runs, show, transitions, export-sft, plot, ui) open the store read-only:
+Read-only commands (runs, show, transitions, export-sft, plot, ui, doctor) open the store read-only:
 they never create, lock for writing or change the database file.
 
 """

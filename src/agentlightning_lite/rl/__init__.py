@@ -14,6 +14,8 @@ from .._lazy import lazy_getattr
 if TYPE_CHECKING:
     from ..lora_settings import LoRA
     from .algorithm import Algorithm, RolloutOnly, WeightUpdate
+    from .doctor import Finding, diagnose
+    from .doctor_report import Report, diagnose_run
     from .grpo import GRPO
     from .learner import Learner
     from .ppo import PPO
@@ -27,14 +29,18 @@ __all__ = [
     "PPO",
     "SFT",
     "Algorithm",
+    "Finding",
     "Learner",
     "LitAgent",
     "LoRA",
+    "Report",
     "RolloutBatch",
     "RolloutOnly",
     "Rollouts",
     "Trainer",
     "WeightUpdate",
+    "diagnose",
+    "diagnose_run",
 ]
 
 _WHERE = {
@@ -50,6 +56,10 @@ _WHERE = {
     "Learner": ".learner",
     "Rollouts": ".session",
     "RolloutBatch": ".session",
+    "Finding": ".doctor",
+    "diagnose": ".doctor",
+    "Report": ".doctor_report",
+    "diagnose_run": ".doctor_report",
 }
 
 

@@ -33,6 +33,7 @@ from ._runtime import release_cuda_cache, show_step
 from .algorithm import Algorithm, WeightUpdate, rollout_only
 from .async_rollouts import AsyncBatches
 from .distributed import DataParallel
+from .doctor import Watch
 from .evaluation import FailedSteps, evaluation_summary, step_metrics, validation_metrics
 from .grpo import GRPO
 from .learner import Learner, check_algorithm
@@ -240,12 +241,18 @@ class Trainer:
         bar = progress(total, "training", initial=min(self.step, total))
         evaluated = lambda: bool((n := self.logging_config.eval_every) and self.step % n == 0)  # noqa: E731
         validate = lambda: validation_metrics(self.evaluate(agent, val_dataset or []))  # noqa: E731
+        watch = Watch()  # why the reward is flat: each finding logged once, when it first shows
 
         def end_step(metrics: dict[str, Any]) -> None:
-            """After a step: validate, log, stop after too many failed steps, checkpoint, show progress."""
+            """After a step: validate, log, check the run so far, stop after too many failed steps,
+            checkpoint, show progress."""
             if val_dataset is not None and evaluated():
                 metrics.update(validate())
             self.metrics.log(self.step, metrics)
+            for f in watch.step({"step": self.step, **metrics}):
+                logger.warning(
+                    "step %d: [%s] %s: %s; try: %s", self.step, f.code, f.message, f.figure, f.advice
+                )
             self._failed.check(self.rollout_config.max_failed_steps, self.step)
             if (save := self.checkpoint_config.save_every) and self.step % save == 0:
                 self.save_checkpoint()
@@ -263,6 +270,9 @@ class Trainer:
                 if val_dataset is not None and not evaluated():
                     last.update(final := validate())
                     self.metrics.log(self.step, final)
+            if watch.rows:  # the findings once more, together (agl-lite doctor OUTPUT_DIR says the same)
+                found, lines = watch.summary()
+                logger.log(logging.WARNING if found else logging.INFO, "%s", "\n".join(lines))
         finally:
             if bar is not None:
                 bar.close()
