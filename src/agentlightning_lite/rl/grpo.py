@@ -84,7 +84,8 @@ class GRPO(PolicyGradient):
         super().__post_init__()
         if self.scale_rewards not in (True, False, "group", "batch", "none"):
             raise ValueError(
-                f"GRPO: scale_rewards must be True, False, 'group', 'batch' or 'none', got {self.scale_rewards!r}"
+                "GRPO: scale_rewards must be True, False, 'group', 'batch' or 'none', "
+                f"got {self.scale_rewards!r}"
             )
         if self.zero_spread not in ("drop", "keep"):
             raise ValueError(f"GRPO: zero_spread must be 'drop' or 'keep', got {self.zero_spread!r}")
