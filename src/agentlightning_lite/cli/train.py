@@ -79,7 +79,7 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--batch-size", type=int, default=8, help="tasks per step (default 8)")
     train.add_argument("--group-size", type=int, default=4, help="rollouts per task (default 4)")
     train.add_argument(
-        "--lr", type=float, default=None, help="learning rate of the adapter (default: agl.GRPO's / agl.PPO's)"
+        "--lr", type=float, default=None, help="learning rate of the adapter (default: the algorithm's)"
     )
     train.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
     train.add_argument("--qlora", action="store_true", help="4-bit base weights (QLoRA; CUDA GPU only)")
