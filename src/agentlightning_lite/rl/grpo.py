@@ -41,7 +41,8 @@ class GRPO(PolicyGradient):
         kl_coef: weight of the KL penalty against the reference policy (the base model with the
             adapter switched off: no second copy in memory); 0 disables it and skips its forward pass.
         kl_estimator: ``"k3"`` (Schulman's unbiased, always >= 0, as in GRPO) or ``"k1"`` (log ratio).
-        lr: AdamW learning rate of the adapter.
+        lr: AdamW learning rate of the adapter (default 1e-4: LoRA RL at about ten times full
+            fine-tuning's rate; the sweep that chose it is ``benchmarks/learning_rg/lr_sweep.md``).
         weight_decay: AdamW weight decay.
         epochs: optimisation passes over each step's samples (1 = on-policy).
         mini_batch_size: samples per optimiser step within an epoch (``None``: all at once).
