@@ -118,6 +118,7 @@ def greedy_heldout(model: Any, tokenizer: Any, env: Any, max_tokens: int, batch:
         prompts.append(list(enc["input_ids"]))
     was_training = model.training
     model.eval()
+    rng = torch.get_rng_state()  # put back after: the evaluation schedule must not change the sampling
     rewards: list[float] = []
     cut, replies = 0, []
     try:
@@ -136,6 +137,7 @@ def greedy_heldout(model: Any, tokenizer: Any, env: Any, max_tokens: int, batch:
                 rewards.append(env.reward(env.tasks[i + j], text))
     finally:
         model.train(was_training)
+        torch.set_rng_state(rng)
     n = len(rewards)
     return {
         "success_rate": sum(r >= 1.0 for r in rewards) / n if n else 0.0,
