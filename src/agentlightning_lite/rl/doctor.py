@@ -23,7 +23,7 @@ The codes and the metrics they read:
 * ``logprob_mismatch``: ``mismatch/kl_k3`` or ``mismatch/clipped_frac`` high (engine and trainer
   disagree on the sampled tokens' probabilities); ``clip_frac``: ``train/clip_frac`` high;
 * ``lr_too_high``: ``train/grad_norm`` spikes, ``train/loss`` jumps, or a loss or norm that is not finite;
-* ``reward_fell``: a later window of ``train/reward_mean`` clearly below the first steps'.
+* ``reward_fell``: the last steps' ``train/reward_mean`` clearly below the first steps'.
 
 Runs do not record whether an environment extracted an answer from a reply, so that check is not made.
 With one adapter per agent, the top-level metrics (the policies' mean loss and grad norm) are read.
@@ -407,17 +407,19 @@ def _learning_rate(rows: Rows, t: Thresholds) -> list[Finding]:
 
 
 def _reward_fell(rows: Rows, t: Thresholds) -> list[Finding]:
-    rewards, w = _series(rows, "train/reward_mean"), t.window
+    """The last window of steps (a quarter of the run, at least ``t.window``) against the first: a drop
+    of at least ``t.reward_drop`` and three standard errors of the difference of two window means (the
+    per-step spread read from successive steps: a step's few tasks make its reward noisy)."""
+    rewards = _series(rows, "train/reward_mean")
+    w = max(t.window, len(rewards) // 4)
     if len(rewards) < 2 * w:
         return []
-    first = _mean([v for _, v in rewards[:w]])
-    windows = [(i, _mean([v for _, v in rewards[i : i + w]])) for i in range(w, len(rewards) - w + 1)]
-    i, low = min(windows, key=lambda x: x[1])
-    noise = statistics.stdev(b - a for (_, a), (_, b) in itertools.pairwise(rewards)) / math.sqrt(2 * w)
-    if first - low < max(t.reward_drop, 3 * noise):  # clearly below: past the window means' own noise
+    first, last = _mean([v for _, v in rewards[:w]]), _mean([v for _, v in rewards[-w:]])
+    sigma = statistics.stdev(b - a for (_, a), (_, b) in itertools.pairwise(rewards)) / math.sqrt(2)
+    if first - last < max(t.reward_drop, 3 * sigma * math.sqrt(2 / w)):
         return []
-    steps = [s for s, _ in rewards[i : i + w]]
-    figure = f"mean reward {first:.3g} over the first {w} steps, {low:.3g} at steps {_ranges(steps)}"
+    steps = [s for s, _ in rewards[-w:]]
+    figure = f"mean reward {first:.3g} over the first {w} steps, {last:.3g} at steps {_ranges(steps)}"
     return [_finding("reward_fell", figure, steps)]
 
 
