@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_default_agent_against_a_policy_server(correct: bool) -> None:
 
 
 def test_shots_are_solved_turns_of_the_same_generator_sent_to_the_server() -> None:
-    config = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
+    config: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
     train = agl.envs.ReasoningGym("basic_arithmetic", size=3, seed=1, shots=2, system_prompt="Sum.", **config)
     held_out = agl.envs.ReasoningGym("basic_arithmetic", size=3, seed=9, shots=2, **config)
     demos = reasoning_gym.create_dataset("basic_arithmetic", size=2, seed=777, **config)
@@ -103,3 +104,64 @@ def test_shots_are_solved_turns_of_the_same_generator_sent_to_the_server() -> No
 def test_negative_shots_are_refused() -> None:
     with pytest.raises(ValueError, match="shots must be >= 0"):
         agl.envs.ReasoningGym("basic_arithmetic", size=1, seed=0, shots=-1)
+
+
+def test_the_agent_stops_at_the_closing_tag_and_scores_the_reply_cut_before_it() -> None:
+    env = agl.envs.ReasoningGym("basic_arithmetic", size=2, seed=1)
+    task = env.tasks[0]
+    assert env.stop == ["</answer>"] and env.max_tokens == 512 and env.agent.max_rollout_tokens == 512
+    store = agl.MemoryStore()
+    tracer = agl.Tracer(store)
+    # the engine stops at the stop string and leaves it out of the reply, as OpenAI does
+    engine = engines.ScriptedEngine(
+        [f"5 - 3 - 6 = -4\n<answer>{task['answer']}</answer>\nmore"], tokenizer="bytes"
+    )
+    with PolicyServer(engine, store) as server:
+        with tracer.rollout(task) as ro:
+            reward = env.agent(task, server.llm(ro.id))
+    [span] = [s for s in store.spans(ro.id) if s.kind == "llm"]
+    assert (
+        span.attributes["params"]["stop"] == ["</answer>"] and span.attributes["params"]["max_tokens"] == 512
+    )
+    assert span.output["content"] == f"5 - 3 - 6 = -4\n<answer>{task['answer']}"
+    assert span.attributes["stop_reason"] == "</answer>" and reward == 1.0
+    assert env.reward(task, "<answer>4") == 0.0
+    no_stop = agl.envs.ReasoningGym("basic_arithmetic", size=2, seed=1, stop=(), max_tokens=64)
+    assert no_stop.stop == [] and no_stop.agent.max_rollout_tokens == 64
+
+
+def test_an_answer_cut_at_the_stop_string_is_read() -> None:
+    from agentlightning_lite.envs.reasoning_gym import extract_answer
+
+    assert extract_answer("think\n<answer> -4 ") == "-4"
+    assert extract_answer("<answer>1</answer> then <answer> 2") == "2"  # the last one, left open
+    assert extract_answer("<answer>1</answer> then <answer>") == "1"  # an empty open tag: the closed one
+    assert extract_answer("no tags\n<answer>") == "<answer>"  # nothing after it: the last line
+
+
+@pytest.mark.slow  # more than 3 s (docs/testing.md)
+def test_a_reply_cut_at_the_stop_string_keeps_the_tokens_it_sampled(tiny_engine: Any) -> None:
+    """The HF engine leaves the stop string out of the reply's text but keeps the tokens it sampled
+    and their logprobs: training on a reply that stopped at ``</answer>`` trains what was generated."""
+    engine = tiny_engine(no_eos=True)
+    store = agl.MemoryStore()
+    tracer = agl.Tracer(store)
+
+    def greedy(env: agl.envs.ReasoningGym) -> Any:
+        """The llm span of one greedy rollout (``validation_rollout``: temperature 0)."""
+        with tracer.rollout(env.tasks[0]) as ro:
+            env.agent.validation_rollout(env.tasks[0], server.llm(ro.id))
+        [span] = [s for s in store.spans(ro.id) if s.kind == "llm"]
+        return span
+
+    with PolicyServer(engine, store) as server:
+        whole = greedy(agl.envs.ReasoningGym("basic_arithmetic", size=1, seed=1, stop=(), max_tokens=24))
+        text = engine.decode(whole.response_token_ids)
+        stop = next(text[i : i + 2] for i in range(len(text) - 1) if "\ufffd" not in text[i : i + 2])
+        cut = greedy(agl.envs.ReasoningGym("basic_arithmetic", size=1, seed=1, stop=[stop], max_tokens=24))
+    ids = cut.response_token_ids
+    assert engine.decode(ids) == text[: text.index(stop) + len(stop)]  # the stop string's tokens kept
+    assert ids == whole.response_token_ids[: len(ids)] and len(cut.response_logprobs) == len(ids)
+    assert cut.response_logprobs == pytest.approx(whole.response_logprobs[: len(ids)], abs=1e-4)
+    assert cut.output["content"] == text[: text.index(stop)]  # the reply: without it
+    assert cut.attributes["stop_reason"] == stop and whole.attributes["finish_reason"] == "length"

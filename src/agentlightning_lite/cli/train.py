@@ -115,7 +115,12 @@ def add_parser(sub: Any) -> None:
     train.add_argument(
         "--concurrency", type=int, default=None, help="rollouts at once (default: a step's, batch x group)"
     )
-    train.add_argument("--rollout-timeout", type=float, default=300.0, help="seconds per rollout")
+    train.add_argument(
+        "--rollout-timeout",
+        type=seconds_or_auto,
+        default="auto",
+        help="seconds per rollout; auto (default): sized to the engine and the agent's max tokens",
+    )
     train.add_argument("--eval-every", type=int, default=0, help="validate every N steps (0 = at the end)")
     train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0 = never)")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
@@ -139,6 +144,20 @@ def add_parser(sub: Any) -> None:
 
 
 # -- agent and dataset loading ----------------------------------------------------------------------
+def seconds_or_auto(value: str) -> float | str:
+    """``--rollout-timeout``'s value: ``"auto"`` or a number of seconds.
+
+    >>> seconds_or_auto("auto"), seconds_or_auto("60")
+    ('auto', 60.0)
+    """
+    if value == "auto":
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or seconds, got {value!r}") from None
+
+
 def load_agent(spec: str) -> tuple[Any, Any]:
     """Import ``module:function``, ``file.py:function`` or a benchmark name; returns (agent, module)."""
     from ..rl.rollouts import LitAgent

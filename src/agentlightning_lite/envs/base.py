@@ -35,7 +35,8 @@ class Environment:
     Subclasses set :attr:`tasks` (JSON-serialisable: the store records them) and implement
     :meth:`play`, which runs one task against ``llm`` and returns its reward. ``temperature`` is
     the sampling temperature of training rollouts; evaluation (``mode="val"``) samples with
-    ``eval_temperature``.
+    ``eval_temperature``. :attr:`max_rollout_tokens` is the most tokens one rollout generates, when
+    the environment knows it (``None``: unknown); the trainer sizes its rollout timeout to it.
 
     >>> class Coin(Environment):
     ...     def play(self, task, llm, temperature):
@@ -51,6 +52,11 @@ class Environment:
         self.tasks: list[Any] = list(tasks)
         self.temperature = temperature
         self.eval_temperature = eval_temperature
+
+    @property
+    def max_rollout_tokens(self) -> int | None:
+        """The most tokens one rollout generates, when the environment knows it (``None``: unknown)."""
+        return None
 
     @property
     def agent(self) -> EnvAgent:
@@ -69,6 +75,11 @@ class EnvAgent(LitAgent):
 
     def __init__(self, env: Environment) -> None:
         self.env = env
+
+    @property
+    def max_rollout_tokens(self) -> int | None:
+        """The environment's: the most tokens one rollout generates (``None``: unknown)."""
+        return self.env.max_rollout_tokens
 
     def rollout(self, task: Any, llm: Any) -> float:
         return self.env.play(task, llm, self.env.temperature)

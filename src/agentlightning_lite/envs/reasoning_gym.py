@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from .base import Environment, require
@@ -11,6 +12,7 @@ from .base import Environment, require
 __all__ = ["ReasoningGym", "extract_answer"]
 
 EXTRA = "envs-reasoning-gym"
+OPEN, CLOSE = "<answer>", "</answer>"
 
 
 def _rg() -> Any:
@@ -27,15 +29,22 @@ def _dataset(name: str, size: int, seed: int, config_json: str) -> Any:
 
 
 def extract_answer(reply: str | None) -> str:
-    """The answer in a reply: the text of its last ``<answer>...</answer>`` tag (reasoning-gym's own
+    """The answer in a reply: the text after its last ``<answer>`` when no ``</answer>`` follows it
+    (a reply that stopped at the stop string ``</answer>``, which the server leaves out of the reply
+    as OpenAI does), else the text of its last ``<answer>...</answer>`` tag (reasoning-gym's own
     extraction), else its last non-empty line.
 
     >>> extract_answer("Let me think.\\n<answer>42</answer>")
+    '42'
+    >>> extract_answer("Let me think.\\n<answer> 42")
     '42'
     >>> extract_answer("5 - 3 = 2\\nSo: 2")
     'So: 2'
     """
     text = reply or ""
+    opened = text.rfind(OPEN)
+    if opened >= 0 and CLOSE not in text[opened:] and (cut := text[opened + len(OPEN) :].strip()):
+        return cut
     tagged = _rg().utils.extract_answer(text, tag_name="answer")
     if tagged is not None:
         return str(tagged)
@@ -51,8 +60,15 @@ class ReasoningGym(Environment):
     ``index``, ``size``, ``seed`` and ``config``, from which :meth:`entry` regenerates the exact
     entry to score against (in any process). The default agent sends reasoning-gym's default system
     prompt (think step by step, answer inside ``<answer>...</answer>``) and the question in one chat
-    call; its answer is :func:`extract_answer` of the reply. Bring your own agent and score its reply
-    with :meth:`reward`. Needs ``pip install "agentlightning-lite[envs-reasoning-gym]"``; runs offline.
+    call with ``max_tokens`` (512) and ``stop`` (``["</answer>"]``: the reply ends once its answer is
+    written; the server leaves the stop string out of the reply, and :func:`extract_answer` reads the
+    answer left open); its answer is :func:`extract_answer` of the reply. The sizes fit a CPU: the
+    embedded model thinks aloud under this prompt, and a step's time is its tokens; with the former
+    1024 tokens and no stop string a step of 8 rollouts on a busy 2-core machine ran past the former
+    300 s rollout timeout on every rollout. The agent declares its budget
+    (:attr:`max_rollout_tokens`), to which the trainer sizes its rollout timeout. Bring your own agent
+    and score its reply with :meth:`reward`. Needs
+    ``pip install "agentlightning-lite[envs-reasoning-gym]"``; runs offline.
 
     ``shots=k`` puts ``k`` solved examples before the question, as earlier user/assistant turns whose
     replies are ``<answer>ANSWER</answer>``: a small model that ignores a system prompt's answer format
@@ -80,7 +96,8 @@ class ReasoningGym(Environment):
         seed: int = 0,
         *,
         system_prompt: str | None = None,
-        max_tokens: int = 1024,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (CLOSE,),
         temperature: float = 1.0,
         eval_temperature: float = 0.0,
         shots: int = 0,
@@ -92,7 +109,7 @@ class ReasoningGym(Environment):
         if shots < 0:
             raise ValueError(f"shots must be >= 0, got {shots}")
         self.name, self.size, self.seed, self.config = name, size, seed, dict(config)
-        self.max_tokens, self.timeout = max_tokens, timeout
+        self.max_tokens, self.stop, self.timeout = max_tokens, list(stop), timeout
         self.system_prompt = system_prompt or _rg().utils.SYSTEM_PROMPTS["default"]
         config_json = json.dumps(self.config, sort_keys=True)
         dataset = _dataset(name, size, seed, config_json)
@@ -157,8 +174,15 @@ class ReasoningGym(Environment):
             messages=self.messages(task, llm.prompt("system", default=self.system_prompt)),
             max_tokens=self.max_tokens,
             temperature=temperature,
+            **({"stop": self.stop} if self.stop else {}),
         )
         return self.reward(task, reply.choices[0].message.content)
+
+    @property
+    def max_rollout_tokens(self) -> int:
+        """The most tokens a rollout generates: one call of ``max_tokens`` (the trainer sizes its
+        rollout timeout to it, :mod:`agentlightning_lite.rl.preflight`)."""
+        return self.max_tokens
 
     def __repr__(self) -> str:
         return f"ReasoningGym({self.name!r}, size={self.size}, seed={self.seed})"

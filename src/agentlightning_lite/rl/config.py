@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
+    "AUTO_FLOOR_S",
+    "AUTO_MARGIN",
     "MOVED",
     "CheckpointConfig",
     "LoggingConfig",
@@ -32,6 +34,13 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: ``RolloutConfig(timeout="auto")``: the timeout of an agent that does not say how many tokens its
+#: rollouts generate, and the least ``"auto"`` gives (an agent does more than generate: tools, a judge)
+AUTO_FLOOR_S = 300.0
+#: ``RolloutConfig(timeout="auto")``: this many times the estimated time of a rollout that generates all
+#: its tokens (the estimate is timed once; the machine may be busier later, an update may run meanwhile)
+AUTO_MARGIN = 3.0
 
 
 @dataclass
@@ -45,7 +54,12 @@ class RolloutConfig:
         timeout: seconds a rollout may take before it is marked
             ``timeout``; its engine requests are then cancelled and an ``async`` agent is cancelled. A
             sync agent's thread cannot be stopped: it is left running as a daemon thread (see
-            ``rollouts.hung_threads``).
+            ``rollouts.hung_threads``). ``"auto"`` (the default): sized to the engine before the
+            first step when the agent says how many tokens a rollout generates at most (its
+            ``max_rollout_tokens``; ``agl.envs.ReasoningGym``'s agent does): :data:`AUTO_MARGIN`
+            times the estimated time of a rollout that uses them all, at least
+            :data:`AUTO_FLOOR_S`; :data:`AUTO_FLOOR_S` when it does not (:mod:`.preflight`).
+            ``None``: no limit. :attr:`timeout_s` is the number in effect.
         failed_reward: what a failed or timed-out rollout counts for: ``"drop"`` (left out of the
             update) or a number (its calls are trained with that reward).
         success_threshold: a rollout succeeds when its reward is at least this.
@@ -66,14 +80,19 @@ class RolloutConfig:
     """
 
     concurrency: int | None = None
-    timeout: float | None = 300.0
+    timeout: float | str | None = "auto"
     failed_reward: str | float = "drop"
     success_threshold: float = 1.0
     max_failed_steps: int | None = 1
     async_rollouts: bool = False
     handover: str = "finish"
+    #: what ``timeout="auto"`` came to for the rollouts being run (set by the trainer before them)
+    auto_timeout: float | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        t = self.timeout
+        if t != "auto" and t is not None and (isinstance(t, (str, bool)) or not t > 0):
+            raise ValueError(f"timeout must be 'auto', a number of seconds > 0 or None, got {t!r}")
         if self.handover not in ("finish", "drain"):
             raise ValueError(f"handover must be 'finish' or 'drain', got {self.handover!r}")
         if self.concurrency is not None and self.concurrency < 1:
@@ -83,6 +102,18 @@ class RolloutConfig:
         limit = self.max_failed_steps
         if limit is not None and (type(limit) is not int or limit < 1):  # bool is no count
             raise ValueError(f"max_failed_steps must be an integer >= 1 or None, got {limit!r}")
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The timeout in effect, in seconds (``None``: no limit): ``timeout`` when it is a number or
+        ``None``; for ``"auto"``, what it was sized to, else :data:`AUTO_FLOOR_S`.
+
+        >>> RolloutConfig().timeout_s, RolloutConfig(timeout=60).timeout_s
+        (300.0, 60)
+        """
+        if self.timeout != "auto":
+            return self.timeout  # type: ignore[return-value]  # a number or None (checked above)
+        return self.auto_timeout if self.auto_timeout is not None else AUTO_FLOOR_S
 
     def or_concurrency(self, default: int) -> RolloutConfig:
         """A copy whose ``concurrency`` is ``default`` where this one leaves it unset."""
@@ -276,7 +307,7 @@ def resolve(groups: Mapping[str, Any]) -> dict[str, Any]:
     defaults; a TypeError for anything else.
 
     >>> resolve({})["rollout_config"].timeout
-    300.0
+    'auto'
     """
     out: dict[str, Any] = {}
     for group, cls in _CLASSES.items():

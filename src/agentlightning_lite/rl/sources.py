@@ -97,7 +97,7 @@ class InProcessRollouts:
                 self.tracer,
                 server.llm,
                 concurrency=self.config.concurrency or self.default_concurrency,
-                timeout=self.config.timeout,
+                timeout=self.config.timeout_s,
                 on_done=(lambda _r: progress()) if progress is not None else None,
                 on_timeout=server.cancel_rollout,
                 describe=getattr(server, "running_replies", None),
@@ -143,7 +143,7 @@ class Serving:
         if self.server is not None:
             yield self.server
             return
-        self.server = self.source.serve(self.engine, self.store, self.config.timeout, self.server_options)
+        self.server = self.source.serve(self.engine, self.store, self.config.timeout_s, self.server_options)
         try:
             yield self.server
         finally:

@@ -39,6 +39,7 @@ from .grpo import GRPO
 from .learner import Learner, check_algorithm
 from .metrics import MetricsLogger, plot_reward_curve
 from .policies import plan_for
+from .preflight import estimate, fit_timeout
 from .session import RolloutBatch, Rollouts
 from .sources import RolloutSource
 from .step_batches import BatchSource, SyncBatches
@@ -143,6 +144,7 @@ class Trainer:
         self.batch_size, self.seed, self.runners = batch_size, seed, runners
         self.server_options = dict(server_options or {})
         self._failed = FailedSteps()
+        self._decode_step_s: dict[int, float] = {}  # the engine's decoding step time by batch width
         self.step, self.data_position = 0, (0, 0)  # data position: (epoch, index in its shuffle)
         random.seed(seed), torch.manual_seed(seed)
         # -- the learner: engine, training model, policies ---------------------------------------
@@ -237,6 +239,7 @@ class Trainer:
         if dp is not None and not dp.is_main:  # a rank other than 0: its share of each step's update
             followed, self.step = dp.follow(self.learner, self.step, total), max(self.step, total)
             return followed
+        self._fit_timeout(agent, self.batch_size * getattr(self.algorithm, "group_size", 1))
         last: dict[str, Any] = {}
         bar = progress(total, "training", initial=min(self.step, total))
         evaluated = lambda: bool((n := self.logging_config.eval_every) and self.step % n == 0)  # noqa: E731
@@ -314,9 +317,17 @@ class Trainer:
         >>> trainer.evaluate(agent, val_tasks)  # doctest: +SKIP
         {'mean_reward': 0.31, 'success_rate': 0.31, 'n': 50, 'failed': 0}
         """
+        self._fit_timeout(agent, len(dataset))
         results = self.rollouts.evaluate(agent, dataset, self.step)
         release_host_memory()
         return evaluation_summary(results, self.rollout_config)
+
+    def _fit_timeout(self, agent: Callable[..., Any], rollouts: int) -> None:
+        """Before ``rollouts`` rollouts of ``agent``: size ``RolloutConfig(timeout="auto")`` to the engine,
+        or warn that a set timeout is short (:mod:`.preflight`; the engine is timed once)."""
+        at_once = min(rollouts, self.rollout_config.concurrency or rollouts)
+        engine = self.algorithm.rollout_engine() or self.engine  # SFT(teacher=...): the teacher plays
+        fit_timeout(self.rollout_config, estimate(engine, agent, at_once, self._decode_step_s))
 
     def _resume(self) -> None:
         """Load the newest checkpoint (through the engine, which bumps its version) and its data position."""

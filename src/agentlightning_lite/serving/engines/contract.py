@@ -10,6 +10,7 @@ the only one that changes its ``version`` (callers read it, never write it).
 the trainer updates ``model`` inside ``update_weights(fn)``, under the engine's lock.
 :class:`MultiAdapterEngine` serves several LoRA adapters on one base model, one per agent;
 :class:`AdapterRemovingEngine` can also take one out again (``HFEngine``).
+:class:`BatchLimitedEngine` decodes at most ``max_batch_size`` requests together (``HFEngine``).
 
 The protocols are checked at runtime with ``isinstance`` (attribute presence, not signatures):
 
@@ -33,6 +34,7 @@ from .base import GenRequest, GenResult, RunningRequest
 
 __all__ = [
     "AdapterRemovingEngine",
+    "BatchLimitedEngine",
     "InPlaceEngine",
     "MultiAdapterEngine",
     "ServingEngine",
@@ -163,3 +165,11 @@ class AdapterRemovingEngine(MultiAdapterEngine, Protocol):
 
     def remove_adapter(self, name: str) -> None:
         """Remove adapter ``name`` (``KeyError`` when the engine has no such adapter)."""
+
+
+@runtime_checkable
+class BatchLimitedEngine(Protocol):
+    """An engine that decodes at most ``max_batch_size`` requests together; more wait their turn
+    (the engines of :class:`~.batching.BatchingEngine`: ``HFEngine``)."""
+
+    max_batch_size: int
