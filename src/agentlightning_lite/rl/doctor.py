@@ -164,7 +164,8 @@ def _mean(xs: Sequence[float]) -> float:
 ADVICE: dict[str, tuple[str, str]] = {
     "zero_spread": (
         "most groups' rollouts got the same reward: GRPO has nothing to compare, they give no gradient",
-        "a larger group_size (agl.GRPO(group_size=8)), a higher sampling temperature, tasks nearer the "
+        "larger groups (agl.GRPO(group_size=...)) or more tasks per step (agl.Trainer(batch_size=...)), "
+        "e.g. twice the run's, a higher sampling temperature, tasks nearer the "
         "model's level (neither all solved nor all failed), or a graded reward (partial credit) over 0/1",
     ),
     "constant_reward": (
