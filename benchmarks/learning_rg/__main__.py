@@ -81,6 +81,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "spell5": ("spell_backward", {"min_word_len": 3, "max_word_len": 5}),
     "chain2": ("chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}),
     "letters": ("letter_counting", {"min_words": 3, "max_words": 5}),
+    "chain1": ("chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),
+    "prod1": ("products", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),
 }
 
 # system prompts: reasoning-gym's own (think step by step, then <answer>), or one asking for the answer alone
@@ -624,10 +626,14 @@ def report(args: argparse.Namespace) -> Path:
         "| pooled, Wilson 95% |",
         "|---|" + "---:|" * (len(seeds) + 3),
     ]
+    mixed = len({r["steps"] for r in runs.values()}) > 1  # runs of different lengths: each cell says its own
     for c in configs:
         xs = [runs[c, s]["after"]["success_rate"] for s in seeds if (c, s) in runs]
         cells = [
-            f"{runs[c, s]['after']['success_rate']:.1%}" if (c, s) in runs else "not measured" for s in seeds
+            f"{runs[c, s]['after']['success_rate']:.1%}" + (f" ({runs[c, s]['steps']} upd.)" if mixed else "")
+            if (c, s) in runs
+            else "not measured"
+            for s in seeds
         ]
         if xs:
             k = sum(round(x * n) for x in xs)
@@ -778,25 +784,45 @@ def _noise_note(
         if not both:
             rows.append(f"- `{c}`: no seed measured for both: no comparison.")
             continue
-        d = [runs[c, s]["after"]["success_rate"] - runs[base, s]["after"]["success_rate"] for s in both]
+        at = [_paired_point(runs[c, s], runs[base, s]) for s in both]
+        d = [a - b for a, b, _ in at]
         m = statistics.fmean(d)
+        where = sorted({r for _, _, r in at})
+        both_txt = f"{both} after {', '.join(str(r) for r in where)} rollouts"
         if len(d) > 1:
             half = T95[len(d) - 1] * statistics.stdev(d) / math.sqrt(len(d))
             inside = m - half <= 0 <= m + half
             rows.append(
-                f"- `{c}` - `{base}` over seeds {both}: {m:+.1%} (95% t-interval {m - half:+.1%} to "
+                f"- `{c}` - `{base}` over seeds {both_txt}: {m:+.1%} (95% t-interval {m - half:+.1%} to "
                 f"{m + half:+.1%}): "
                 + ("inside the noise (the interval holds 0)." if inside else "outside the noise.")
             )
         else:
             se = math.sqrt(2 * 0.25 / n)  # the widest binomial standard error of a difference of two scores
             rows.append(
-                f"- `{c}` - `{base}` on seed {both[0]} only: {m:+.1%}; one seed gives no spread over seeds, "
+                f"- `{c}` - `{base}` on seed {both[0]} only, after {where[0]} rollouts: {m:+.1%}; "
+                "one seed gives no spread over seeds, "
                 f"and one held-out score of {n} tasks alone has a standard error up to "
                 f"{math.sqrt(0.25 / n):.1%} "
                 f"(a difference of two: up to {se:.1%})."
             )
     return out + rows
+
+
+def _paired_point(run: dict[str, Any], base: dict[str, Any]) -> tuple[float, float, int]:
+    """Two runs' held-out success at the most rollouts both were evaluated at, and that count.
+
+    Runs of different lengths (a 16-update run beside a 32-update one evaluated every 16) are compared
+    where both stood after the same rollouts, not each at its own end.
+    """
+    a = {p["rollouts"]: p["heldout_success"] for p in _curve(run)}
+    b = {p["rollouts"]: p["heldout_success"] for p in _curve(base)}
+    common = sorted(set(a) & set(b) - {0})
+    if common:
+        r = common[-1]
+        return a[r], b[r], r
+    rollouts = run["steps"] * run["batch_size"] * run["group_size"]
+    return run["after"]["success_rate"], base["after"]["success_rate"], rollouts
 
 
 def _plot(

@@ -90,10 +90,38 @@ def test_report_marks_missing_cells_and_compares_by_seed(tmp_path: Path) -> None
     assert "| `grpo-async` | 0 | 41.7% | 0.20 0.30 0.40 | 0.33 |" in text
     assert "| `grpo-sync` | 2 | not measured |" in text
     # async - sync over seeds 0 and 1: -8.3% and +8.3%, the t-interval holds 0
-    assert "`grpo-async` - `grpo-sync` over seeds [0, 1]: +0.0%" in text
+    assert "`grpo-async` - `grpo-sync` over seeds [0, 1] after 48 rollouts: +0.0%" in text
     assert "inside the noise (the interval holds 0)" in text
-    assert "`ppo-sync` - `grpo-sync` on seed 0 only: -25.0%; one seed gives no spread" in text
+    assert (
+        "`ppo-sync` - `grpo-sync` on seed 0 only, after 48 rollouts: -25.0%; one seed gives no spread" in text
+    )
     assert (tmp_path / "curves_arith3-short.png").stat().st_size > 1000
+
+
+def test_runs_of_different_lengths_are_compared_after_the_same_rollouts(tmp_path: Path) -> None:
+    a = args(tmp_path)
+    folder = tmp_path / "results" / "arith3-short"
+    folder.mkdir(parents=True)
+    (folder / "before.json").write_text(
+        json.dumps({"before": {"success_rate": 12 / 48, "n": 48, "mean_reward": 0.25, "failed": 0}})
+    )
+
+    def curve(*scores: float) -> list[dict[str, Any]]:  # evaluated every 2 updates of 16 rollouts
+        return [
+            {"step": 2 * i, "rollouts": 32 * i, "train_wall_s": 60.0 * i, "heldout_success": x}
+            for i, x in enumerate(scores)
+        ]
+
+    long = {**run("grpo-sync", 0, 30 / 48, [0.2, 0.3, 0.4, 0.5]), "heldout_curve": curve(0.25, 0.5, 30 / 48)}
+    short = {**run("ppo-sync", 0, 18 / 48, [0.2, 0.3]), "heldout_curve": curve(0.25, 18 / 48)}
+    for r in (long, short):
+        (folder / f"{r['config']}-seed{r['seed']}.json").write_text(json.dumps(r))
+    assert bench._paired_point(short, long) == (18 / 48, 0.5, 32)
+    text = bench.report(a).read_text()
+    # each cell says its run's length; the difference is taken where both stood after 32 rollouts
+    assert "| `grpo-sync` | 62.5% (4 upd.) |" in text
+    assert "| `ppo-sync` | 37.5% (2 upd.) |" in text
+    assert "`ppo-sync` - `grpo-sync` on seed 0 only, after 32 rollouts: -12.5%" in text
 
 
 def test_report_with_no_runs_says_nothing_is_measured(tmp_path: Path) -> None:
