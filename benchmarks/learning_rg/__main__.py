@@ -658,11 +658,7 @@ def report(args: argparse.Namespace) -> Path:
             if r is None:
                 lines.append(f"| `{c}` | {s} | not measured |" + " |" * 7)
                 continue
-            cv = r.get("curves") or {
-                "train/reward_mean": [
-                    p["train_reward"] for p in _curve(r)[1:] if p["train_reward"] is not None
-                ]
-            }
+            cv = r.get("curves") or {"train/reward_mean": _train_rewards(r)}
             stale = [x for x in cv.get("async/staleness_mean", []) if x is not None]
             dropped = [x for x in cv.get("async/dropped_stale", []) if x is not None]
             trunc = cv.get("samples/truncated", [])
@@ -809,6 +805,13 @@ def _noise_note(
     return out + rows
 
 
+def _train_rewards(run: dict[str, Any]) -> list[float]:
+    """A run's train reward per step: ours (``curves``) or, for trl_side.py's, the points of its curve."""
+    if run.get("curves"):
+        return list(run["curves"]["train/reward_mean"])
+    return [p["train_reward"] for p in _curve(run)[1:] if p.get("train_reward") is not None]
+
+
 def _paired_point(run: dict[str, Any], base: dict[str, Any]) -> tuple[float, float, int]:
     """Two runs' held-out success at the most rollouts both were evaluated at, and that count.
 
@@ -848,7 +851,7 @@ def _plot(
             r = runs.get((c, s))
             if r is None:
                 continue
-            y = r["curves"]["train/reward_mean"]
+            y = _train_rewards(r)
             (line,) = axes[0].plot(
                 range(1, len(y) + 1), y, styles[c], color=color, alpha=0.7, label=c if color is None else None
             )

@@ -114,9 +114,14 @@ def test_runs_of_different_lengths_are_compared_after_the_same_rollouts(tmp_path
 
     long = {**run("grpo-sync", 0, 30 / 48, [0.2, 0.3, 0.4, 0.5]), "heldout_curve": curve(0.25, 0.5, 30 / 48)}
     short = {**run("ppo-sync", 0, 18 / 48, [0.2, 0.3]), "heldout_curve": curve(0.25, 18 / 48)}
-    for r in (long, short):
+    # trl_side.py's run files have a held-out curve with train rewards and no step curves
+    trl = {**run("trl-grpo", 0, 0.5, []), "steps": 4, "curve": curve(0.25, 0.5, 0.5)}
+    trl["curve"][1]["train_reward"] = 0.4
+    del trl["curves"]
+    for r in (long, short, trl):
         (folder / f"{r['config']}-seed{r['seed']}.json").write_text(json.dumps(r))
     assert bench._paired_point(short, long) == (18 / 48, 0.5, 32)
+    assert bench._train_rewards(trl) == [0.4]
     text = bench.report(a).read_text()
     # each cell says its run's length; the difference is taken where both stood after 32 rollouts
     assert "| `grpo-sync` | 62.5% (4 upd.) |" in text
