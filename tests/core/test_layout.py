@@ -385,10 +385,10 @@ FOREIGN_PRIVATE_ALLOWED: dict[str, str] = {
     "model name only privately; the spans are named after them",
     "adapters.langchain: _configure_hooks": "LangChain can register a configure hook but not remove one: "
     "uninstrument() takes its hook out of the list",
-    "rl.batching: _attn_implementation": "transformers tells a loaded model's attention implementation "
-    "only as `config._attn_implementation`; the packed update builds its block mask for it",
     "adapters.openai_agents: _lock _multi_processor _processors": "the Agents SDK can add a trace processor "
     "but not remove one: uninstrument() takes it out of the provider's tuple, under the provider's lock",
+    "rl.batching: _attn_implementation": "transformers tells a loaded model's attention implementation "
+    "only as `config._attn_implementation`; the packed update builds its block mask for it",
     "serving.engines.hf_kvcache: _seen_tokens": "transformers 4.4x caches count their tokens in "
     "`_seen_tokens`; a cache rebuilt from tensors must carry the count",
 }
