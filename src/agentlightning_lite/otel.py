@@ -450,11 +450,14 @@ class MirrorStore(Store):
     def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
         return self.inner.rollouts(mode=mode, status=status)
 
-    def _insert_rollout(self, rollout: Rollout) -> None:
-        self.inner._insert_rollout(rollout)
+    def rollout_for_update(self, rollout_id: str) -> Rollout | None:
+        return self.inner.rollout_for_update(rollout_id)
 
-    def _update_rollout(self, rollout: Rollout) -> None:
-        self.inner._update_rollout(rollout)
+    def insert_rollout(self, rollout: Rollout) -> None:
+        self.inner.insert_rollout(rollout)
+
+    def update_rollout(self, rollout: Rollout) -> None:
+        self.inner.update_rollout(rollout)
 
     def flush(self) -> None:
         self.inner.flush()

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .span_handles import RolloutHandle, instant_row
+from .span_handles import RolloutHandle
 from .tracer import Tracer
 
 __all__ = [
@@ -35,8 +34,6 @@ __all__ = [
 
 #: the name of the span that records a prompt read
 PROMPT_SPAN = "agl.prompt"
-
-_lock = threading.Lock()
 
 
 def component_key(name: str, agent: str | None = None) -> str:
@@ -64,17 +61,6 @@ def split_key(key: str) -> tuple[str | None, str]:
     return (agent if sep else None), name
 
 
-def _rollout_prompts(ro: RolloutHandle) -> dict[str, str]:
-    cached = getattr(ro, "_agl_prompts", None)
-    if cached is None:
-        rollout = ro.tracer.store.get_rollout(ro.id)
-        meta = rollout.metadata if rollout is not None else {}
-        given = meta.get("prompts") if isinstance(meta, dict) else None
-        cached = {str(k): str(v) for k, v in given.items()} if isinstance(given, dict) else {}
-        ro._agl_prompts = cached  # type: ignore[attr-defined]
-    return cached
-
-
 def prompt(name: str, default: str | None = None, agent: str | None = None) -> str:
     """The text of prompt ``name`` (of ``agent``, in a multi-agent system) for the current rollout.
 
@@ -92,7 +78,7 @@ def prompt(name: str, default: str | None = None, agent: str | None = None) -> s
     """
     key = component_key(name, agent)
     ro = Tracer.current_rollout()
-    given = _rollout_prompts(ro) if ro is not None else {}
+    given = ro.prompts if ro is not None else {}
     if key in given:
         text, source = given[key], "given"
     elif default is not None:
@@ -105,16 +91,6 @@ def prompt(name: str, default: str | None = None, agent: str | None = None) -> s
 
 
 def _record_read(ro: RolloutHandle, key: str, text: str, source: str, default: str | None) -> None:
-    with _lock:
-        seen = getattr(ro, "_agl_prompts_read", None)
-        if seen is None:
-            seen = set()
-            ro._agl_prompts_read = seen  # type: ignore[attr-defined]
-        if key in seen:
-            return
-        seen.add(key)
-    if ro._closed(f"prompt read {key!r}"):
-        return
     agent, name = split_key(key)
     attrs = {
         "component": key,
@@ -123,7 +99,7 @@ def _record_read(ro: RolloutHandle, key: str, text: str, source: str, default: s
         "source": source,
         "default": default,
     }
-    ro.tracer.store.add_span_rows([instant_row(ro, "custom", PROMPT_SPAN, text, attrs, "ok")])
+    ro.record_instant("custom", PROMPT_SPAN, text, attrs, once=key)  # once per rollout
 
 
 def load_prompts(source: str | os.PathLike[str] | Mapping[str, str] | None) -> dict[str, str]:

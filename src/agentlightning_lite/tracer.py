@@ -10,7 +10,6 @@ from .ids import new_span_id as new_span_id  # importable from here too
 from .span_handles import (  # importable from here too
     RolloutHandle,
     SpanHandle,
-    instant_row,
     rollout_var,
     span_var,
 )
@@ -124,19 +123,6 @@ class Tracer:
         """
         return SpanHandle(self, kind, name, input, agent, attributes, model, None, None, True)
 
-    def _record_reward(self, ro: RolloutHandle, value: float, name: str | None, final: bool) -> None:
-        if ro._finished and ro._closed(f"reward {value!r}"):  # _finished only ever turns True
-            return
-        # ``value`` is a finite float (check_reward): its attributes' JSON text, as dumps writes it
-        attrs = f'{{"reward":{value!r},"final":{"true" if final else "false"}}}'
-        row = instant_row(ro, "reward", name or "reward", value, attrs, "ok")
-        self.store.add_span_rows([row])
-        with ro._lock:
-            if final:
-                ro._final = value
-            else:
-                ro._last_reward = (value, row)
-
 
 _warned_outside: set[str] = set()
 
@@ -174,7 +160,7 @@ def emit_reward(value: float, name: str | None = None, final: bool = False) -> N
     if ro is None:
         _warn_outside("emit_reward")
         return
-    ro.tracer._record_reward(ro, value, name, final=final)
+    ro.record_reward(value, name, final=final)
 
 
 def emit_signal(name: str, value: Any = None, status: str | None = None, **attributes: Any) -> None:
@@ -194,9 +180,7 @@ def emit_signal(name: str, value: Any = None, status: str | None = None, **attri
     if ro is None:
         _warn_outside("emit_signal")
         return
-    if ro._closed(f"signal {name!r}"):
-        return
     failed = status is not None and status.lower() in ("error", "failed", "failure")
-    attrs = {"signal_status": status, **attributes}
-    row = instant_row(ro, "signal", name, value, attrs, "error" if failed else "ok")
-    ro.tracer.store.add_span_rows([row])
+    ro.record_instant(
+        "signal", name, value, {"signal_status": status, **attributes}, "error" if failed else "ok"
+    )

@@ -90,7 +90,7 @@ LAYERS: list[set[str]] = [
     {"_compat", "_json", "_lazy", "_progress", "_toolcalls"}
     | {"errors", "ids", "version", "models", "agent", "types"},
     {"store"},
-    {"tracer", "span_handles", "join", "credit", "air", "lora_settings"},
+    {"tracer", "span_handles", "rollout_handle", "join", "credit", "air", "lora_settings"},
     {"transitions", "prompts", "otel", "sft_export", "run_settings"},
     {"serving", "adapters", "harness", "envs", "rewards"},
     {"rl"},
@@ -372,3 +372,128 @@ def test_no_module_imports_another_modules_private_names() -> None:
             reads.add(f"{short} -> {name.removeprefix('agentlightning_lite.')}")
     assert sorted(reads - set(PRIVATE_IMPORTS_ALLOWED)) == []
     assert sorted(set(PRIVATE_IMPORTS_ALLOWED) - reads) == [], "an allowed read that is gone: remove it"
+
+
+# -- no module reaches into the private attributes of another module's objects ----------------------------
+#: one-underscore names that are public API of the standard library: namedtuple's methods, ``os._exit``
+STDLIB_UNDERSCORE = {"_asdict", "_field_defaults", "_fields", "_make", "_replace", "os._exit"}
+
+#: ``module: attributes`` read on another library's objects, each with its reason (at most 5); the
+#: package's own objects share their state through public members
+FOREIGN_PRIVATE_ALLOWED: dict[str, str] = {
+    "adapters.autogen: _agent _create_args": "AutoGen keeps a container's agent and a model client's "
+    "model name only privately; the spans are named after them",
+    "adapters.langchain: _configure_hooks": "LangChain can register a configure hook but not remove one: "
+    "uninstrument() takes its hook out of the list",
+    "adapters.openai_agents: _lock _multi_processor _processors": "the Agents SDK can add a trace processor "
+    "but not remove one: uninstrument() takes it out of the provider's tuple, under the provider's lock",
+    "rl.batching: _attn_implementation": "transformers tells a loaded model's attention implementation "
+    "only as `config._attn_implementation`; the packed update builds its block mask for it",
+    "serving.engines.hf_kvcache: _seen_tokens": "transformers 4.4x caches count their tokens in "
+    "`_seen_tokens`; a cache rebuilt from tensors must carry the count",
+}
+
+_ATTR_CALLS = {"getattr", "setattr", "hasattr", "delattr"}
+
+
+def _is_own(node: ast.expr) -> bool:
+    """``self``, ``cls`` or ``super()``."""
+    if isinstance(node, ast.Name):
+        return node.id in ("self", "cls")
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def _defined_names(tree: ast.AST) -> set[str]:
+    """What a module defines itself: its functions, methods and classes, the names it assigns, and the
+    attributes it assigns on ``self``/``cls``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_own(node.value):
+            names.add(node.attr)
+    return names
+
+
+def _foreign_private_attrs(source: str) -> list[tuple[int, str]]:
+    """``(line, name)`` of each read or write of ``x._name`` (or ``getattr(x, "_name")`` and its kin)
+    in ``source`` where ``_name`` has one leading underscore, ``x`` is not ``self``/``cls``/``super()``,
+    and the module does not define ``_name`` itself.
+
+    An approximation, sound for this package and simple: a private name that a module defines (a
+    function, a class, a method, an attribute it sets on ``self``) it may use on any object, as on an
+    instance of its own class; any other is another module's object's state."""
+    tree = ast.parse(source)
+    defined = _defined_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            obj, name, text = node.value, node.attr, ast.unparse(node)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _ATTR_CALLS
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            obj, name, text = node.args[0], node.args[1].value, ""
+        else:
+            continue
+        if not name.startswith("_") or name.startswith("__") or _is_own(obj) or name in defined:
+            continue
+        if name in STDLIB_UNDERSCORE or text in STDLIB_UNDERSCORE:
+            continue
+        found.append((node.lineno, name))
+    return sorted(found)
+
+
+def test_foreign_private_attributes_are_found() -> None:
+    source = """
+import os
+
+class Box:
+    def __init__(self, other):
+        self._items = []
+        other._owner = self              # 7: sets another object's state
+    def size(self, other):
+        return len(self._items) + other._hidden + super()._base() + self._inherited  # 9: _hidden
+
+    @classmethod
+    def make(cls):
+        return cls._factory()
+
+def _helper(ro, row):
+    ro._closed("late")                   # 16
+    getattr(ro, "_prompts", None)        # 17
+    row = row._replace(name="x")         # namedtuple's API
+    return Box(ro)._items, _helper, ro.__class__, os._exit
+"""
+    assert _foreign_private_attrs(source) == [
+        (7, "_owner"),
+        (9, "_hidden"),
+        (16, "_closed"),
+        (17, "_prompts"),
+    ]
+    assert _foreign_private_attrs("def f(self):\n    return self._x\n") == []
+    assert _foreign_private_attrs("def f(other):\n    return other._x\n") == [(2, "_x")]
+
+
+def test_no_module_touches_private_attributes_of_another_modules_objects() -> None:
+    """A rollout's state is its handle's, a store's records go through its public hooks: other modules
+    use public members, never ``x._name`` on an object they did not make."""
+    found: dict[str, set[str]] = {}
+    where: dict[str, list[str]] = {}
+    for p in _modules(PACKAGE):
+        rel = p.relative_to(PACKAGE).with_suffix("").parts
+        short = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+        for line, name in _foreign_private_attrs(p.read_text(encoding="utf-8")):
+            found.setdefault(short, set()).add(name)
+            where.setdefault(short, []).append(f"{p.relative_to(PACKAGE)}:{line}: {name}")
+    reads = {f"{m}: {' '.join(sorted(names))}": m for m, names in found.items()}
+    assert len(FOREIGN_PRIVATE_ALLOWED) <= 5, "fix the code rather than allow more"
+    unexpected = sorted(set(reads) - set(FOREIGN_PRIVATE_ALLOWED))
+    assert unexpected == [], [w for k in unexpected for w in where[reads[k]]]
+    assert sorted(set(FOREIGN_PRIVATE_ALLOWED) - set(reads)) == [], "an allowed read that is gone: remove it"

@@ -100,7 +100,7 @@ def test_metadata_updates_are_kept_by_both_stores(store: agl.Store, tmp_path: Pa
     store.finish_rollout(ro.rollout_id, status="timeout")
     current = store.get_rollout(ro.rollout_id)
     assert current is not None
-    store._update_rollout(
+    store.update_rollout(
         current.model_copy(update={"metadata": {**current.metadata, "late_result": {"r": 1}}})
     )
     assert store.get_rollout(ro.rollout_id).metadata["late_result"] == {"r": 1}  # type: ignore[union-attr]
@@ -114,7 +114,7 @@ def test_metadata_updates_are_kept_by_both_stores(store: agl.Store, tmp_path: Pa
 def test_metadata_update_of_a_rollout_started_in_the_same_batch(tmp_path: Path) -> None:
     with agl.SQLiteStore(tmp_path / "runs.db", batch_size=10_000, flush_interval=0) as store:
         ro = store.start_rollout("t")
-        store._update_rollout(ro.model_copy(update={"metadata": {"k": "v"}, "status": "failed"}))
+        store.update_rollout(ro.model_copy(update={"metadata": {"k": "v"}, "status": "failed"}))
         store.flush()
         got = store.get_rollout(ro.rollout_id)
         assert got is not None and got.metadata == {"k": "v"} and got.status == "failed"

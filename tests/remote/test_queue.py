@@ -124,13 +124,13 @@ def test_queue_calls_with_leases_need_the_claims_token() -> None:
 class _KeepsNothing(Store):
     """A store that keeps nothing: what the process holds after many rollouts is the queue's own."""
 
-    def _insert_rollout(self, rollout: agl.Rollout) -> None:
+    def insert_rollout(self, rollout: agl.Rollout) -> None:
         pass
 
-    def _update_rollout(self, rollout: agl.Rollout) -> None:
+    def update_rollout(self, rollout: agl.Rollout) -> None:
         pass
 
-    def _rollout_for_update(self, rollout_id: str) -> agl.Rollout:
+    def rollout_for_update(self, rollout_id: str) -> agl.Rollout:
         return agl.Rollout(rollout_id=rollout_id, start_time=0.0)
 
     def get_rollout(self, rollout_id: str) -> agl.Rollout | None:

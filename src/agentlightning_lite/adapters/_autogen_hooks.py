@@ -88,18 +88,18 @@ def tap_logger(logger_name: str, handler: LightningEventHandler) -> Callable[[],
 
 def patch_method(cls: type, attr: str, wrapper: Any) -> Callable[[], None]:
     """Install ``wrapper`` (made from ``cls.attr``) on ``cls``; returns its removal, which works in any
-    order: a wrapper that another was installed over becomes a pass-through (its ``_agl_live`` is
+    order: a wrapper that another was installed over becomes a pass-through (its ``agl_live`` is
     false) and comes off the class once the ones above it have."""
-    wrapper._agl_original = cls.__dict__[attr]
-    wrapper._agl_live = True
+    wrapper.agl_original = cls.__dict__[attr]
+    wrapper.agl_live = True
     setattr(cls, attr, wrapper)
 
     def unpatch() -> None:
         with hooks_lock:
-            wrapper._agl_live = False
+            wrapper.agl_live = False
             top: Any = cls.__dict__.get(attr)
-            while getattr(top, "_agl_live", None) is False:  # dead wrappers on top come off
-                top = top._agl_original
+            while getattr(top, "agl_live", None) is False:  # dead wrappers on top come off
+                top = top.agl_original
                 setattr(cls, attr, top)
 
     return unpatch
@@ -110,7 +110,7 @@ def wrap_coroutine(
 ) -> Any:
     @functools.wraps(fn)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not getattr(wrapper, "_agl_live", True):  # removed while another wraps it: a pass-through
+        if not getattr(wrapper, "agl_live", True):  # removed while another wraps it: a pass-through
             return await fn(self, *args, **kwargs)
         name = name_of(self)
         key = object()
@@ -140,7 +140,7 @@ def wrap_stream(fn: Callable[..., Any], recorder: Recorder, kind: str, name_of: 
     @functools.wraps(fn)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         h = None
-        if getattr(wrapper, "_agl_live", True):  # else removed while another wraps it: a pass-through
+        if getattr(wrapper, "agl_live", True):  # else removed while another wraps it: a pass-through
             name = name_of(self)
             key = object()
             current = current_key.get()

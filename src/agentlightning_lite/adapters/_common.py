@@ -89,7 +89,7 @@ class Recorder:
 
     def get_store(self, handle: SpanHandle) -> Store:
         """The store an open span is written to."""
-        return handle._tracer.store
+        return handle.tracer.store
 
     def skip(self, key: Any, parent_key: Any) -> None:
         """Record nothing for run ``key``; its children attach to ``parent_key``'s span."""

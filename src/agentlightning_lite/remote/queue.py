@@ -485,14 +485,14 @@ class RolloutQueue:
         self, rollout_id: str, status: str, reward: float | None, error: str | None, why: str
     ) -> None:
         logger.warning("late result for rollout %s (%s): recorded, not trained on", rollout_id, why)
-        ro = self.store._rollout_for_update(rollout_id)
+        ro = self.store.rollout_for_update(rollout_id)
         if ro is None:
             return
         late = {"status": status, "reward": reward, "error": error, "at": time.time(), "given_up": why}
         update: dict[str, Any] = {"metadata": {**ro.metadata, "late_result": late}}
         if ro.status == "running":  # should not happen: given-up attempts are finished in the store
             update.update(status="failed", end_time=time.time(), error=f"given up ({why})")
-        self.store._update_rollout(ro.model_copy(update=update))
+        self.store.update_rollout(ro.model_copy(update=update))
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

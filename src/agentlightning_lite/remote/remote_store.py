@@ -283,10 +283,10 @@ class RemoteStore(Store):
     def rollouts(self, mode: str | None = None, status: str | None = None) -> list[Rollout]:
         return [Rollout.model_validate(r, context=TRUSTED) for r in self.client.rollouts(mode, status)]
 
-    def _insert_rollout(self, rollout: Rollout) -> None:  # pragma: no cover - start_rollout is remote
+    def insert_rollout(self, rollout: Rollout) -> None:  # pragma: no cover - start_rollout is remote
         raise NotImplementedError
 
-    def _update_rollout(self, rollout: Rollout) -> None:  # pragma: no cover - finish_rollout is remote
+    def update_rollout(self, rollout: Rollout) -> None:  # pragma: no cover - finish_rollout is remote
         raise NotImplementedError
 
     def close(self) -> None:

@@ -357,7 +357,7 @@ class Runner:
         ``timeout``, what the agent records from now on is dropped, an async agent is cancelled,
         and a sync one (which no thread can stop) is left to end on its own while a new worker
         thread takes over its thread's place (``replace``)."""
-        if not ro._give_up():
+        if not ro.give_up():
             return  # the agent finished first
         with self._lock:
             self._active.pop(rid, None)  # no more heartbeats for it

@@ -19,7 +19,7 @@ from typing import Any
 
 from .._compat import build_sdk_types
 from ..agent import LitAgent, call_agent
-from ..tracer import Tracer
+from ..tracer import RolloutHandle, Tracer
 from ..types import check_reward
 
 __all__ = ["MAX_HUNG_THREADS", "LitAgent", "RolloutResult", "RolloutSpec", "hung_threads", "run_rollouts"]
@@ -107,7 +107,9 @@ def run_rollouts(
     results: list[RolloutResult | None] = [None] * len(specs)
     began: dict[int, float] = {}
     cancel_async: dict[int, Callable[[], None]] = {}
-    handles: dict[int, Any] = {}  # the agent's rollout handle, to close it when the rollout times out
+    handles: dict[
+        int, RolloutHandle
+    ] = {}  # the agent's rollout handle, to close it when the rollout times out
     threads: dict[int, threading.Thread] = {}
     done_q: queue.Queue[tuple[int, RolloutResult]] = queue.Queue()
 
@@ -170,7 +172,7 @@ def run_rollouts(
                             )
                         store.finish_rollout(rid, status="timeout", error=msg, only_if_running=True)
                         if i in handles:  # what the agent records from now on is dropped
-                            handles[i]._give_up()
+                            handles[i].give_up()
                         ready.append((i, RolloutResult(rid, specs[i], "timeout", None, msg, now - began[i])))
                         running.discard(i)
                         _give_up(i, rid, threads[i], cancel_async.get(i), on_timeout)
@@ -195,7 +197,7 @@ def run_rollouts(
             rid = started[i].rollout_id
             store.finish_rollout(rid, status="failed", error=msg, only_if_running=True)
             if i in handles:
-                handles[i]._give_up()
+                handles[i].give_up()
             spent = time.monotonic() - began.get(i, time.monotonic())
             results[i], finished = RolloutResult(rid, specs[i], "failed", None, msg, spent), finished + 1
             if i in running:

@@ -28,9 +28,9 @@ _ROLLOUT_METHODS = (
     "start_rollout",
     "finish_rollout",
     "get_rollout",
-    "_insert_rollout",
-    "_update_rollout",
-    "_rollout_for_update",
+    "insert_rollout",
+    "update_rollout",
+    "rollout_for_update",
 )
 
 #: how many rollouts' late-write warnings are remembered (one warning per rollout, then debug)
@@ -144,6 +144,11 @@ class Store(abc.ABC):
       (:meth:`set_reward` is the trainer's: it may still set any rollout's reward, such as the
       reward it gives failed ones.)
 
+    A backend implements :meth:`get_rollout`, :meth:`rollouts`, :meth:`add_spans`, :meth:`spans` and
+    the rollout-record hooks :meth:`insert_rollout` and :meth:`update_rollout` (and
+    :meth:`rollout_for_update` when it buffers writes); ``start_rollout``, ``finish_rollout`` and
+    ``set_reward`` are written on those hooks. A store that wraps another forwards the hooks to it.
+
     >>> import agentlightning_lite as agl
     >>> with agl.MemoryStore() as store:  # or agl.SQLiteStore("runs.db"): the same methods
     ...     ro = store.start_rollout({"q": "2+2?"}, mode="train")
@@ -178,7 +183,7 @@ class Store(abc.ABC):
             start_time=time.time(),
             metadata={**(metadata or {}), OWNER_KEY: (metadata or {}).get(OWNER_KEY) or owner()},
         )
-        self._insert_rollout(rollout)
+        self.insert_rollout(rollout)
         return rollout
 
     def finish_rollout(
@@ -199,7 +204,7 @@ class Store(abc.ABC):
         if status not in ROLLOUT_STATUSES or status == "running":
             raise ValueError(f"status must be one of succeeded/failed/timeout, got {status!r}")
         reward = check_reward(reward)
-        rollout = self._rollout_for_update(rollout_id)
+        rollout = self.rollout_for_update(rollout_id)
         if rollout is None:
             raise UnknownRolloutError(rollout_id)
         if only_if_running and rollout.status != "running":
@@ -208,16 +213,16 @@ class Store(abc.ABC):
         if reward is not None:
             update["reward"] = reward
         rollout = rollout.model_copy(update=update)
-        self._update_rollout(rollout)
+        self.update_rollout(rollout)
         return rollout
 
     def set_reward(self, rollout_id: str, reward: float) -> None:
         """Record the final reward of a rollout without changing its status."""
         checked = check_reward(reward)
-        rollout = self._rollout_for_update(rollout_id)
+        rollout = self.rollout_for_update(rollout_id)
         if rollout is None:
             raise UnknownRolloutError(rollout_id)
-        self._update_rollout(rollout.model_copy(update={"reward": checked}))
+        self.update_rollout(rollout.model_copy(update={"reward": checked}))
 
     def open_rollout(
         self,
@@ -318,12 +323,43 @@ class Store(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- implementation hooks -------------------------------------------------------------
-    def _rollout_for_update(self, rollout_id: str) -> Rollout | None:
+    # -- rollout records: what a backend implements and a wrapper forwards -----------------
+    def rollout_for_update(self, rollout_id: str) -> Rollout | None:
+        """The rollout as the store holds it now, to change and write back with :meth:`update_rollout`
+        (``None`` for an unknown id). Defaults to :meth:`get_rollout`; a store that buffers writes
+        returns the record with its buffered changes.
+
+        >>> import agentlightning_lite as agl
+        >>> store = agl.MemoryStore()
+        >>> rid = store.open_rollout("task")
+        >>> store.rollout_for_update(rid).status, store.rollout_for_update("nope")
+        ('running', None)
+        """
         return self.get_rollout(rollout_id)
 
     @abc.abstractmethod
-    def _insert_rollout(self, rollout: Rollout) -> None: ...
+    def insert_rollout(self, rollout: Rollout) -> None:
+        """Store a new rollout record as it is, unchecked: what :meth:`start_rollout` calls once it has
+        built the record and made sure its id is new (begin a rollout with ``start_rollout``).
+
+        >>> import agentlightning_lite as agl
+        >>> store = agl.MemoryStore()
+        >>> store.insert_rollout(agl.Rollout(rollout_id="r1", start_time=0.0))
+        >>> store.get_rollout("r1").status
+        'running'
+        """
 
     @abc.abstractmethod
-    def _update_rollout(self, rollout: Rollout) -> None: ...
+    def update_rollout(self, rollout: Rollout) -> None:
+        """Replace the stored record of ``rollout.rollout_id`` with ``rollout`` (status, end time,
+        reward, error, metadata), unchecked: what :meth:`finish_rollout` and :meth:`set_reward` call
+        with a changed copy of :meth:`rollout_for_update`'s record. Span writes are judged by the
+        record stored when they arrive (see the class docstring's rules).
+
+        >>> import agentlightning_lite as agl
+        >>> store = agl.MemoryStore()
+        >>> ro = store.start_rollout("task")
+        >>> store.update_rollout(ro.model_copy(update={"metadata": {**ro.metadata, "note": "checked"}}))
+        >>> store.get_rollout(ro.rollout_id).metadata["note"]
+        'checked'
+        """

@@ -131,14 +131,14 @@ class MemoryStore(Store):
         ro = self._rollouts[r[0]] = _decode(r)
         return ro
 
-    def _insert_rollout(self, rollout: Rollout) -> None:
+    def insert_rollout(self, rollout: Rollout) -> None:
         with self._lock:
             if rollout.rollout_id in self._rollouts:
                 raise RolloutExistsError(f"rollout {rollout.rollout_id!r} exists already")
             self._rollouts[rollout.rollout_id] = rollout
             self._spans.setdefault(rollout.rollout_id, {})
 
-    def _update_rollout(self, rollout: Rollout) -> None:
+    def update_rollout(self, rollout: Rollout) -> None:
         with self._lock:
             dropped = self._file_pending() if self._pending else None
             self._rollouts[rollout.rollout_id] = rollout

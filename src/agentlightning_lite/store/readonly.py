@@ -144,10 +144,10 @@ class ReadOnlyStore(Store):
     def add_spans(self, spans: Iterable[Span]) -> None:
         raise PermissionError(f"{self.path} is opened read-only")
 
-    def _insert_rollout(self, rollout: Rollout) -> None:
+    def insert_rollout(self, rollout: Rollout) -> None:
         raise PermissionError(f"{self.path} is opened read-only")
 
-    def _update_rollout(self, rollout: Rollout) -> None:
+    def update_rollout(self, rollout: Rollout) -> None:
         raise PermissionError(f"{self.path} is opened read-only")
 
     def close(self) -> None:

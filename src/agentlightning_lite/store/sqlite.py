@@ -359,13 +359,13 @@ class SQLiteStore(Store):
                 return
         super().close_rollout(rollout_id, status, reward, error, only_if_running)
 
-    def _insert_rollout(self, rollout: Rollout) -> None:
+    def insert_rollout(self, rollout: Rollout) -> None:
         self._check_open()
         with self._lock:
             self._live[rollout.rollout_id] = rollout
             self._inserts.append(rollout_row(rollout))
 
-    def _update_rollout(self, rollout: Rollout) -> None:
+    def update_rollout(self, rollout: Rollout) -> None:
         self._check_open()
         with self._lock:
             if rollout.status == "running":
@@ -386,7 +386,7 @@ class SQLiteStore(Store):
         if full:
             self.flush()
 
-    def _rollout_for_update(self, rollout_id: str) -> Rollout | None:
+    def rollout_for_update(self, rollout_id: str) -> Rollout | None:
         with self._lock:
             live = self._live.get(rollout_id)
         if isinstance(live, tuple):

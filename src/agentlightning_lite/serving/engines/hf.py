@@ -185,7 +185,7 @@ class HFEngine(ContinuousBatching, HFAdapters, BatchingEngine):
             if tokenizer is None:
                 raise ValueError("pass tokenizer= with an already loaded model")
             module = model
-            config_name = getattr(getattr(model, "config", None), "_name_or_path", "model")
+            config_name = getattr(getattr(model, "config", None), "name_or_path", "model")
             self.model_name = str(model_name or config_name)
             if self.load_in_4bit and not getattr(module, "is_loaded_in_4bit", False):
                 raise ValueError(
