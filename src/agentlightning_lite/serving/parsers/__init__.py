@@ -1,4 +1,3 @@
-# ruff: noqa: RUF002  (DeepSeek's markers are written with full-width bars)
 """Tool-call and reasoning parsers by vLLM's names (``--tool-call-parser``, ``--reasoning-parser``).
 
 What ``vllm serve --tool-call-parser X --reasoning-parser Y`` reads, ``PolicyServer(tool_parser=X,

@@ -81,7 +81,8 @@ class ModelReplyParser:
 
         >>> from agentlightning_lite.serving.parsers import reply_parser
         >>> s = reply_parser("hermes", "qwen3").stream()
-        >>> [s.read_delta(t) for t in ("<think>Add", ".</think>It is", " 4.")]  # doctest: +NORMALIZE_WHITESPACE
+        >>> pieces = ("<think>Add", ".</think>It is", " 4.")
+        >>> [s.read_delta(t) for t in pieces]  # doctest: +NORMALIZE_WHITESPACE
         [ReplyDelta(content='', reasoning='Add', tool_calls=[]),
          ReplyDelta(content='It is', reasoning='.', tool_calls=[]),
          ReplyDelta(content=' 4.', reasoning='', tool_calls=[])]

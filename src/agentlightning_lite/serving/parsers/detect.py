@@ -1,4 +1,4 @@
-# ruff: noqa: RUF001  (DeepSeek's markers are written with full-width bars)
+# ruff: noqa: RUF002  (DeepSeek's markers are written with full-width bars)
 """Which parsers a model's chat template points to: :func:`detect` reads its markers, :func:`auto_parser`
 builds the reply parser (``"auto"``), :func:`template_renders_tools` says whether the template renders
 the tools itself (else the server's own tool prompt asks for Hermes blocks)."""

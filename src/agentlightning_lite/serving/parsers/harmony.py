@@ -145,6 +145,9 @@ class HarmonyToolParser(ToolParser):
         msgs = harmony_messages(text)
         if not msgs:
             return text, []
+        return self.content_of(msgs), self._calls(msgs)
+
+    def _calls(self, msgs: Sequence[Message]) -> list[Call]:
         calls: list[Call] = []
         for m in msgs:
             if m.recipient is None or not m.recipient.startswith("functions."):
@@ -156,7 +159,7 @@ class HarmonyToolParser(ToolParser):
                 continue
             if isinstance(args, dict) and self.named(name):
                 calls.append((name, args))
-        return self.content_of(msgs), calls
+        return calls
 
     def content_only(self, text: str) -> str | None:
         msgs = harmony_messages(text)
@@ -164,12 +167,11 @@ class HarmonyToolParser(ToolParser):
 
     def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
         msgs = harmony_messages(text)
-        whole = [m for m in msgs if _closed(m, text)]
-        return self.certain_content_only(text), self.read(text[: whole[-1].span[1]], tools)[1] if whole else []
+        content = _joined([_sure_text(m, text) for m in msgs if _is_content(m)])
+        return content, self._calls([m for m in msgs if _closed(m, text)])
 
     def certain_content_only(self, text: str) -> str:
-        msgs = harmony_messages(text)
-        return _joined([_sure_text(m, text) for m in msgs if _is_content(m)])
+        return self.certain(text, None)[0]
 
     @staticmethod
     def content_of(msgs: Sequence[Message]) -> str | None:

@@ -1,6 +1,7 @@
-"""The Hermes tool-call format (vLLM's ``hermes``): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-blocks, what the server's own tool prompt asks for (:data:`~..chat_format.TOOLS_PROMPT`) and what
-Hermes-style templates (Qwen2.5, Qwen3's JSON form) write."""
+"""The Hermes tool-call format (vLLM's ``hermes``):
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, what the server's own tool prompt
+asks for (:data:`~..chat_format.TOOLS_PROMPT`) and what Hermes-style templates (Qwen2.5, Qwen3's JSON
+form) write."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ class HermesToolParser(ToolParser):
 
     >>> HermesToolParser().read('Checking.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', None)
     ('Checking.', [('f', {'x': 1})])
-    >>> HermesToolParser().certain('Checking. <tool_call>{"name": "f", "arguments": {}}</tool_call><tool', None)
+    >>> HermesToolParser().certain('Checking. <tool_call>{"name": "f", "arguments": {}}</tool_call><to', None)
     ('Checking.', [('f', {})])
     """
 

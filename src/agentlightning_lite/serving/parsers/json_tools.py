@@ -213,5 +213,7 @@ class KimiK2ToolParser(ToolParser):
         content = before if before.strip() else ""  # only whitespace: no content if calls follow
         if not begun:
             return content, []
-        closed = [m for m in self._CALL.finditer(text) if m.end() < len(text) or m.group(0).endswith(self._END)]
+        closed = [
+            m for m in self._CALL.finditer(text) if m.end() < len(text) or m.group(0).endswith(self._END)
+        ]
         return content, self.read(text[: closed[-1].end()], tools)[1] if closed else []

@@ -11,7 +11,12 @@ from .combined import ModelReplyParser
 from .harmony import GptOssReasoningParser, HarmonyToolParser
 from .hermes import HermesToolParser
 from .json_tools import DeepSeekV31ToolParser, KimiK2ToolParser, Llama3JsonToolParser, MistralToolParser
-from .reasoning import DeepSeekR1ReasoningParser, MistralReasoningParser, Qwen3ReasoningParser, ReasoningParser
+from .reasoning import (
+    DeepSeekR1ReasoningParser,
+    MistralReasoningParser,
+    Qwen3ReasoningParser,
+    ReasoningParser,
+)
 from .results import ParsedReply
 from .text_tools import Glm45ToolParser, PythonicToolParser, Qwen3CoderToolParser
 
