@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agentlightning_lite.serving.engines import ScriptedEngine
 from agentlightning_lite.serving.parsers import (
     ModelReplyParser,
     ReplyDelta,
@@ -183,3 +184,57 @@ def test_a_finished_stream_refuses_more_and_a_wrong_stream_is_named() -> None:
     eager.read_delta('<tool_call>{"name": "g", "arguments": {}}')
     with pytest.raises(StreamMismatchError, match=r"hermes.*sent content '<tool_call>"):
         eager.finish()
+
+
+def test_a_streamed_chat_completion_sends_each_call_where_it_closes(serve: Any, store: Any) -> None:
+    reply = (
+        '<think>Two lookups.</think>First, <tool_call>{"name": "f", "arguments": {"n": 1}}</tool_call> then '
+        '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    )
+    engine = ScriptedEngine([reply], tokenizer="bytes")
+    server = serve(engine, store, tool_parser="hermes", reasoning_parser="qwen3")
+    ro = store.start_rollout("t", mode="train")
+    llm = server.llm(ro.rollout_id)
+    client = llm.openai_client(max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": "go"}],
+            tools=TOOLS,
+            stream=True,
+            logprobs=True,
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks]
+    kinds = [
+        "reasoning"
+        if (d.model_extra or {}).get("reasoning_content")
+        else f"call {d.tool_calls[0].index}"
+        if d.tool_calls
+        else "content"
+        if d.content
+        else None
+        for d in deltas
+    ]
+    # the calls come as they close, between the content around them: not replayed after the reply
+    runs = [k for i, k in enumerate(kinds) if k and (i == 0 or kinds[i - 1] != k)]
+    assert runs == ["reasoning", "content", "call 0", "content", "call 1"]
+    assert kinds.count("content") > 3  # the content in pieces too
+    assert deltas[kinds.index("reasoning")].model_extra["reasoning_content"] == "Two lookups."
+    assert "".join(d.content or "" for d in deltas) == "First,  then"
+    calls = [tc for d in deltas for tc in d.tool_calls or []]
+    assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
+        ("f", {"n": 1}),
+        ("g", {}),
+    ]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    (span,) = [s for s in store.spans(ro.rollout_id) if s.kind == "llm"]
+    assert [c["id"] for c in span.output["tool_calls"]] == [tc.id for tc in calls]  # the ids the agent got
+    assert span.output["content"] == "First,  then" and span.output["reasoning_content"] == "Two lookups."
+    streamed_lp = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(streamed_lp) == len(span.response_token_ids)  # every token's logprob, once
+    one = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": "go"}], tools=TOOLS, stream=True,
+        parallel_tool_calls=False,
+    )  # fmt: skip
+    assert [tc.function.name for c in one for tc in c.choices[0].delta.tool_calls or []] == ["f"]
