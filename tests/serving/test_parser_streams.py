@@ -238,3 +238,18 @@ def test_a_streamed_chat_completion_sends_each_call_where_it_closes(serve: Any, 
         parallel_tool_calls=False,
     )  # fmt: skip
     assert [tc.function.name for c in one for tc in c.choices[0].delta.tool_calls or []] == ["f"]
+
+
+def test_an_empty_reply_streams_its_role_and_finish_only(serve: Any, store: Any) -> None:
+    server = serve(
+        ScriptedEngine([""], tokenizer="bytes"), store, tool_parser="hermes", reasoning_parser="qwen3"
+    )
+    client = server.llm().openai_client(max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "go"}], tools=TOOLS, stream=True, logprobs=True
+        )
+    )
+    assert [c.choices[0].delta.role for c in chunks] == ["assistant", None]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+    assert chunks[-1].choices[0].finish_reason == "stop"

@@ -59,7 +59,7 @@ async def chat_completions(ctx: ServingContext, request: Request) -> Response:
     req = chat_request(call.body, ctx.max_n)
     run = await serve_chat(ctx, call, req, request)
     if req.params.stream:
-        return sse(chat_chunks(ctx, run, req.params, run.streamed))
+        return sse(chat_chunks(ctx, run, req.params))
     return JSONResponse(
         {
             "id": run.request_id,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..context import ServingContext
 from ..engines.base import GenResult
@@ -14,6 +14,9 @@ from ..params import Params
 from ..parsers import ParsedReply, ReplyDelta, StreamMismatchError
 from ..reply import decode_keeping
 from .calls import pieces
+
+if TYPE_CHECKING:
+    from .chat import ChatRun
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ def stream_reply(
     if start is None:
         return None
     parts = pieces(ctx, res, text, reply_decoder(ctx))
-    step = -(-len(parts) // MAX_PIECES)
+    step = max(1, -(-len(parts) // MAX_PIECES))
     stream = start(tools or None, with_calls=bool(tools))
     out: Streamed = []
     try:
@@ -115,15 +118,10 @@ def _deltas(msg: dict[str, Any], streamed: Streamed, n_tokens: int) -> list[tupl
     return out
 
 
-def chat_chunks(
-    ctx: ServingContext,
-    run: Any,
-    p: Params,
-    streamed: list[Streamed | None],
-) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` objects of a served chat request (``run``: its ``ChatRun``), each
-    choice's from what its reply's stream made certain, piece by piece (``streamed``), or, for a reply
-    read whole, its message replayed (content in token-aligned pieces, each call whole)."""
+def chat_chunks(ctx: ServingContext, run: ChatRun, p: Params) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a served chat request, each choice's from what its
+    reply's stream made certain, piece by piece (``run.streamed``), or, for a reply read whole, its
+    message replayed (content in token-aligned pieces, each call whole)."""
     request_id, created, fingerprint = run.request_id, run.created, run.fingerprint
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict:
@@ -140,7 +138,7 @@ def chat_chunks(
         return {"content": token_logprobs(ctx, res, s, e), "refusal": None} if p.logprobs and e > s else None
 
     out: list[dict[str, Any]] = []
-    for choice, res, by_piece in zip(run.choices, run.results, streamed, strict=True):
+    for choice, res, by_piece in zip(run.choices, run.results, run.streamed, strict=True):
         i, msg = choice["index"], choice["message"]
         out.append(chunk(i, {"role": "assistant", "content": ""}))
         if by_piece is not None:
@@ -176,7 +174,7 @@ def _replayed(
     return out
 
 
-def content_deltas(ctx: ServingContext, run: Any) -> list[str] | None:
+def content_deltas(ctx: ServingContext, run: ChatRun) -> list[str] | None:
     """The first choice's content as it streams: the pieces its reply's stream made certain, or, for a
     reply read whole, token-aligned pieces of its content (``None``: no content). The Responses and
     Messages streams send these as their text deltas."""
