@@ -244,10 +244,15 @@ def test_an_empty_reply_streams_its_role_and_finish_only(serve: Any, store: Any)
     server = serve(
         ScriptedEngine([""], tokenizer="bytes"), store, tool_parser="hermes", reasoning_parser="qwen3"
     )
-    client = server.llm().openai_client(max_retries=0)
+    llm = server.llm()
+    client = llm.openai_client(max_retries=0)
     chunks = list(
         client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "go"}], tools=TOOLS, stream=True, logprobs=True
+            model=llm.model,
+            messages=[{"role": "user", "content": "go"}],
+            tools=TOOLS,
+            stream=True,
+            logprobs=True,
         )
     )
     assert [c.choices[0].delta.role for c in chunks] == ["assistant", None]

@@ -144,7 +144,8 @@ async def serve_chat(
     total = usage(len(prompt_ids), results)
     for i, res in enumerate(results):
         text = reply_text(ctx, res)
-        by_piece = stream_reply(ctx, res, text, offered) if p.stream else None
+        # read piece by piece off the event loop: each piece reads the reply so far
+        by_piece = await run_in_threadpool(stream_reply, ctx, res, text, offered) if p.stream else None
         reply = by_piece[0] if by_piece is not None else ctx.reply_parser.parse(text, offered or None)
         streamed.append(by_piece[1] if by_piece is not None else None)
         calls = reply.tool_calls if req.parallel_tool_calls else reply.tool_calls[:1]
