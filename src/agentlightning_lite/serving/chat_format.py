@@ -1,20 +1,21 @@
-"""Chat prompts for the policy model: chat-template rendering, tools in the prompt, tool-call parsing.
+"""Chat prompts for the policy model: chat-template rendering and tools in the prompt.
 
 Models whose chat template knows tools get them through the template; for the others (SmolLM2)
 the tools are described in a system message and the model is asked to answer with
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, which are parsed back into
-OpenAI ``tool_calls``.
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, which the ``hermes`` parser of
+:mod:`.parsers` reads back into OpenAI ``tool_calls``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidRequestError
+from .parsers.detect import template_renders_tools
+from .parsers.hermes import read_hermes
 
 __all__ = [
     "ChatFormatError",
@@ -207,21 +208,6 @@ def chat_template_text(tokenizer: Any) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def template_renders_tools(chat_template: str | dict[str, str] | None) -> bool:
-    """Whether a chat template renders a ``tools`` argument itself; when it does not, the server
-    describes the tools in the system prompt (:data:`TOOLS_PROMPT`, asking for ``<tool_call>`` blocks)
-    and writes earlier calls that way, and ``tool_parser="auto"`` reads replies with ``hermes``.
-
-    >>> template_renders_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
-    True
-    >>> template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
-    False
-    """
-    if isinstance(chat_template, dict):
-        chat_template = " ".join(str(v) for v in chat_template.values())
-    return chat_template is not None and "tools" in chat_template
-
-
 def template_supports_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template renders a ``tools`` argument itself
     (:func:`template_renders_tools` of its template)."""
@@ -397,51 +383,11 @@ def _thinking_as_template_reads_it(
     return out
 
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
-_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
-
-
-def _as_call(obj: Any, names: set[str] | None) -> dict[str, Any] | None:
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name")
-    if not isinstance(name, str) or (names is not None and name not in names):
-        return None
-    if "arguments" in obj:
-        args = obj["arguments"]
-    elif "parameters" in obj:
-        args = obj["parameters"]
-    else:
-        return None
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return {
-        "id": new_tool_call_id(),
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
-    }
-
-
-def _loads(text: str) -> Any:
-    text = text.strip()
-    fence = _FENCE_RE.match(text)
-    if fence:
-        text = fence.group(1)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return None
-
-
 def parse_tool_calls(
     text: str, tools: Sequence[dict[str, Any]] | None = None
 ) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split model output into (content, OpenAI ``tool_calls``).
+    """Split model output into (content, OpenAI ``tool_calls``), as the ``hermes`` parser reads it
+    (:func:`~.parsers.hermes.read_hermes`; ``ChatFormatError`` for a malformed entry of ``tools``).
 
     Reads ``<tool_call>{...}</tool_call>`` blocks (an unclosed last block too) and, failing
     those, an answer that is nothing but a JSON call object (or list of them). Calls must name
@@ -455,24 +401,15 @@ def parse_tool_calls(
     >>> parse_tool_calls("4", tools)
     ('4', [])
     """
-    names = None if tools is None else {_function(t, i)["name"] for i, t in enumerate(tools)}
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    last = 0
-    for match in _TOOL_CALL_RE.finditer(text):
-        call = _as_call(_loads(match.group(1)), names)
-        if call is None:
-            continue
-        calls.append(call)
-        kept.append(text[last : match.start()])
-        last = match.end()
-    if calls:
-        kept.append(text[last:])
-        content = "".join(kept).strip()
-        return (content or None), calls
-    obj = _loads(text)
-    objs = obj if isinstance(obj, list) else [obj]
-    found = [_as_call(o, names) for o in objs] if obj is not None else []
-    if found and all(c is not None for c in found):
-        return None, found  # type: ignore[return-value]
-    return text, []
+    if tools is not None:
+        for i, t in enumerate(tools):
+            _function(t, i)
+    content, calls = read_hermes(text, tools)
+    return content, [
+        {
+            "id": new_tool_call_id(),
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+        }
+        for name, args in calls
+    ]

@@ -4,48 +4,22 @@ Every dialect's reply goes through one :class:`ReplyParser` (``server.reply_pars
 generated text into the content the agent reads, the reasoning, and OpenAI ``tool_calls``. The
 default, :class:`HermesReplyParser`, reads ``<tool_call>{json}</tool_call>`` blocks (what the tool
 prompt of :mod:`.chat_format` asks for, and what Hermes-style templates write) and no reasoning.
-Parsers for other model families, by vLLM's names, are in :mod:`.parsers`.
+Every format is read in :mod:`.parsers` (by vLLM's names); this module decodes replies for them.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .chat_format import parse_tool_calls
+from .parsers.combined import ModelReplyParser
+from .parsers.hermes import HermesToolParser
+from .parsers.results import ParsedReply
 
 if TYPE_CHECKING:
     from .engines.contract import ServingEngine
 
 __all__ = ["HermesReplyParser", "ParsedReply", "ReplyParser", "decode_keeping", "special_markers"]
-
-
-@dataclass
-class ParsedReply:
-    """One generated reply, read: ``content`` (``None`` when the reply is only tool calls), the
-    ``reasoning`` it wrote apart from its answer (``None`` when none), and its ``tool_calls`` (OpenAI's
-    shape: ``{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}``).
-
-    ``tool_parse_failed``: tools were offered and the reply holds a call marker of the format (such
-    as ``<tool_call>``) but no call could be read from it (the server records it, with the reply's
-    whole text, on the call's span and warns once; what stays content is the format's rule)."""
-
-    content: str | None
-    reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    tool_parse_failed: bool = field(default=False, repr=False)
-
-    @property
-    def calls(self) -> list[tuple[str, dict[str, Any]]]:
-        """The tool calls as ``(name, arguments dict)`` pairs.
-
-        >>> ParsedReply(None, tool_calls=[{"id": "c1", "type": "function",
-        ...             "function": {"name": "f", "arguments": '{"x": 1}'}}]).calls
-        [('f', {'x': 1})]
-        """
-        return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in self.tool_calls]
 
 
 class ReplyParser(Protocol):
@@ -64,9 +38,10 @@ class ReplyParser(Protocol):
         ...
 
 
-class HermesReplyParser:
+class HermesReplyParser(ModelReplyParser):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (an answer that is nothing but
-    a JSON call object is read as a call too); calls must name an offered tool.
+    a JSON call object is read as a call too); calls must name an offered tool: the ``hermes`` parser
+    of :mod:`.parsers` and no reasoning.
 
     >>> tools = [{"type": "function", "function": {"name": "calc"}}]
     >>> text = '<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>'
@@ -79,18 +54,11 @@ class HermesReplyParser:
     True
     """
 
-    name = "hermes"
-    reasoning_parser = None
-    special_tokens = False
-    marker_tokens = ("<tool_call>", "</tool_call>")
+    def __init__(self) -> None:
+        super().__init__(HermesToolParser())
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedReply:
-        if not tools:
-            return ParsedReply(content=text)
-        content, calls = parse_tool_calls(text, tools)
-        if not calls and "<tool_call>" in text:
-            return ParsedReply(content=text, tool_parse_failed=True)
-        return ParsedReply(content=content, tool_calls=calls)
+    def __repr__(self) -> str:
+        return "HermesReplyParser()"
 
 
 def special_markers(engine: ServingEngine, parser: ReplyParser) -> dict[int, str]:

@@ -86,7 +86,8 @@ class PolicyServer(ThreadedUvicorn):
     recorded logprobs are then not those of the distribution sampled from, see docs/training.md).
     Evaluation (``val``), ``trace`` and unrouted calls always sample as asked. Streaming
     (``stream=true``) sends OpenAI chunks once the engine has produced the whole reply, then
-    ``data: [DONE]``.
+    ``data: [DONE]``: the reply is read token by token by the reply parser's stream, so each tool
+    call comes as a delta where it closes, between the content around it.
 
     Other API dialects, one capture point: ``/v1/responses`` (OpenAI Responses, e.g. Codex or the
     Agents SDK's default model) and ``/v1/messages`` (Anthropic Messages, e.g. Claude Code or

@@ -18,16 +18,28 @@ import string
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-__all__ = ["Call", "ToolParser", "alphanumeric_id", "coerce", "fix_types", "tool_names", "tool_properties"]
+__all__ = [
+    "Call",
+    "ToolParser",
+    "alphanumeric_id",
+    "coerce",
+    "fix_types",
+    "held",
+    "held_end_markers",
+    "strip_end_markers",
+    "tool_names",
+    "tool_properties",
+]
 
 #: a tool call read from a reply: the tool's name and its arguments
 Call = tuple[str, dict[str, Any]]
 
 # tokens that end a turn, left at the end of a reply decoded with its special tokens
-_END_MARKERS = re.compile(
-    r"(?:<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|<\|eom_id\|>|<\|end_of_text\|>|</s>|<\|return\|>"
-    r"|<\|call\|>|<\|end\|>|<｜end▁of▁sentence｜>|<\|user\|>|<\|observation\|>)+\s*\Z"
-)
+_END_TOKENS = (
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<|return|>",
+    "<|call|>", "<|end|>", "<｜end▁of▁sentence｜>", "<|user|>", "<|observation|>",
+)  # fmt: skip
+_END_MARKERS = re.compile("(?:" + "|".join(map(re.escape, _END_TOKENS)) + r")+\s*\Z")
 
 _ALIASES = {"str": "string", "text": "string", "int": "integer", "float": "number", "bool": "boolean"}
 _PRIORITY = ("null", "integer", "number", "boolean", "object", "array", "string")
@@ -50,6 +62,46 @@ def strip_end_markers(text: str) -> str:
     '[TOOL_CALLS]f[ARGS]{}'
     """
     return _END_MARKERS.sub("", text)
+
+
+def held(text: str, markers: Sequence[str]) -> str:
+    """``text`` without its end where that end could be the start of one of ``markers`` (what a
+    streamed reply holds back until the next piece says whether a marker is being written).
+
+    >>> held("Sure.<tool_", ["<tool_call>"]), held("a < b", ["<tool_call>"])
+    ('Sure.', 'a < b')
+    """
+    for k in range(min(len(text), max(map(len, markers), default=1) - 1), 0, -1):
+        tail = text[-k:]
+        if any(m.startswith(tail) and m != tail for m in markers):
+            return text[:-k]
+    return text
+
+
+def _tail_start(s: str) -> bool:
+    """Whether ``s`` could begin the end-of-turn tokens (and whitespace) a decode leaves at the end."""
+    i, seen = 0, False
+    while i < len(s):
+        marker = next((m for m in _END_TOKENS if s.startswith(m, i)), None)
+        if marker is None:
+            rest = s[i:]
+            return any(m.startswith(rest) for m in _END_TOKENS) or (seen and rest.isspace())
+        i, seen = i + len(marker), True
+    return True
+
+
+def held_end_markers(text: str) -> str:
+    """The start of a streamed reply that :func:`strip_end_markers` keeps however the reply goes on:
+    ``text`` without the end-of-turn tokens (whole or begun) it ends with.
+
+    >>> held_end_markers("4<|ret"), held_end_markers("4<|return|>"), held_end_markers("a<|end|>b")
+    ('4', '4', 'a<|end|>b')
+    """
+    start = len(text)
+    i = text.rfind("<")
+    while i >= 0 and _tail_start(text[i:]):
+        start, i = i, text.rfind("<", 0, i)
+    return text[:start]
 
 
 def _function(tool: Any) -> dict[str, Any]:
@@ -213,6 +265,20 @@ class ToolParser:
 
     def content_only(self, text: str) -> str | None:
         """The content of a reply read without tools (its text, unless the format wraps it)."""
+        return text
+
+    def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
+        """What ``text``, the start of a streamed reply, already fixes however the reply goes on: the
+        start of the content :meth:`read` will give, and its first calls. The default fixes nothing
+        (the whole reply is read when it ends); a format overrides it with its own rules.
+
+        >>> ToolParser().certain("Hello", None)
+        ('', [])
+        """
+        return "", []
+
+    def certain_content_only(self, text: str) -> str:
+        """The start of :meth:`content_only`'s content that ``text``, the start of a reply, fixes."""
         return text
 
     def call_id(self) -> str:

@@ -1,7 +1,7 @@
 # ruff: noqa: RUF001, RUF002  (DeepSeek's markers are written with full-width bars)
-"""Tool-call formats whose arguments are JSON: ``hermes``, ``llama3_json``, ``mistral``, ``deepseek_v31``,
-``kimi_k2`` (vLLM's names, and vLLM's rules for what is content and what a malformed call does, save
-where a docstring says otherwise)."""
+"""Tool-call formats whose arguments are JSON: ``llama3_json``, ``mistral``, ``deepseek_v31``, ``kimi_k2``
+(vLLM's names, and vLLM's rules for what is content and what a malformed call does, save where a
+docstring says otherwise; ``hermes`` is in :mod:`.hermes`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..chat_format import parse_tool_calls
-from .base import Call, ToolParser, alphanumeric_id, fix_types, tool_properties
+from .base import Call, ToolParser, alphanumeric_id, fix_types, held, tool_properties
 
 __all__ = [
     "DeepSeekV31ToolParser",
-    "HermesToolParser",
     "KimiK2ToolParser",
     "Llama3JsonToolParser",
     "MistralToolParser",
@@ -34,34 +32,14 @@ def _obj_call(obj: Any, tools: Sequence[dict[str, Any]] | None) -> Call | None:
     return None if args is None else (obj["name"], args)
 
 
-class HermesToolParser(ToolParser):
-    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen2.5, Qwen3's JSON form).
-
-    Each well-formed block naming an offered tool is a call; the text around them, and any block that
-    is not one, stays content (vLLM keeps only the text before the first block, and turns every call
-    back into content when one block is malformed). An answer that is nothing but a JSON call object
-    is a call too.
-
-    >>> HermesToolParser().read('Checking.<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', None)
-    ('Checking.', [('f', {'x': 1})])
-    """
-
-    name = "hermes"
-    markers = ("<tool_call>",)
-    tokens = ("<tool_call>", "</tool_call>")
-
-    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
-        content, calls = parse_tool_calls(text, tools)
-        return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
-
-
 class Llama3JsonToolParser(ToolParser):
     """Llama 3.x JSON calls: ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``), several
     separated by ``;``, optionally after ``<|python_tag|>``.
 
     As vLLM does, every JSON object in the reply must be a call: one that is not (a missing key, broken
     JSON) leaves the whole reply as content; with calls there is no content. Arguments given as JSON
-    text are read as the object they spell (vLLM passes the text on as a JSON string).
+    text are read as the object they spell (vLLM passes the text on as a JSON string). So nothing of a
+    streamed reply is certain before it ends.
 
     >>> Llama3JsonToolParser().read('{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}',
     ...                             None)
@@ -101,7 +79,8 @@ class MistralToolParser(ToolParser):
     (none when only whitespace); a call that cannot be read leaves the whole reply as content (vLLM
     keeps the text after the marker).
     Call ids are 9 letters and digits, as vLLM's: Mistral's chat templates reject any other id when
-    the call comes back in the history.
+    the call comes back in the history. Streamed, the content before ``[TOOL_CALLS]`` is sent as it
+    comes; the calls when the reply ends (a later call that cannot be read makes them all content).
 
     >>> MistralToolParser().read('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', None)
     (None, [('get_weather', {'city': 'Paris'})])
@@ -125,6 +104,10 @@ class MistralToolParser(ToolParser):
         if not calls:
             return text, []
         return ((before.strip() and before) or None), calls
+
+    def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
+        before = held(text.partition(self._MARK)[0], [self._MARK])
+        return (before if before.strip() else ""), []
 
     def _calls(self, segments: list[str], tools: Sequence[dict[str, Any]] | None) -> list[Call]:
         if not segments:
@@ -157,7 +140,7 @@ class DeepSeekV31ToolParser(ToolParser):
     ``<｜tool▁call▁end｜>...
     <｜tool▁calls▁end｜>``. The content is the text before ``<｜tool▁calls▁begin｜>``; a call whose
     arguments are not a JSON object, or that is not closed, is dropped (vLLM passes its text on), and a
-    reply with no call left stays content whole.
+    reply with no call left stays content whole. Streamed, each call is sent when it closes.
 
     >>> DeepSeekV31ToolParser().read('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"x": 1}'
     ...                              '<｜tool▁call▁end｜><｜tool▁calls▁end｜>', None)
@@ -182,12 +165,19 @@ class DeepSeekV31ToolParser(ToolParser):
             return text, []
         return (text[: text.index(self._BEGIN)] or None), calls
 
+    def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
+        before, begun, _ = text.partition(self._BEGIN)
+        if not begun:
+            return held(before, [self._BEGIN]), []
+        return before, self.read(text, tools)[1]  # the closed calls: an open one does not match yet
+
 
 class KimiK2ToolParser(ToolParser):
     """Kimi K2: ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>
     {...}<|tool_call_end|><|tool_calls_section_end|>``. The content is the text before the section (the
     text after it is dropped, as vLLM does); arguments are typed by the tool's schema. A call whose
     arguments are not a JSON object is dropped (vLLM fails on it); a reply with none left stays content.
+    Streamed, each call is sent when it closes.
 
     >>> KimiK2ToolParser().read('On it.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0'
     ...                         '<|tool_call_argument_begin|>{"x": 1}<|tool_call_end|>'
@@ -197,7 +187,7 @@ class KimiK2ToolParser(ToolParser):
 
     name = "kimi_k2"
     special_tokens = True
-    _BEGIN = "<|tool_calls_section_begin|>"
+    _BEGIN, _END = "<|tool_calls_section_begin|>", "<|tool_call_end|>"
     markers = (_BEGIN, "<|tool_call_begin|>")
     _CALL = re.compile(
         r"<\|tool_call_begin\|>\s*(?P<id>[^<]+:\d+)\s*<\|tool_call_argument_begin\|>(?P<args>.*?)"
@@ -216,3 +206,14 @@ class KimiK2ToolParser(ToolParser):
                 calls.append((name, fix_types(args, tool_properties(tools, name))))
         content = text[: text.index(self._BEGIN)]
         return ((content.strip() and content) or None) if calls else text, calls
+
+    def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
+        before, begun, _ = text.partition(self._BEGIN)
+        before = before if begun else held(before, [self._BEGIN])
+        content = before if before.strip() else ""  # only whitespace: no content if calls follow
+        if not begun:
+            return content, []
+        closed = [
+            m for m in self._CALL.finditer(text) if m.end() < len(text) or m.group(0).endswith(self._END)
+        ]
+        return content, self.read(text[: closed[-1].end()], tools)[1] if closed else []

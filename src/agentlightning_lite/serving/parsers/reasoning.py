@@ -1,25 +1,13 @@
 """Reasoning parsers: split the thinking a reply wrote from the rest (``qwen3``, ``deepseek_r1``,
-``mistral``, ``openai_gptoss``: vLLM's ``--reasoning-parser`` names), and gpt-oss's Harmony messages,
-which the ``openai`` tool parser reads too."""
+``mistral``: vLLM's ``--reasoning-parser`` names; gpt-oss's ``openai_gptoss`` is in :mod:`.harmony`)."""
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar
 
-from .base import Call, ToolParser
+from .base import held
 
-__all__ = [
-    "DeepSeekR1ReasoningParser",
-    "GptOssReasoningParser",
-    "HarmonyToolParser",
-    "MistralReasoningParser",
-    "Qwen3ReasoningParser",
-    "ReasoningParser",
-    "harmony_messages",
-]
+__all__ = ["DeepSeekR1ReasoningParser", "MistralReasoningParser", "Qwen3ReasoningParser", "ReasoningParser"]
 
 
 class ReasoningParser:
@@ -35,6 +23,12 @@ class ReasoningParser:
     def split(self, text: str) -> tuple[str | None, str]:
         """``(reasoning, rest)``: the thinking (``None`` when none) and the text after it."""
         raise NotImplementedError
+
+    def certain(self, text: str) -> tuple[str, str | None]:
+        """What ``text``, the start of a streamed reply, fixes of :meth:`split`'s answer however the
+        reply goes on: the start of the reasoning, and the start of the rest (``None`` while not even
+        that is known). The default fixes nothing: the whole reply is split when it ends."""
+        return "", None
 
 
 class Qwen3ReasoningParser(ReasoningParser):
@@ -72,6 +66,26 @@ class Qwen3ReasoningParser(ReasoningParser):
         reasoning = head[start + len(self._START) :] if start >= 0 else head
         return (reasoning or None), rest.lstrip()
 
+    def certain(self, text: str) -> tuple[str, str | None]:
+        end, call = text.find(self._END), text.find("<tool_call>")
+        stripped = text.lstrip()
+        if self._START.startswith(stripped):
+            return "", None  # whether the reply opens with <think> is not known yet
+        opened = stripped.startswith(self._START)
+        if end < 0 and not opened:
+            return "", None  # all answer unless a </think> comes: not known until one does or the end
+        bounds = [i for i in (end, call) if i >= 0 and (opened or i == end or i < end)]
+        if not bounds:  # opened, still thinking
+            body = held(text, [self._END, "<tool_call>"])
+            return body[body.find(self._START) + len(self._START) :], None
+        cut = min(bounds)
+        head = text[:cut]
+        start = head.find(self._START)
+        after = text[cut + len(self._END) :] if cut == end else text[cut:]
+        return (head[start + len(self._START) :] if start >= 0 else head), held(after, [self._END]).replace(
+            self._END, ""
+        ).lstrip()
+
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
     """DeepSeek-R1's rules (vLLM's ``deepseek_r1``): the text after ``<think>`` when there is one (its
@@ -94,6 +108,13 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
             return (text or None), ""
         reasoning, _, content = text.partition("</think>")
         return (reasoning or None), content
+
+    def certain(self, text: str) -> tuple[str, str | None]:
+        _, mark, after = text.partition("<think>")
+        if not mark:
+            return "", None  # a <think> to come would drop all before it
+        reasoning, closed, content = after.partition("</think>")
+        return (reasoning, content) if closed else (held(after, ["</think>"]), None)
 
 
 class MistralReasoningParser(ReasoningParser):
@@ -121,115 +142,9 @@ class MistralReasoningParser(ReasoningParser):
         reasoning, closed, rest = after.partition(self._END)
         return (reasoning or None), before + rest if closed else before
 
-
-class Message(NamedTuple):
-    """One Harmony message: its channel, recipient (``functions.NAME`` for a tool call), content
-    type, text, and where it lies in the reply."""
-
-    channel: str | None
-    recipient: str | None
-    content_type: str | None
-    text: str
-    span: tuple[int, int]
-
-
-_MESSAGE = re.compile(
-    r"(?:<\|start\|>)?(?P<header>(?:(?!<\|message\|>|<\|start\|>).)*)<\|message\|>"
-    r"(?P<body>.*?)(?:<\|end\|>|<\|call\|>|<\|return\|>|(?=<\|start\|>)|\Z)",
-    re.S,
-)
-
-
-def harmony_messages(text: str) -> list[Message]:
-    """The messages of a gpt-oss reply written in Harmony (decoded with its special tokens).
-
-    >>> [(m.channel, m.recipient, m.text) for m in harmony_messages(
-    ...     "<|channel|>analysis<|message|>Think.<|end|>"
-    ...     "<|start|>assistant<|channel|>final<|message|>Hi<|return|>")]
-    [('analysis', None, 'Think.'), ('final', None, 'Hi')]
-    """
-    out = []
-    for m in _MESSAGE.finditer(text):
-        header = m.group("header")
-        channel = re.search(r"<\|channel\|>\s*([\w.-]+)", header)
-        recipient = re.search(r"\bto=([^\s<]+)", header)
-        ctype = re.search(r"(?:<\|constrain\|>|\s)(\w*json\w*)\s*$", header)
-        out.append(
-            Message(
-                channel.group(1) if channel else None,
-                recipient.group(1) if recipient else None,
-                ctype.group(1) if ctype else None,
-                m.group("body"),
-                m.span(),
-            )
-        )
-    return out
-
-
-def _is_content(m: Message) -> bool:
-    return m.channel == "final" or (m.channel == "commentary" and m.recipient is None)
-
-
-class GptOssReasoningParser(ReasoningParser):
-    """gpt-oss (Harmony): the ``analysis`` channel is the reasoning (its messages joined by newlines);
-    the rest is the reply without those messages.
-
-    >>> GptOssReasoningParser().split("<|channel|>analysis<|message|>Add.<|end|>"
-    ...                               "<|start|>assistant<|channel|>final<|message|>4")
-    ('Add.', '<|start|>assistant<|channel|>final<|message|>4')
-    """
-
-    name = "openai_gptoss"
-    special_tokens = True
-
-    def split(self, text: str) -> tuple[str | None, str]:
-        msgs = harmony_messages(text)
-        if not msgs:
-            return None, text
-        thought = [m for m in msgs if m.channel == "analysis" and m.recipient is None]
-        rest, last = [], 0
-        for m in thought:
-            rest.append(text[last : m.span[0]])
-            last = m.span[1]
-        rest.append(text[last:])
-        return ("\n".join(m.text for m in thought if m.text) or None), "".join(rest)
-
-
-class HarmonyToolParser(ToolParser):
-    """gpt-oss (Harmony, vLLM's ``openai``): a message to ``functions.NAME`` is a call (its JSON text
-    the arguments), the ``final`` channel (and ``commentary`` to no one) the content, joined by
-    newlines; ``analysis`` is reasoning (see :class:`GptOssReasoningParser`), other messages are dropped.
-
-    >>> HarmonyToolParser().read("<|channel|>commentary to=functions.f <|constrain|>json<|message|>"
-    ...                          '{"x": 1}<|call|>', None)
-    (None, [('f', {'x': 1})])
-    """
-
-    name = "openai"
-    special_tokens = True
-    markers = ("to=functions.",)
-
-    def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
-        msgs = harmony_messages(text)
-        if not msgs:
-            return text, []
-        calls: list[Call] = []
-        for m in msgs:
-            if m.recipient is None or not m.recipient.startswith("functions."):
-                continue
-            name = m.recipient.removeprefix("functions.")
-            try:
-                args: Any = json.loads(m.text) if m.text.strip() else {}
-            except ValueError:
-                continue
-            if isinstance(args, dict) and self.named(name):
-                calls.append((name, args))
-        return self.content_of(msgs), calls
-
-    def content_only(self, text: str) -> str | None:
-        msgs = harmony_messages(text)
-        return self.content_of(msgs) if msgs else text
-
-    @staticmethod
-    def content_of(msgs: Sequence[Message]) -> str | None:
-        return "\n".join(m.text for m in msgs if _is_content(m) and m.text) or None
+    def certain(self, text: str) -> tuple[str, str | None]:
+        before, mark, after = text.partition(self._START)
+        if not mark:
+            return "", held(text, [self._START])
+        reasoning, closed, rest = after.partition(self._END)
+        return (reasoning, before + rest) if closed else (held(after, [self._END]), before)

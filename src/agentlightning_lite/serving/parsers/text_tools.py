@@ -8,9 +8,26 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Call, ToolParser, fix_types, tool_properties
+from .base import Call, ToolParser, fix_types, held, tool_properties
 
 __all__ = ["Glm45ToolParser", "PythonicToolParser", "Qwen3CoderToolParser"]
+
+
+def _sure_content(text: str, first: re.Match[str] | None, markers: Sequence[str]) -> str:
+    """The start of the content, ``text`` being the start of a reply whose content is the text before
+    its first call stripped (``first``: that call, when begun), or the whole reply when it has none."""
+    if first is not None:
+        return text[: first.start()].strip()
+    if not text[:1] or text[:1].isspace():
+        return ""  # kept (no call) or stripped (a call later): not known yet
+    cut = min([i for i in (text.find(m) for m in markers) if i >= 0], default=len(text))
+    return held(text[:cut], markers).rstrip()
+
+
+def _closed_calls(pattern: re.Pattern[str], text: str) -> list[re.Match[str]]:
+    """The calls of ``text`` (the start of a reply) that are whole: a later one has begun or their end
+    marker is written (``pattern``'s group ``end``)."""
+    return [m for m in pattern.finditer(text) if m.end() < len(text) or m.group("end")]
 
 
 def _trim_newlines(value: str) -> str:
@@ -27,6 +44,7 @@ class Qwen3CoderToolParser(ToolParser):
     values are typed by the tool's schema (text when the schema says string or says nothing), a call
     cut short keeps its complete parameters, and a call to a tool not offered is a call too (the agent
     answers it). The content is the text before the first call, stripped; the text after is dropped.
+    Streamed, each call is sent when it closes.
 
     >>> schema = {"properties": {"n": {"type": "integer"}}}
     >>> tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
@@ -40,7 +58,7 @@ class Qwen3CoderToolParser(ToolParser):
     tokens = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
     _CALL = re.compile(
         r"(?:<tool_call>\s*)?<function=([^>]*)>(.*?)"
-        r"(?:</function>\s*(?:</tool_call>)?|</tool_call>|(?=<tool_call>|<function=)|\Z)",
+        r"(?:(?P<end></function>\s*(?:</tool_call>)?|</tool_call>)|(?=<tool_call>|<function=)|\Z)",
         re.S,
     )
     _PARAM = re.compile(
@@ -61,6 +79,11 @@ class Qwen3CoderToolParser(ToolParser):
             return text, []
         return (text[: spans[0][0]].strip() or None), calls  # the text after the calls is dropped
 
+    def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
+        closed = _closed_calls(self._CALL, text)
+        content = _sure_content(text, next(self._CALL.finditer(text), None), self.markers)
+        return content, self.read(text[: closed[-1].end()], tools)[1] if closed else []
+
 
 class Glm45ToolParser(ToolParser):
     """GLM-4.5 / 4.6 / 4.7: ``<tool_call>NAME\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>\\n``
@@ -68,7 +91,8 @@ class Glm45ToolParser(ToolParser):
 
     Values are typed by the tool's schema as vLLM does (text when it says string or nothing); an
     unclosed last call keeps its complete pairs; a call naming a tool not offered is dropped. The
-    content is the text before the first call, stripped; the text after is dropped.
+    content is the text before the first call, stripped; the text after is dropped. Streamed, each
+    call is sent when it closes.
 
     >>> Glm45ToolParser().read("Let me look.<tool_call>search\\n<arg_key>q</arg_key>\\n"
     ...                        "<arg_value>vllm</arg_value>\\n</tool_call>", None)
@@ -78,7 +102,7 @@ class Glm45ToolParser(ToolParser):
     name = "glm45"
     markers = ("<tool_call>",)
     tokens = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
-    _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.S)
+    _CALL = re.compile(r"<tool_call>(.*?)(?:(?P<end></tool_call>)|(?=<tool_call>)|\Z)", re.S)
     _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
     def read(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str | None, list[Call]]:
@@ -95,6 +119,11 @@ class Glm45ToolParser(ToolParser):
         if not spans:
             return text, []
         return (text[: spans[0][0]].strip() or None), calls  # the text after the calls is dropped
+
+    def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
+        closed = _closed_calls(self._CALL, text)
+        content = _sure_content(text, next(self._CALL.finditer(text), None), self.markers)
+        return content, self.read(text[: closed[-1].end()], tools)[1] if closed else []
 
 
 _LITERALS = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
@@ -136,7 +165,8 @@ class PythonicToolParser(ToolParser):
 
     Values are literals (``true``/``false``/``null`` too; tuples and sets become lists). As vLLM does,
     anything else (text around the list, an argument that is not a literal) leaves the whole reply as
-    content; positional arguments are ignored.
+    content; positional arguments are ignored. Streamed, a reply that does not begin with ``[`` is
+    content as it comes; a list of calls is read when the reply ends.
 
     >>> PythonicToolParser().read('[f(a=1, b="x"), g()]', None)
     (None, [('f', {'a': 1, 'b': 'x'}), ('g', {})])
@@ -163,3 +193,7 @@ class PythonicToolParser(ToolParser):
         except (SyntaxError, ValueError, RecursionError):
             return text, []
         return None, calls
+
+    def certain(self, text: str, tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[Call]]:
+        start = text.lstrip()[:1]
+        return (text if start and start != "[" else ""), []

@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -293,11 +293,15 @@ def task_of(messages: Any) -> Any:
     return None
 
 
-def pieces(ctx: ServingContext, res: GenResult, text: str) -> list[tuple[str, int, int]]:
-    """Split ``text`` into streamable deltas aligned with tokens: (delta, first token, end token)."""
+def pieces(
+    ctx: ServingContext, res: GenResult, text: str, decode: Callable[[Sequence[int]], str] | None = None
+) -> list[tuple[str, int, int]]:
+    """Split ``text`` into streamable deltas aligned with tokens: (delta, first token, end token).
+    ``decode``: how token ids read as ``text`` (default: the engine's plain decode)."""
+    decode = decode or ctx.engine.decode
     out, emitted, first = [], "", 0
     for k in range(len(res.token_ids)):
-        cur = ctx.engine.decode(res.token_ids[: k + 1])
+        cur = decode(res.token_ids[: k + 1])
         if cur.endswith("\ufffd") or not cur.startswith(emitted):
             continue  # an incomplete UTF-8 character: wait for the next token
         cur = cur[: len(text)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -17,8 +17,6 @@ from ..chat_request import ChatRequest, chat_request, render_prompt
 from ..context import ServingContext
 from ..engines.base import GenResult
 from ..errors import APIError, JSONResponse, bad_request
-from ..params import Params
-from ..reply import decode_keeping
 from ..structured import ResponseFormat, ResponseFormatError, parse_response_format
 from .calls import (
     budget,
@@ -27,12 +25,12 @@ from .calls import (
     gen_requests,
     generate,
     llm_span,
-    pieces,
     record,
     sse,
     task_of,
     usage,
 )
+from .chat_stream import Streamed, chat_chunks, reply_decoder, stream_reply, token_logprobs
 from .request import Call, resolve_call
 
 logger = logging.getLogger(__name__)
@@ -50,6 +48,9 @@ class ChatRun:
     total: dict[str, int]
     prompt_ids: list[int]
     max_tokens: int
+    #: per choice, when the request streams: what each piece of its reply made certain (``None``: the
+    #: reply was read whole and is replayed)
+    streamed: list[Streamed | None] = field(default_factory=list)
 
 
 async def chat_completions(ctx: ServingContext, request: Request) -> Response:
@@ -58,7 +59,7 @@ async def chat_completions(ctx: ServingContext, request: Request) -> Response:
     req = chat_request(call.body, ctx.max_n)
     run = await serve_chat(ctx, call, req, request)
     if req.params.stream:
-        return sse(_chunks(ctx, run, req.params))
+        return sse(chat_chunks(ctx, run, req.params))
     return JSONResponse(
         {
             "id": run.request_id,
@@ -139,11 +140,14 @@ async def serve_chat(
     except Exception as exc:
         raise await engine_failed(ctx, call, req.api, start, messages, attrs, prompt_ids, task, exc) from exc
 
-    choices, spans = [], []
+    choices, spans, streamed = [], [], []
     total = usage(len(prompt_ids), results)
     for i, res in enumerate(results):
         text = reply_text(ctx, res)
-        reply = ctx.reply_parser.parse(text, offered or None)
+        # read piece by piece off the event loop: each piece reads the reply so far
+        by_piece = await run_in_threadpool(stream_reply, ctx, res, text, offered) if p.stream else None
+        reply = by_piece[0] if by_piece is not None else ctx.reply_parser.parse(text, offered or None)
+        streamed.append(by_piece[1] if by_piece is not None else None)
         calls = reply.tool_calls if req.parallel_tool_calls else reply.tool_calls[:1]
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.reasoning is not None:
@@ -161,7 +165,7 @@ async def serve_chat(
             {
                 "index": i,
                 "message": message,
-                "logprobs": {"content": _logprobs(ctx, res), "refusal": None} if p.logprobs else None,
+                "logprobs": {"content": token_logprobs(ctx, res), "refusal": None} if p.logprobs else None,
                 "finish_reason": finish,
             }
         )
@@ -199,6 +203,7 @@ async def serve_chat(
         total=total,
         prompt_ids=prompt_ids,
         max_tokens=max_tokens,
+        streamed=streamed,
     )
 
 
@@ -222,10 +227,8 @@ def reply_text(ctx: ServingContext, res: GenResult) -> str:
     tokens for a parser whose markers are special tokens, or, where the served tokenizer marks a text
     parser's markers (``<tool_call>``, ``<think>``) special, decoded with those markers and no other
     special token (``ctx.reply_markers``). The token ids stay the whole reply's."""
-    if ctx.reply_parser.special_tokens:
-        return ctx.engine.decode(res.token_ids, skip_special_tokens=False)
-    if ctx.reply_markers:
-        return decode_keeping(ctx.engine, res.token_ids, ctx.reply_markers)
+    if ctx.reply_parser.special_tokens or ctx.reply_markers:
+        return reply_decoder(ctx)(res.token_ids)
     return res.text
 
 
@@ -247,66 +250,3 @@ async def response_format_of(
     except ResponseFormatError as exc:
         raise bad_request(str(exc), "response_format") from None
     return fmt
-
-
-def _logprobs(
-    ctx: ServingContext, res: GenResult, start: int = 0, end: int | None = None
-) -> list[dict[str, Any]]:
-    out = []
-    end = len(res.token_ids) if end is None else end
-    for k in range(start, end):
-        text = ctx.engine.token_text(res.token_ids[k])
-        entry: dict[str, Any] = {
-            "token": text,
-            "logprob": res.logprobs[k],
-            "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [],
-        }
-        if res.top_logprobs:
-            for tid, lp in res.top_logprobs[k]:
-                t = ctx.engine.token_text(tid)
-                entry["top_logprobs"].append({"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))})
-        out.append(entry)
-    return out
-
-
-def _chunks(ctx: ServingContext, run: ChatRun, p: Params) -> list[dict[str, Any]]:
-    request_id, created, fingerprint = run.request_id, run.created, run.fingerprint
-    choices, results, total = run.choices, run.results, run.total
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict:
-        return {
-            "id": request_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": ctx.model_name,
-            "system_fingerprint": fingerprint,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        }
-
-    def lp(res: GenResult, s: int, e: int) -> Any:
-        return {"content": _logprobs(ctx, res, s, e), "refusal": None} if p.logprobs else None
-
-    out: list[dict[str, Any]] = []
-    for choice, res in zip(choices, results, strict=True):
-        i, msg = choice["index"], choice["message"]
-        out.append(chunk(i, {"role": "assistant", "content": ""}))
-        if msg.get("reasoning_content"):
-            out.append(chunk(i, {"reasoning_content": msg["reasoning_content"]}))
-        if msg.get("tool_calls"):
-            if msg.get("content"):
-                out.append(chunk(i, {"content": msg["content"]}))
-            for j, tc in enumerate(msg["tool_calls"]):
-                every = lp(res, 0, len(res.token_ids)) if j == 0 else None
-                out.append(chunk(i, {"tool_calls": [{"index": j, **tc}]}, logprobs=every))
-        else:
-            for delta, s, e in pieces(ctx, res, msg["content"] or ""):
-                out.append(chunk(i, {"content": delta}, logprobs=lp(res, s, e)))
-        out.append(chunk(i, {}, finish=choice["finish_reason"]))
-    if p.include_usage:  # OpenAI: "usage": null on every chunk, then one chunk with usage only
-        for c in out:
-            c["usage"] = None
-        last = chunk(0, {})
-        last["choices"], last["usage"] = [], total
-        out.append(last)
-    return out

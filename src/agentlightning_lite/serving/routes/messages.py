@@ -17,8 +17,9 @@ from ..chat_format import ChatFormatError
 from ..chat_request import ChatRequest, render_prompt
 from ..context import ServingContext
 from ..errors import APIError, JSONResponse, api_error_of, bad_request, internal_error
-from .calls import pieces, sse
+from .calls import sse
 from .chat import serve_chat
+from .chat_stream import content_deltas
 from .request import resolve_call
 
 Handler = Callable[[ServingContext, Request], Awaitable[Response]]
@@ -68,8 +69,7 @@ async def messages(ctx: ServingContext, request: Request) -> Response:
     )
     if not req.params.stream:
         return JSONResponse(message, headers={"request-id": req.request_id})
-    text = choice["message"].get("content") or ""
-    deltas = [d for d, _, _ in pieces(ctx, result, text)] if text else None
+    deltas = content_deltas(ctx, run)
     return sse(stream_events(message, deltas), named=True, headers={"request-id": req.request_id})
 
 

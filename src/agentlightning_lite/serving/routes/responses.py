@@ -10,8 +10,9 @@ from ..chat_format import ChatFormatError
 from ..context import ServingContext
 from ..errors import JSONResponse, bad_request
 from ..openai_responses import convert_request, output_items, response_object, stream_events, usage_of
-from .calls import pieces, sse
+from .calls import sse
 from .chat import serve_chat
+from .chat_stream import content_deltas
 from .request import resolve_call
 
 #: body fields of the Responses API this server refuses (the rest it does not read, e.g. ``reasoning``,
@@ -42,7 +43,7 @@ async def responses(ctx: ServingContext, request: Request) -> Response:
     except ChatFormatError as exc:
         raise bad_request(str(exc), exc.param) from None
     run = await serve_chat(ctx, call, req, request)
-    choice, result = run.choices[0], run.results[0]
+    choice = run.choices[0]
     output = output_items(choice["message"], req.custom_tools)
     response = response_object(
         req.request_id,
@@ -59,6 +60,5 @@ async def responses(ctx: ServingContext, request: Request) -> Response:
         ctx.responses[req.request_id] = [*req.messages[instructions:], choice["message"]]
     if not req.params.stream:
         return JSONResponse(response, headers={"x-request-id": req.request_id})
-    text = choice["message"].get("content") or ""
-    deltas = [d for d, _, _ in pieces(ctx, result, text)] if text else None
+    deltas = content_deltas(ctx, run)
     return sse(stream_events(response, deltas), named=True)
