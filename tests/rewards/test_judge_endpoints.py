@@ -31,11 +31,11 @@ def silent_port() -> Iterator[int]:
 
 def test_a_judge_that_never_answers_names_itself_its_url_and_the_timeout(silent_port: int) -> None:
     url = f"http://127.0.0.1:{silent_port}/v1"
-    judge = Judge(RUBRIC, base_url=url, model="grader-7b", timeout=0.2)  # the client's 2 retries
+    judge = Judge(RUBRIC, base_url=url, model="grader-7b", timeout=0.1)  # the client's 2 retries
     with pytest.raises(TimeoutError) as err:
         judge("2+2?", "4")
     message = str(err.value)
-    assert "'grader-7b'" in message and url in message and "within 0.2 s (3 tries)" in message
+    assert "'grader-7b'" in message and url in message and "within 0.1 s (3 tries)" in message
     assert "Judge(..., timeout=)" in message  # what to change
     assert judge.usage.calls == 0  # no answer, no call counted as made
     once = Judge(RUBRIC, base_url=url, model="grader-7b", timeout=0.3, max_retries=0)
