@@ -56,7 +56,7 @@ def _client_class() -> type:
     """openenv's ``GenericEnvClient``, keeping the data of the server's last error frame: the
     client's own ``RuntimeError`` gives only its message and code, not the field errors."""
 
-    class DetailedEnvClient(_oe().GenericEnvClient):  # type: ignore[misc,name-defined]
+    class DetailedEnvClient(_oe().GenericEnvClient):  # type: ignore[misc]
         last_error: dict[str, Any] | None = None
 
         async def _receive(self) -> dict[str, Any]:
