@@ -344,7 +344,13 @@ def env_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | Non
 
 
 def env_options(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    """The environment's options from ``--action-from-reply`` and ``--unreadable-reward`` (OpenEnv's)."""
+    """The environment's options from ``--action-from-reply`` and ``--unreadable-reward`` (OpenEnv's).
+
+    >>> env_options(argparse.Namespace(env="openenv:http://h:8000", unreadable_reward=-1.0), "openenv")
+    {'unreadable_reward': -1.0}
+    >>> env_options(argparse.Namespace(env="textarena:GuessTheNumber-v0"), "textarena")
+    {}
+    """
     given = {
         "--action-from-reply": getattr(args, "action_from_reply", None),
         "--unreadable-reward": getattr(args, "unreadable_reward", None),

@@ -86,7 +86,13 @@ def is_mcp(schema: dict[str, Any]) -> bool:
 
 
 def tool_text(observation: dict[str, Any]) -> tuple[str, bool]:
-    """A ``call_tool`` observation as the tool message's text; whether the tool failed."""
+    """A ``call_tool`` observation as the tool message's text; whether the tool failed.
+
+    >>> tool_text({"result": {"content": [{"type": "text", "text": "apple"}]}})
+    ('apple', False)
+    >>> tool_text({"error": {"message": "no such key"}})
+    ('error: no such key', True)
+    """
     error = observation.get("error")
     if error:
         message = error.get("message", error) if isinstance(error, dict) else error
