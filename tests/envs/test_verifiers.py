@@ -239,6 +239,46 @@ def test_what_needs_verifiers_runtime_or_a_login_is_refused(tmp_path: Path, monk
         agl.envs.Verifiers(lambda: 42)
 
 
+MULTI_TURN = """
+import verifiers.v1 as vf
+
+
+class TwoSidedConfig(vf.EnvConfig):
+    student: vf.AgentConfig = vf.AgentConfig()
+    teacher: vf.AgentConfig = vf.AgentConfig(harness={"id": "null"}, max_turns=4)
+
+
+class TwoSided(vf.Env[TwoSidedConfig]):
+    async def run(self, task, agents):
+        async with agents.teacher.interaction(task), agents.student.interaction(task):
+            pass
+"""
+
+
+def test_a_verifiers_environment_class_is_refused_saying_what_is_played(tmp_path: Path) -> None:
+    from verifiers.v1.envs.user_sim.env import UserSimEnv  # verifiers' own multi-turn environment
+
+    from agentlightning_lite.cli import CLIError
+    from agentlightning_lite.cli.train import env_tasks
+
+    path = tmp_path / "two_sided.py"
+    path.write_text(MULTI_TURN)
+    said = (
+        r"TwoSided is a verifiers environment \(vf\.Env: .*multi-turn.*\), not a taskset.*give it the taskset"
+    )
+    with pytest.raises(TypeError, match=said):  # not "Env.__init__() missing ... 'config'"
+        agl.envs.Verifiers(f"{path}:TwoSided")
+    with pytest.raises(TypeError, match=r"UserSimEnv is a verifiers environment.*vf-eval"):
+        agl.envs.Verifiers(UserSimEnv)
+    with pytest.raises(TypeError, match=r"UserSimEnv is a verifiers environment"):
+        agl.envs.Verifiers(lambda: UserSimEnv.__new__(UserSimEnv))  # a loader that returns one
+    options: dict[str, Any] = dict(agent=None, data=None, val_data=None, limit=None, seed=0)
+    args = argparse.Namespace(env=f"verifiers:{path}:TwoSided", env_size=3, val_limit=0, **options)
+    with pytest.raises(CLIError, match="TwoSided is a verifiers environment") as err:
+        env_tasks(args)
+    assert err.value.code == 2
+
+
 @pytest.mark.slow  # a GRPO step of a tiny model (a few seconds)
 def test_one_training_step_rewards_are_the_tasksets(spec: str, tiny_engine: Any, tmp_path: Path) -> None:
     pytest.importorskip("torch")

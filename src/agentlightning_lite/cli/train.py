@@ -68,6 +68,21 @@ def add_parser(sub: Any) -> None:
     train.add_argument(
         "--env-size", type=int, default=100, help="--env: training tasks to generate (default 100)"
     )
+    train.add_argument(
+        "--action-from-reply",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="--env openenv:URL: the function (module:function or file.py:function) that makes the "
+        "model's reply into the action dict, for an action that is not one text field",
+    )
+    train.add_argument(
+        "--unreadable-reward",
+        type=float,
+        default=None,
+        metavar="R",
+        help="--env openenv:URL: a reply that makes no valid action ends its episode with reward R "
+        "(counted) instead of failing the rollout",
+    )
     train.add_argument("--data", default=None, help="training tasks: a .jsonl file or a .json list")
     train.add_argument("--val-data", default=None, help="held-out tasks: success rate before and after")
     train.add_argument("--data-dir", default=None, help="benchmarks: where their data files are")
@@ -166,6 +181,28 @@ def load_agent(spec: str) -> tuple[Any, Any]:
         where, _, attr = spec.rpartition(":")
     else:
         where, attr = f"benchmarks.{spec}", "agent"
+    agent, module = import_attr(where, attr, f"agent {spec!r}")
+    if isinstance(agent, type) and issubclass(agent, LitAgent):
+        agent = agent()
+    if not callable(agent):
+        raise CLIError(f"agent {spec!r} is not callable", EXIT_USAGE)
+    return agent, module
+
+
+def load_function(spec: str, flag: str) -> Any:
+    """The function ``module:function`` or ``file.py:function`` names, for option ``flag``."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr.isidentifier():
+        raise CLIError(f"{flag} takes module:function or file.py:function, got {spec!r}", EXIT_USAGE)
+    function = import_attr(where, attr, f"{flag} {spec!r}")[0]
+    if not callable(function):
+        raise CLIError(f"{flag} {spec!r} is not callable", EXIT_USAGE)
+    return function
+
+
+def import_attr(where: str, attr: str, what: str) -> tuple[Any, Any]:
+    """``attr`` of the module ``where`` (a dotted name, the current directory on ``sys.path``, or a
+    ``.py`` file); returns (attribute, module)."""
     try:
         if where.endswith(".py") or os.sep in where:
             path = Path(where)
@@ -182,15 +219,11 @@ def load_agent(spec: str) -> tuple[Any, Any]:
                 sys.path.insert(0, os.getcwd())
             module = importlib.import_module(where)
     except ModuleNotFoundError as exc:
-        raise CLIError(f"cannot import {where!r} for agent {spec!r}: {exc}", EXIT_USAGE) from None
-    agent = getattr(module, attr, None)
-    if agent is None:
+        raise CLIError(f"cannot import {where!r} for {what}: {exc}", EXIT_USAGE) from None
+    value = getattr(module, attr, None)
+    if value is None:
         raise CLIError(f"{where!r} has no attribute {attr!r}", EXIT_USAGE)
-    if isinstance(agent, type) and issubclass(agent, LitAgent):
-        agent = agent()
-    if not callable(agent):
-        raise CLIError(f"agent {spec!r} is not callable", EXIT_USAGE)
-    return agent, module
+    return value, module
 
 
 def load_tasks(path: str | os.PathLike[str], limit: int | None = None) -> list[Any]:
@@ -292,13 +325,14 @@ def env_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | Non
 
     kind = args.env.partition(":")[0].strip().lower().replace("-", "_")
     split = kind == "verifiers" and args.val_data is None and bool(args.val_limit)
+    options = env_options(args, kind)
     try:
         size = args.env_size + (args.val_limit if split else 0)
-        env = make(args.env, size=size, seed=args.seed, data=args.data)
+        env = make(args.env, size=size, seed=args.seed, data=args.data, **options)
         held_out = env.tasks[args.env_size :] if split else None
         generated = kind not in ("nemo_gym", "verifiers") and not (kind == "openenv" and args.data)
         if args.val_data is None and args.val_limit and generated:
-            held_out = make(args.env, size=args.val_limit, seed=args.seed + 1_000_003).tasks
+            held_out = make(args.env, size=args.val_limit, seed=args.seed + 1_000_003, **options).tasks
     except (ValueError, ImportError, RuntimeError, OSError, KeyError, TypeError) as exc:
         raise CLIError(f"--env {args.env}: {exc}", EXIT_USAGE) from None
     agent = env.agent if args.agent is None else load_agent(args.agent)[0]
@@ -307,6 +341,31 @@ def env_tasks(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any] | Non
     if not tasks:
         raise CLIError(f"--env {args.env} gave no tasks", EXIT_USAGE)
     return agent, tasks, val
+
+
+def env_options(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """The environment's options from ``--action-from-reply`` and ``--unreadable-reward`` (OpenEnv's).
+
+    >>> env_options(argparse.Namespace(env="openenv:http://h:8000", unreadable_reward=-1.0), "openenv")
+    {'unreadable_reward': -1.0}
+    >>> env_options(argparse.Namespace(env="textarena:GuessTheNumber-v0"), "textarena")
+    {}
+    """
+    given = {
+        "--action-from-reply": getattr(args, "action_from_reply", None),
+        "--unreadable-reward": getattr(args, "unreadable_reward", None),
+    }
+    if kind != "openenv":
+        if flags := [flag for flag, value in given.items() if value is not None]:
+            verb = "applies" if len(flags) == 1 else "apply"
+            raise CLIError(f"{' and '.join(flags)} {verb} to --env openenv:URL, not {args.env}", EXIT_USAGE)
+        return {}
+    options: dict[str, Any] = {}
+    if given["--action-from-reply"] is not None:
+        options["action_from_reply"] = load_function(given["--action-from-reply"], "--action-from-reply")
+    if given["--unreadable-reward"] is not None:
+        options["unreadable_reward"] = given["--unreadable-reward"]
+    return options
 
 
 def train(args: argparse.Namespace) -> int:

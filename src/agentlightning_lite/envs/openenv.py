@@ -8,7 +8,10 @@ routes each start a fresh one, so they are not used.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import math
 import socket
 import threading
 import typing
@@ -19,16 +22,24 @@ from typing import Any, Literal
 
 from ..tracer import Tracer, emit_signal
 from .base import Environment, require
+from .openenv_messages import (
+    chat_tools,
+    is_mcp,
+    render_observation,
+    server_error_text,
+    text_action,
+    tool_text,
+)
 
-__all__ = ["OpenEnv", "render_observation", "text_action"]
+__all__ = ["OpenEnv", "render_observation", "server_error_text", "text_action"]
+
+logger = logging.getLogger(__name__)
 
 EXTRA = "envs-openenv"
 SYSTEM = (
     "You are acting in an environment. Each user message is what the environment shows you; "
     "reply with your next action, or call one of the tools when tools are offered."
 )
-# the fields every OpenEnv observation has besides its own
-_COMMON = ("metadata", "done", "reward")
 
 
 def _oe() -> Any:
@@ -36,73 +47,26 @@ def _oe() -> Any:
     return require("openenv.core", EXTRA, "agl.envs.OpenEnv")
 
 
-def render_observation(observation: dict[str, Any]) -> str:
-    """The text of an observation for the model: its one text field, else its fields as JSON
-    (``metadata`` only when nothing else is there).
-
-    >>> render_observation({"prompt": "Guess a digit.", "metadata": {}})
-    'Guess a digit.'
-    >>> render_observation({"board": [1, 2], "turn": "x", "metadata": {}})
-    '{"board": [1, 2], "turn": "x"}'
-    >>> render_observation({"metadata": {"question": "What is a?"}})
-    '{"question": "What is a?"}'
-    """
-    fields = {k: v for k, v in observation.items() if k not in _COMMON and v not in (None, "", [], {})}
-    if len(fields) == 1 and isinstance(next(iter(fields.values())), str):
-        return str(next(iter(fields.values())))
-    shown = fields or observation.get("metadata") or {}
-    return json.dumps(shown, default=str) if shown else ""
+class _Rejected(RuntimeError):
+    """The environment refused an action (its error frame: a validation or execution error)."""
 
 
-def text_action(schema: dict[str, Any]) -> Callable[[str], dict[str, Any]] | None:
-    """The default ``action_from_reply`` for an action JSON schema: the reply as the action's one
-    required string field; ``None`` when the action is not one text field.
+@functools.lru_cache(maxsize=1)
+def _client_class() -> type:
+    """openenv's ``GenericEnvClient``, keeping the data of the server's last error frame: the
+    client's own ``RuntimeError`` gives only its message and code, not the field errors."""
 
-    >>> schema = {"title": "GuessAction", "required": ["guess"],
-    ...           "properties": {"guess": {"type": "string"}, "metadata": {"type": "object"}}}
-    >>> text_action(schema)("7")
-    {'guess': '7'}
-    >>> text_action({"properties": {"x": {"type": "integer"}}, "required": ["x"]}) is None
-    True
-    """
-    props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
-    required = [k for k in schema.get("required") or [] if k != "metadata"]
-    strings = [k for k in required if (props.get(k) or {}).get("type") == "string"]
-    if len(required) != 1 or len(strings) != 1:
-        return None
-    field = strings[0]
-    return lambda reply: {field: reply}
+    class DetailedEnvClient(_oe().GenericEnvClient):  # type: ignore[misc]
+        last_error: dict[str, Any] | None = None
 
+        async def _receive(self) -> dict[str, Any]:
+            response: dict[str, Any] = await super()._receive()
+            if isinstance(response, dict) and response.get("type") == "error":
+                data = response.get("data")
+                self.last_error = data if isinstance(data, dict) else {"message": str(data)}
+            return response
 
-def _is_mcp(schema: dict[str, Any]) -> bool:
-    return schema.get("title") in ("CallToolAction", "ListToolsAction") or "tool_name" in (
-        schema.get("properties") or {}
-    )
-
-
-def _tool_text(observation: dict[str, Any]) -> tuple[str, bool]:
-    """A ``call_tool`` observation as the tool message's text; whether the tool failed."""
-    error = observation.get("error")
-    if error:
-        message = error.get("message", error) if isinstance(error, dict) else error
-        return f"error: {message}", True
-    result = observation.get("result")
-    if isinstance(result, dict):
-        parts = [p.get("text", "") for p in result.get("content") or [] if isinstance(p, dict)]
-        if parts and all(isinstance(p, str) for p in parts):
-            return "".join(parts), bool(result.get("is_error"))
-        if "data" in result:
-            result = result["data"]
-    return (result if isinstance(result, str) else json.dumps(result, default=str)), False
-
-
-def _chat_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for tool in tools:
-        params = tool.get("input_schema") or tool.get("inputSchema") or {"type": "object", "properties": {}}
-        spec = {"name": tool["name"], "description": tool.get("description") or "", "parameters": params}
-        out.append({"type": "function", "function": spec})
-    return out
+    return DetailedEnvClient
 
 
 def _env_classes(env_cls: type) -> tuple[type, type]:
@@ -177,9 +141,15 @@ class OpenEnv(Environment):
     no text action.
 
     An action the environment rejects (a validation or execution error) fails the rollout with
-    the environment's message; :attr:`rejected_actions` counts them, and each is an error
-    ``signal`` span ``openenv.rejected``. A server that is down raises a ``ConnectionError`` naming
-    it. Needs ``pip install "agentlightning-lite[envs-openenv]"``.
+    the environment's message (:func:`server_error_text`: for a schema rejection, each field that
+    failed and why); :attr:`rejected_actions` counts them, and each is an error ``signal`` span
+    ``openenv.rejected``. So does a reply ``action_from_reply`` cannot read (it raises). To train,
+    every reply must become a valid action, or an untrained model's rollouts all fail: with
+    ``unreadable_reward`` set, such a reply (``action_from_reply`` raised, or the environment
+    rejected its action) ends the episode with that reward instead, counted in
+    :attr:`unreadable_replies` and recorded as an error ``signal`` span ``openenv.unreadable``.
+    A server that is down raises a ``ConnectionError`` naming it. Needs
+    ``pip install "agentlightning-lite[envs-openenv]"``.
 
     >>> import agentlightning_lite as agl
     >>> env = agl.envs.OpenEnv("http://127.0.0.1:8000", size=3, seed=7)  # doctest: +SKIP
@@ -208,13 +178,22 @@ class OpenEnv(Environment):
         max_sessions: int | None = None,
         temperature: float = 1.0,
         eval_temperature: float = 0.0,
+        unreadable_reward: float | None = None,
     ) -> None:
         _oe()  # the missing extra, named, before anything else
         if reward not in ("sum", "last"):
             raise ValueError(f"reward is 'sum' or 'last', got {reward!r}")
+        if unreadable_reward is not None and not (
+            isinstance(unreadable_reward, (int, float)) and math.isfinite(unreadable_reward)
+        ):
+            raise ValueError(
+                f"unreadable_reward must be a finite number (or None), got {unreadable_reward!r}"
+            )
         self.reward_mode, self.max_turns, self.max_tokens = reward, max_turns, max_tokens
         self.system_prompt, self.timeout, self.render = system_prompt, timeout, render
-        self.rejected_actions = 0
+        self.unreadable_reward = None if unreadable_reward is None else float(unreadable_reward)
+        #: actions the environment refused; replies that became no valid action (``unreadable_reward``)
+        self.rejected_actions, self.unreadable_replies = 0, 0
         self._lock = threading.Lock()
         self._served: _Served | None = None
         if isinstance(env, str):
@@ -239,8 +218,8 @@ class OpenEnv(Environment):
         except BaseException:
             self.close()
             raise
-        self.tools = _is_mcp(self.action_schema) if tools is None else tools
-        if action_from_reply is None and not _is_mcp(self.action_schema):
+        self.tools = is_mcp(self.action_schema) if tools is None else tools
+        if action_from_reply is None and not is_mcp(self.action_schema):
             action_from_reply = text_action(self.action_schema)
             if action_from_reply is None and not self.tools:
                 self.close()
@@ -248,7 +227,8 @@ class OpenEnv(Environment):
                 raise ValueError(
                     f"OpenEnv {self.name}: its action ({self.action_schema.get('title')}, fields {fields}) "
                     "is not one text field; pass action_from_reply=, a function from the model's reply "
-                    "to the action dict"
+                    "to the action dict (agl-lite train: --action-from-reply module:function, or "
+                    "file.py:function)"
                 )
         self.action_from_reply = action_from_reply
         task_list = (
@@ -285,7 +265,7 @@ class OpenEnv(Environment):
 
     def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
         """One episode in one WebSocket session; the sum (or the last) of its rewards."""
-        client = _oe().GenericEnvClient(base_url=self.base_url, message_timeout_s=self.timeout).sync()
+        client = _client_class()(base_url=self.base_url, message_timeout_s=self.timeout).sync()
         if self._sessions is not None:
             self._sessions.acquire()
         try:
@@ -304,14 +284,17 @@ class OpenEnv(Environment):
                     self._sessions.release()
 
     def _step(self, client: Any, action: Any, rewards: list[float]) -> Any:
+        client.async_client.last_error = None
         try:
             result = client.step(action)
         except RuntimeError as exc:  # the server's error frame: the action was refused or failed
+            data = client.async_client.last_error
+            detail = server_error_text(data) if data is not None else str(exc)
             with self._lock:
                 self.rejected_actions += 1
             if Tracer.current_rollout() is not None:
-                emit_signal("openenv.rejected", value=str(exc), status="error", action=repr(action))
-            raise RuntimeError(f"OpenEnv {self.name} rejected the action {action!r}: {exc}") from exc
+                emit_signal("openenv.rejected", value=detail, status="error", action=repr(action))
+            raise _Rejected(f"OpenEnv {self.name} rejected the action {action!r}: {detail}") from exc
         if result.reward is not None:
             rewards.append(float(result.reward))
         return result
@@ -324,7 +307,7 @@ class OpenEnv(Environment):
         tools: list[dict[str, Any]] = []
         if self.tools and not result.done:
             listed = self._step(client, {"type": "list_tools"}, rewards)
-            tools = _chat_tools(listed.observation.get("tools") or [])
+            tools = chat_tools(listed.observation.get("tools") or [])
         system = llm.prompt("system", default=self.system_prompt)
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
@@ -355,13 +338,52 @@ class OpenEnv(Environment):
                 continue
             if self.action_from_reply is None:  # tools only, and the model answered without one
                 break
-            result = self._step(client, self.action_from_reply(message.content or ""), rewards)
+            result = self._act(client, message.content or "", rewards)
+            if result is None:  # unreadable, scored unreadable_reward
+                assert self.unreadable_reward is not None
+                return self.unreadable_reward
             done = result.done
             if not done:
                 messages.append({"role": "user", "content": self.render(result.observation)})
         if self.reward_mode == "last":
             return rewards[-1] if rewards else 0.0
         return float(sum(rewards))
+
+    def _act(self, client: Any, reply: str, rewards: list[float]) -> Any:
+        """Step the action ``action_from_reply`` reads from ``reply``; ``None`` when there is no valid
+        action in it and ``unreadable_reward`` is set (else that raises)."""
+        assert self.action_from_reply is not None
+        try:
+            action = self.action_from_reply(reply)
+        except Exception as exc:
+            why = f"action_from_reply could not read the reply {reply[:200]!r}: {type(exc).__name__}: {exc}"
+            if self.unreadable_reward is None:
+                raise ValueError(
+                    f"OpenEnv {self.name}: {why} (to train, every reply must become an action; "
+                    "unreadable_reward= scores such replies instead of failing the rollout)"
+                ) from exc
+            self._unreadable(reply, why)
+            return None
+        try:
+            return self._step(client, action, rewards)
+        except _Rejected as exc:
+            if self.unreadable_reward is None:
+                raise
+            self._unreadable(reply, str(exc))
+            return None
+
+    def _unreadable(self, reply: str, why: str) -> None:
+        with self._lock:
+            self.unreadable_replies += 1
+            first = self.unreadable_replies == 1
+        if Tracer.current_rollout() is not None:
+            emit_signal("openenv.unreadable", value=why, status="error", reply=reply[:500])
+        if first:
+            logger.warning(
+                "%s; the episode ends with unreadable_reward=%s (env.unreadable_replies counts these)",
+                why,
+                self.unreadable_reward,
+            )
 
     def _call_tool(self, client: Any, name: str, arguments: str, rewards: list[float]) -> tuple[str, bool]:
         """One ``call_tool`` step (a ``tool`` span): the result's text for the model; whether done."""
@@ -377,7 +399,7 @@ class OpenEnv(Environment):
                 return text, False
             action = {"type": "call_tool", "tool_name": name, "arguments": args}
             result = self._step(client, action, rewards)
-            text, failed = _tool_text(result.observation)
+            text, failed = tool_text(result.observation)
             if failed:
                 span.set_error(RuntimeError(text))
             span.set_output(text)

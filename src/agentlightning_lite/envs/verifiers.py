@@ -87,6 +87,24 @@ def _attr(spec: str) -> Any:
     return getattr(module, name)
 
 
+def _not_an_env(vf: Any, value: Any) -> None:
+    """Refuse a verifiers ``vf.Env`` (a class or an object), saying what is played here instead."""
+    env_type = getattr(vf, "Env", None)
+    if env_type is None:
+        return
+    is_class = isinstance(value, type) and issubclass(value, env_type)
+    if not (is_class or isinstance(value, env_type)):
+        return
+    name = value.__name__ if is_class else type(value).__name__
+    raise TypeError(
+        f"{name} is a verifiers environment (vf.Env: the agents of a multi-turn or multi-agent episode, "
+        "played by verifiers' own harnesses and runtime), not a taskset. agl.envs.Verifiers plays a "
+        "taskset's tasks in one chat call each, scored by the task's own rewards: give it the "
+        "taskset (a vf.Taskset, its class, a function returning one, or its verifiers taskset id, "
+        "e.g. the id in the env's config.taskset); run the environment itself with verifiers' vf-eval"
+    )
+
+
 def _load_taskset(taskset: Any, config: Mapping[str, Any] | None = None) -> Any:
     """A ``vf.Taskset`` from what :class:`Verifiers` accepts (see there)."""
     vf = _vf()
@@ -97,6 +115,7 @@ def _load_taskset(taskset: Any, config: Mapping[str, Any] | None = None) -> Any:
         else:  # verifiers' own taskset id: an installed package exporting a Taskset subclass
             config_type = vf.taskset_config_type(taskset)
             return vf.load_taskset(config_type(**{**options, "id": taskset}))
+    _not_an_env(vf, taskset)
     if isinstance(taskset, type) and issubclass(taskset, vf.Taskset):
         generic = importlib.import_module("verifiers.v1.utils.generic")
         config_type = generic.concrete_type(taskset, vf.TasksetConfig, origin=vf.Taskset) or vf.TasksetConfig
@@ -105,6 +124,7 @@ def _load_taskset(taskset: Any, config: Mapping[str, Any] | None = None) -> Any:
         taskset = taskset(**options)
     elif options:
         raise ValueError("config= applies to a taskset id, class or loader, not to a Taskset object")
+    _not_an_env(vf, taskset)  # what a loader returned
     if not isinstance(taskset, vf.Taskset):
         raise TypeError(f"expected a verifiers Taskset (vf.Taskset), got {type(taskset).__name__}")
     return taskset
@@ -165,7 +185,9 @@ class Verifiers(Environment):
     ``taskset`` is a ``vf.Taskset``, a ``vf.Taskset`` subclass (built with its default config plus
     ``config``), a function returning one (called with ``config`` as keywords), a string
     ``"pkg.module:name"`` or ``"path/file.py:name"`` naming any of these, or verifiers' own taskset
-    id (an installed taskset package, loaded as ``vf.load_taskset`` does). ``size`` caps the tasks
+    id (an installed taskset package, loaded as ``vf.load_taskset`` does); a verifiers environment
+    (``vf.Env``: a multi-turn or multi-agent episode) is refused with a ``TypeError`` saying so.
+    ``size`` caps the tasks
     (``None``: all; an infinite taskset needs it), after a shuffle with ``seed`` when one is given.
 
     The default agent is verifiers' tool-less chat harness played against the rollout's ``llm``:

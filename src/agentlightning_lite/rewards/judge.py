@@ -7,12 +7,11 @@ import json
 import logging
 import re
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..serving.llm import LLM
 from ..tracer import Tracer
 from ..transitions import SIDE_AGENT
 
@@ -32,7 +31,9 @@ GROUP_SYSTEM = (
 )
 
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
-_SCORE = re.compile(rf"score\W{{0,3}}\s*[:=]?\s*\**\s*{_NUMBER}\s*\**\s*(?:(?:/|out of)\s*{_NUMBER})?", re.I)
+_SCORE = re.compile(
+    rf"score[^\w\-\u2212]{{0,3}}\s*[:=]?\s*\**\s*{_NUMBER}\s*\**\s*(?:(?:/|out of)\s*{_NUMBER})?", re.I
+)
 _REPLY_SCORE = re.compile(
     rf"reply\s*#?\s*(\d+)\s*\**\s*[:\-\u2013\u2014]?\s*\**\s*score\s*[:=]?\s*\**\s*{_NUMBER}"
     rf"\s*\**\s*(?:(?:/|out of)\s*{_NUMBER})?",
@@ -69,7 +70,7 @@ def parse_score(text: str, scale: int = 10) -> float | None:
 
     Read, in order: a JSON reply ``{"score": N}`` (out of ``scale``); else the last ``Score: N/M``
     (``M`` when written, else ``scale``; ``Score: N``, ``score = N``, ``Score: N out of M`` too).
-    A score outside ``[0, M]`` is no score.
+    A score outside ``[0, M]`` is no score (a negative one too: ``Score: -1/10``).
 
     >>> parse_score("Clear and correct.\\nScore: 8/10")
     0.8
@@ -77,8 +78,10 @@ def parse_score(text: str, scale: int = 10) -> float | None:
     0.8
     >>> parse_score('{"score": 7, "reason": "ok"}')
     0.7
-    >>> parse_score("Score: 12/10") is None, parse_score("Looks fine to me.") is None
+    >>> parse_score("Score: 12/10") is None, parse_score("Score: -1/10") is None
     (True, True)
+    >>> parse_score("Looks fine to me.") is None
+    True
     """
     data = _json(text)
     if isinstance(data, dict) and isinstance(data.get("score"), (int, float)):
@@ -162,6 +165,14 @@ class Judge:
       it as the agent ``"side"`` (``llm.for_agent("side")``), so its calls are recorded in the rollout
       like every call but are side calls, which :func:`agl.transitions` and the trainer leave out of
       training (as they do a harness's titles and summaries): the policy grades itself, untrained.
+    * ``client`` + ``model``: an ``openai.OpenAI`` client of your own (its base URL, key, timeout
+      and retries apply).
+
+    Every call goes through the ``openai`` client (``agl.LLM.openai_client``, as an agent's calls do),
+    with ``timeout`` seconds per try and ``max_retries`` retries of a failed try (a connection error,
+    a 408, 409, 429 or 5xx answer, or no answer within ``timeout``). A judge that does not answer in
+    time raises ``TimeoutError`` naming the judge model, its URL and the timeout; an error answer or
+    an unreachable server raises ``RuntimeError`` naming the URL.
 
     The format: the judge is asked to end with ``Score: N/10`` (``scale``); :func:`parse_score` reads
     it (or a JSON ``{"score": N}``). A reply without a readable score is counted in
@@ -200,13 +211,29 @@ class Judge:
         fallback: float | None = None,
         timeout: float = 120.0,
         system_prompt: str | None = None,
+        max_retries: int = 2,
+        client: Any = None,
     ) -> None:
         if not rubric or not rubric.strip():
             raise ValueError("a Judge needs a rubric: what a good reply does")
-        if base_url is not None and llm is not None:
-            raise ValueError("give the judge base_url (with model) or llm, not both")
-        if base_url is not None and not model:
-            raise ValueError("a judge at base_url needs model: the judge model's name there")
+        given = [
+            name for name, v in (("base_url", base_url), ("llm", llm), ("client", client)) if v is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"give the judge one of base_url (with model), llm or client, not {' and '.join(given)}"
+            )
+        if (base_url is not None or client is not None) and not model:
+            where = "at base_url" if client is None else "with a client"
+            raise ValueError(f"a judge {where} needs model: the judge model's name there")
+        if client is not None and not hasattr(
+            getattr(getattr(client, "chat", None), "completions", None), "create"
+        ):
+            raise TypeError(f"client must be an openai.OpenAI client, got {type(client).__name__}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if scale < 1:
             raise ValueError(f"scale must be a positive integer, got {scale}")
         if fallback is not None and not 0.0 <= fallback <= 1.0:
@@ -214,8 +241,10 @@ class Judge:
         self.rubric, self.base_url, self.model, self.api_key = rubric, base_url, model, api_key
         self.llm, self.scale, self.max_tokens, self.temperature = llm, scale, max_tokens, temperature
         self.fallback, self.timeout, self.system_prompt = fallback, timeout, system_prompt
+        self.max_retries, self.client = max_retries, client
         self.usage = JudgeUsage()
         self._lock = threading.Lock()
+        self._client: Any = None  # the client for base_url, made on the first call
 
     # -- prompts and parsing ---------------------------------------------------------------------
     def messages(self, task: Any, reply: Any) -> list[dict[str, str]]:
@@ -279,65 +308,93 @@ class Judge:
         return scores
 
     # -- the call -----------------------------------------------------------------------------------
-    def _endpoint(self, llm: Any) -> tuple[str, str, str | None]:
-        if llm is not None and self.base_url is not None:
+    def _endpoint(self, llm: Any) -> tuple[Any, str, str, bool]:
+        """The client to call, its base URL, the judge model's name, and whether the client is made
+        for this one call (and closed after it)."""
+        if llm is not None and (self.base_url is not None or self.client is not None):
+            own = "base_url" if self.client is None else "client"
             raise ValueError(
-                "this judge calls its own endpoint (base_url); leave out llm, or build Judge(rubric) "
+                f"this judge calls its own endpoint ({own}); leave out llm, or build Judge(rubric) "
                 "to judge with the rollout's llm"
             )
         target = llm if llm is not None else self.llm
         if target is not None:
             side = target.for_agent(SIDE_AGENT)
-            return side.base_url, side.model, side.api_key
+            return self._openai(side), side.base_url, side.model, True
+        if self.client is not None:
+            assert self.model is not None
+            return (
+                self.client,
+                str(getattr(self.client, "base_url", "the client's endpoint")),
+                self.model,
+                False,
+            )
         if self.base_url is None:
             raise ValueError(
                 "this judge has no endpoint: give Judge(..., base_url=, model=), Judge(..., llm=), or "
                 "pass the rollout's llm: judge(task, reply, llm=llm)"
             )
         assert self.model is not None
-        return self.base_url, self.model, self.api_key
+        with self._lock:
+            if self._client is None:
+                kwargs = {} if self.api_key is None else {"api_key": self.api_key}
+                self._client = self._openai(LLM(base_url=self.base_url, model=self.model, **kwargs))
+        return self._client, self.base_url, self.model, False
+
+    def _openai(self, llm: LLM) -> Any:
+        try:
+            return llm.openai_client(timeout=self.timeout, max_retries=self.max_retries)
+        except ImportError as exc:
+            raise ImportError(
+                "agl.rewards.Judge calls its judge model with the openai client: pip install openai "
+                '(or "agentlightning-lite[serve]")'
+            ) from exc
 
     def _judge(self, messages: list[dict[str, str]], llm: Any, replies: int) -> str:
-        base_url, model, api_key = self._endpoint(llm)
-        current = Tracer.current_rollout()
-        if current is None:
-            return self._post(base_url, model, api_key, messages, replies)[0]
-        with current.tracer.span("custom", "judge", input={"messages": messages, "model": model}) as span:
-            text, usage = self._post(base_url, model, api_key, messages, replies)
-            span.set_output({"text": text, "usage": usage})
-        return text
+        client, base_url, model, owned = self._endpoint(llm)
+        try:
+            current = Tracer.current_rollout()
+            if current is None:
+                return self._post(client, base_url, model, messages, replies)[0]
+            span_input = {"messages": messages, "model": model}
+            with current.tracer.span("custom", "judge", input=span_input) as span:
+                text, usage = self._post(client, base_url, model, messages, replies)
+                span.set_output({"text": text, "usage": usage})
+            return text
+        finally:
+            if owned:
+                client.close()
 
     def _post(
-        self, base_url: str, model: str, api_key: str | None, messages: list[dict[str, str]], replies: int
+        self, client: Any, base_url: str, model: str, messages: list[dict[str, str]], replies: int
     ) -> tuple[str, dict[str, Any] | None]:
-        body = {
-            "model": model,
-            "messages": messages,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-        }
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        request = urllib.request.Request(
-            f"{base_url.rstrip('/')}/chat/completions",
-            data=json.dumps(body).encode(),
-            headers=headers,
-            method="POST",
-        )
+        import openai
+
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                data = json.loads(response.read().decode())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")[:500]
-            raise RuntimeError(f"the judge at {base_url} answered {exc.code}: {detail}") from None
-        except urllib.error.URLError as exc:
-            raise RuntimeError(f"the judge at {base_url} cannot be reached: {exc.reason}") from None
-        try:
-            text = data["choices"][0]["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            raise RuntimeError(f"the judge at {base_url} answered no message: {str(data)[:300]}") from None
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+            completion = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature
+            )
+        except openai.APITimeoutError:
+            timeout = getattr(client, "timeout", self.timeout)
+            tries = 1 + int(getattr(client, "max_retries", self.max_retries))
+            raise TimeoutError(
+                f"the judge model {model!r} at {base_url} did not answer within {timeout} s "
+                f"({tries} {'try' if tries == 1 else 'tries'}): check that the server there is serving "
+                f"{model!r}, or give it longer with Judge(..., timeout=) (seconds per try) and max_retries="
+            ) from None
+        except openai.APIConnectionError as exc:
+            raise RuntimeError(f"the judge at {base_url} cannot be reached: {exc.__cause__ or exc}") from None
+        except openai.APIStatusError as exc:
+            detail = exc.response.text[:500]
+            raise RuntimeError(f"the judge at {base_url} answered {exc.status_code}: {detail}") from None
+        except openai.APIError as exc:
+            raise RuntimeError(f"the judge at {base_url} answered no usable response: {exc}") from None
+        choices = getattr(completion, "choices", None)
+        if not choices or getattr(choices[0], "message", None) is None:
+            raise RuntimeError(f"the judge at {base_url} answered no message: {str(completion)[:300]}")
+        text = choices[0].message.content or ""
+        raw = getattr(completion, "usage", None)
+        usage = raw.model_dump(exclude_none=True) if raw is not None else None
         with self._lock:
             self.usage.calls += 1
             self.usage.replies += replies
@@ -349,5 +406,9 @@ class Judge:
         return str(text), usage
 
     def __repr__(self) -> str:
-        where = self.base_url or ("the rollout's llm (side calls)" if self.llm is None else self.llm.base_url)
+        where = self.base_url or (
+            str(getattr(self.client, "base_url", "a client"))
+            if self.client is not None
+            else ("the rollout's llm (side calls)" if self.llm is None else self.llm.base_url)
+        )
         return f"Judge({self.rubric[:40]!r}, {where}, usage={asdict(self.usage)})"
