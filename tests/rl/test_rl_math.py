@@ -152,7 +152,7 @@ def test_chunked_logprobs_match_the_full_logits(tiny_llama: Any, lora: bool) -> 
     """Chunked along the positions (a checkpointed chunk at a time), logprobs, values and every
     gradient equal those of the whole-batch logits, at temperatures != 1 and mixed in one row."""
     from agentlightning_lite.rl import batching
-    from agentlightning_lite.rl.ppo import ValueHead
+    from agentlightning_lite.rl.policies import ValueHead
 
     model = tiny_llama()
     if lora:
