@@ -60,8 +60,9 @@ class Datum:
             position (the temperature the sampler used, so the ratio to its logprobs is the policy's).
 
     >>> import torch
-    >>> Datum([1, 2], {"target_tokens": [2, 3], "weights": torch.tensor([0.0, 1.0])}).loss_fn_inputs["weights"]
-    tensor([0., 1.])
+    >>> d = Datum([1, 2], {"target_tokens": [2, 3], "weights": torch.tensor([0.0, 1.0])})
+    >>> d.loss_fn_inputs["weights"], d.loss_fn_inputs["target_tokens"].dtype
+    (tensor([0., 1.]), torch.int64)
     """
 
     model_input: list[int]
@@ -134,7 +135,8 @@ def datum_from_sample(sample: Sample) -> Datum:
     """
     if not sample.prompt_ids or not sample.response_ids:
         raise ValueError(
-            "a sample needs a prompt and a response to become a datum (its first response token is predicted from the prompt)"
+            "a sample needs a prompt and a response to become a datum "
+            "(its first response token is predicted from the prompt's last one)"
         )
     pad = [0.0] * (len(sample.prompt_ids) - 1)
     inputs: dict[str, Any] = {
@@ -243,7 +245,7 @@ def collate_datums(
     prompts = [d.model_input[: k + 1] for d, k in zip(datums, starts, strict=True)]
     targets = [d.loss_fn_inputs["target_tokens"][k:] for d, k in zip(datums, starts, strict=True)]
     # the tokens read after the context: the rest of model_input, then one that no scored position sees
-    feeds = [d.model_input[k + 1 :] + [int(t[-1])] for d, k, t in zip(datums, starts, targets, strict=True)]
+    feeds = [[*d.model_input[k + 1 :], int(t[-1])] for d, k, t in zip(datums, starts, targets, strict=True)]
     p_max, r_max, b = max(len(p) for p in prompts), max(len(t) for t in targets), len(datums)
     input_ids = torch.full((b, p_max + r_max), pad_id, dtype=torch.long)
     attn = torch.zeros((b, p_max + r_max), dtype=torch.long)

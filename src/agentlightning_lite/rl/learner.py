@@ -35,9 +35,8 @@ from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
 from ._runtime import prepare_update_memory
 from .algorithm import StepContext, WeightUpdate
-from .batching import Sample
+from .batching import Sample, packs
 from .checkpoint import policy_states, resume_latest, save_checkpoint, save_policies
-from .batching import packs
 from .config import SampleConfig, UpdateConfig
 from .datum import AdamParams, Datum, ForwardBackwardOutput
 from .distributed import DataParallel, TrainOnly
@@ -243,7 +242,8 @@ class Learner:
         """:meth:`forward_backward` without gradients: each datum's ``logprobs`` (and ``loss:sum``
         when a ``loss`` is given), the gradients left as they are.
 
-        >>> learner.forward([Datum.from_tokens([1, 2, 3], weights=[1, 1])]).loss_fn_outputs[0]["logprobs"]  # doctest: +SKIP
+        >>> out = learner.forward([Datum.from_tokens([1, 2, 3], weights=[1, 1])])  # doctest: +SKIP
+        >>> out.loss_fn_outputs[0]["logprobs"]  # doctest: +SKIP
         tensor([-5.5, -5.6])
         """
         pol = self._policy(policy)

@@ -15,8 +15,8 @@ losses the way ``loss_agg`` says.
 >>> lp, old = torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -2.0])
 >>> float(cross_entropy(lp, weights=torch.tensor([1.0, 0.5])))  # -(1 * -1 + 0.5 * -2)
 2.0
->>> float(ppo(lp, old, advantages=torch.tensor([1.0, -1.0])))  # r = 1 on both tokens: -(1 - 1)
-0.0
+>>> float(ppo(lp, old, advantages=torch.tensor([1.0, 2.0])))  # r = 1 on both tokens: -(1 + 2)
+-3.0
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from .policy_gradient import PolicyGradient
 if TYPE_CHECKING:
     from .batching import Sample, TokenBatch
 
-__all__ = ["PPO", "ValueHead", "gae", "value_loss"]
+__all__ = ["PPO", "gae", "value_loss"]
 
 
 @dataclass

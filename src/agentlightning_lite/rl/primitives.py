@@ -8,7 +8,8 @@ trainer's updates and a Tinker-style loop share one path.
 
 >>> import torch
 >>> from agentlightning_lite.rl.datum import Datum
->>> out = forward_backward(model, [Datum.from_tokens([1, 2, 3], weights=[1, 1])], "cross_entropy")  # doctest: +SKIP
+>>> batch = [Datum.from_tokens([1, 2, 3], weights=[1, 1])]
+>>> out = forward_backward(model, batch, "cross_entropy")  # doctest: +SKIP
 >>> out.metrics["loss:sum"], out.loss_fn_outputs[0]["logprobs"].shape  # doctest: +SKIP
 (11.1, torch.Size([2]))
 >>> optim_step(optimizer, AdamParams(learning_rate=1e-4))  # doctest: +SKIP
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -61,7 +62,7 @@ class LossBatch:
 
 #: a custom loss: the micro-batch's loss, summed over its tokens (micro-batches add up), and optionally
 #: ``name:reduction`` metrics
-LossFn = Callable[[LossBatch], Union[torch.Tensor, tuple[torch.Tensor, Mapping[str, float]]]]
+LossFn = Callable[[LossBatch], torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]]
 
 #: how :func:`combine_metrics` reduces a metric across micro-batches, by the suffix of its key
 _REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
@@ -85,7 +86,8 @@ def combine_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
         for key, value in part.items():
             if key.count(":") != 1 or key.split(":")[1] not in _REDUCTIONS:
                 raise ValueError(
-                    f"metric key {key!r} must be 'name:reduction' with reduction one of {', '.join(_REDUCTIONS)}"
+                    f"metric key {key!r} must be 'name:reduction', the reduction one of "
+                    f"{', '.join(_REDUCTIONS)}"
                 )
             values.setdefault(key, []).append(float(value))
     return {k: _REDUCTIONS[k.split(":")[1]](v) for k, v in values.items()}
@@ -105,8 +107,9 @@ def run_loss(
 ) -> tuple[float, torch.Tensor, dict[str, float]]:
     """One micro-batch: the logprobs of its scored positions, the loss of them (a built-in by name with
     ``inputs`` and ``config``, a :data:`LossFn`, or ``None``: no loss), and, with ``backward``, its
-    gradients added to the model's. Returns the loss, the logprobs ``[B, R]`` (detached) and the loss's own metrics. A
-    non-finite loss raises ``FloatingPointError`` (naming ``label``) before any gradient is added.
+    gradients added to the model's. Returns the loss, the logprobs ``[B, R]`` (detached) and the
+    loss's own metrics. A non-finite loss raises ``FloatingPointError`` (naming ``label``) before any
+    gradient is added.
     """
     lp, values = forward_logprobs(model, batch, value_head, autocast)
     mask = batch.response_mask
@@ -128,7 +131,7 @@ def run_loss(
             f"a loss must return a scalar tensor (summed over tokens), got {type(value).__name__}"
         )
     if not torch.isfinite(value):
-        raise FloatingPointError(f"non-finite {label}: {float(value)}")
+        raise FloatingPointError(f"non-finite {label}: {float(value.detach())}")
     if backward:
         value.backward()
     return float(value.detach()), lp.detach(), metrics
