@@ -65,10 +65,10 @@ class Datum:
     (tensor([0., 1.]), torch.int64)
     """
 
-    model_input: list[int]
-    loss_fn_inputs: dict[str, torch.Tensor]
-    mask: list[float] | None = None
-    temperature: float | list[float] = 1.0
+    model_input: Sequence[int]
+    loss_fn_inputs: Mapping[str, Any]  # tensors once built (int64 target_tokens, float32 the rest)
+    mask: Sequence[float] | None = None
+    temperature: float | Sequence[float] = 1.0
 
     def __post_init__(self) -> None:
         ids = self.model_input.tolist() if isinstance(self.model_input, torch.Tensor) else self.model_input

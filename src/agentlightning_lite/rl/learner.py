@@ -294,8 +294,8 @@ class Learner:
     def _using(self, pol: Policy, train: bool) -> Iterator[None]:
         """``pol``'s adapter active, in train or eval mode; under the engine's lock when the engine
         serves this very model (no request decodes meanwhile)."""
-        lock = getattr(self.weights.engine, "lock", None) if self.weights.in_place else None
-        with lock if lock is not None else nullcontext():
+        lock = self.weights.trainable().lock if self.weights.in_place else nullcontext()
+        with lock:
             if pol.adapter is not None and self.model.active_adapter != pol.adapter:
                 self.model.set_adapter(pol.adapter)
             self.model.train(train)
