@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.advantages import group_advantages
 from agentlightning_lite.rl.batching import Sample, collate
 from agentlightning_lite.rl.config import LoggingConfig, UpdateConfig
-from agentlightning_lite.rl.advantages import group_advantages
 from agentlightning_lite.rl.losses import aggregate, kl_penalty, policy_loss, value_loss
 from agentlightning_lite.rl.ppo import gae
 
