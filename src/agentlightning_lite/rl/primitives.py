@@ -195,8 +195,10 @@ def forward_backward(
     """
     if isinstance(datums, Datum) or not datums or not all(isinstance(d, Datum) for d in datums):
         raise TypeError("the batch must be a non-empty list of Datum")
-    if loss is None and backward:
-        raise ValueError("forward_backward needs a loss: a built-in loss's name or a callable")
+    if loss is None and (backward or config):
+        raise ValueError(
+            "forward_backward needs a loss (and loss_fn_config one): a built-in loss's name or a callable"
+        )
     names = _loss_names(loss, datums)
     device = next(model.parameters()).device
     outputs: list[dict[str, torch.Tensor]] = []
