@@ -7,6 +7,8 @@ Test modules import them relatively (``from .._helpers import tiny_llama``); the
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,26 @@ def lora_weights(model: Any, adapter: str | None = None) -> dict[str, Any]:
         for n, p in model.named_parameters()
         if "lora_" in n and (adapter is None or f".{adapter}." in n)
     }
+
+
+@contextmanager
+def grads_at_step(optimizer: Any, named: Iterable[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
+    """While open: the gradients of the ``named`` parameters as the latest ``optimizer.step()`` saw
+    them (an update zeroes them after its step), by name."""
+    params = list(named)
+    seen: dict[str, Any] = {}
+    step = optimizer.step
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.clear()
+        seen.update({n: p.grad.detach().clone() for n, p in params if p.grad is not None})
+        return step(*args, **kwargs)
+
+    optimizer.step = recording
+    try:
+        yield seen
+    finally:
+        del optimizer.step  # the class's own again
 
 
 def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:

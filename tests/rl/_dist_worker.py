@@ -24,7 +24,8 @@ from agentlightning_lite.rl._runtime import is_checkpointing
 from agentlightning_lite.rl.batching import Sample
 from agentlightning_lite.rl.distributed import DataParallel
 from agentlightning_lite.rl.grpo import GRPO
-from agentlightning_lite.rl.ppo import PPO, ValueHead
+from agentlightning_lite.rl.policies import ValueHead
+from agentlightning_lite.rl.ppo import PPO
 from agentlightning_lite.rl.sft import SFT, sft_update
 from agentlightning_lite.rl.update import UpdateSettings, optimise
 

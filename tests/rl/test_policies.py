@@ -13,7 +13,7 @@ import agentlightning_lite as agl
 from agentlightning_lite.rl.config import LoggingConfig
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
-from .._helpers import lora_weights
+from .._helpers import grads_at_step, lora_weights
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 LR = 1e-2
@@ -85,11 +85,10 @@ def test_two_agents_with_separate_adapters_train_separately_and_the_frozen_agent
     original = trainer.learner.optimise
 
     def spy(samples: list[Any], policy: Any = None, m: Any = None, **kw: Any) -> dict[str, float]:
-        out = original(samples, policy, m, **kw)
-        grads = {
-            n: (None if p.grad is None else p.grad.clone()) for n, p in m.named_parameters() if "lora_" in n
-        }
-        seen.append((policy.name, list(samples), grads))
+        named = [(n, p) for n, p in m.named_parameters() if "lora_" in n]
+        with grads_at_step(policy.optimizer, named) as at_step:  # the step zeroes them after
+            out = original(samples, policy, m, **kw)
+        seen.append((policy.name, list(samples), {n: at_step.get(n) for n, _ in named}))
         return out
 
     trainer.learner.optimise = spy  # type: ignore[method-assign]

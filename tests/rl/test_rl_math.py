@@ -9,10 +9,13 @@ import pytest
 import torch
 
 import agentlightning_lite as agl
+from agentlightning_lite.rl.advantages import group_advantages
 from agentlightning_lite.rl.batching import Sample, collate
 from agentlightning_lite.rl.config import LoggingConfig, UpdateConfig
-from agentlightning_lite.rl.grpo import aggregate, group_advantages, kl_penalty, policy_loss
-from agentlightning_lite.rl.ppo import gae, value_loss
+from agentlightning_lite.rl.losses import aggregate, kl_penalty, policy_loss, value_loss
+from agentlightning_lite.rl.ppo import gae
+
+from .._helpers import grads_at_step
 
 
 def test_group_advantages_normalise_within_groups() -> None:
@@ -152,7 +155,7 @@ def test_chunked_logprobs_match_the_full_logits(tiny_llama: Any, lora: bool) -> 
     """Chunked along the positions (a checkpointed chunk at a time), logprobs, values and every
     gradient equal those of the whole-batch logits, at temperatures != 1 and mixed in one row."""
     from agentlightning_lite.rl import batching
-    from agentlightning_lite.rl.ppo import ValueHead
+    from agentlightning_lite.rl.policies import ValueHead
 
     model = tiny_llama()
     if lora:
@@ -305,8 +308,8 @@ def test_trainer_update_weighs_rollouts_equally(tiny_llama: Any, tmp_path: Any, 
         trainer.sample_config.transitions = mode
         if mode == "trajectory":
             samples, _ = merge_trajectories(samples)
-        trainer.learner.optimise(samples)
-        out = {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+        with grads_at_step(trainer.learner.optimizer, trainer.policy.named_parameters()) as out:
+            trainer.learner.optimise(samples)  # the step zeroes the gradients after
         trainer.close()
         return out
 

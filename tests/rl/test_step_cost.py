@@ -16,7 +16,7 @@ from agentlightning_lite.rl._runtime import prepare_update_memory
 from agentlightning_lite.rl.batching import Sample, collate, forward_logprobs, micro_batches
 from agentlightning_lite.rl.config import UpdateConfig
 from agentlightning_lite.rl.packing import pack_prefixes, prefix_groups
-from agentlightning_lite.rl.ppo import ValueHead
+from agentlightning_lite.rl.policies import ValueHead
 
 from .._helpers import tiny_llama
 

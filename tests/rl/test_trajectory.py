@@ -16,6 +16,8 @@ from agentlightning_lite.rl.config import LoggingConfig, SampleConfig, UpdateCon
 from agentlightning_lite.rl.trajectory import merge_trajectories
 from agentlightning_lite.serving.tokenizer import ByteTokenizer
 
+from .._helpers import grads_at_step
+
 
 @pytest.fixture
 def engine(tiny_llama: Any) -> Iterator[Any]:
@@ -68,11 +70,12 @@ def loss_and_grads(trainer: agl.Trainer, samples: list[Sample], mode: str) -> tu
     trainer.sample_config.transitions = mode
     if mode == "trajectory":
         samples, _ = merge_trajectories(samples)
-    stats = trainer.learner.optimise(samples)
-    grads = {n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+    named = list(trainer.policy.named_parameters())
     if trainer.value_head is not None:
-        grads.update({f"v.{n}": p.grad.clone() for n, p in trainer.value_head.named_parameters()})
-    return stats, grads
+        named += [(f"v.{n}", p) for n, p in trainer.value_head.named_parameters()]
+    with grads_at_step(trainer.learner.optimizer, named) as grads:  # the step zeroes them after
+        stats = trainer.learner.optimise(samples)
+    return stats, dict(grads)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""GRPO: group-relative advantages and the clipped policy-gradient loss, written out line by line.
+"""GRPO: group-relative advantages (the clipped policy-gradient loss it minimises is in :mod:`.losses`).
 
 LightningRL is hierarchical: credit assignment (``agl.credit``) first gives every policy call of an
 episode a reward; then each call's response is a single-turn RL sample. GRPO (Shao et al. 2024,
@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-import torch
-
 from .advantages import group_advantages
+from .losses import aggregate, kl_penalty, policy_loss
 from .policy_gradient import LossAggregation, PolicyGradient
 
 if TYPE_CHECKING:
@@ -114,97 +113,3 @@ class GRPO(PolicyGradient):
                     dropped += 1
             stats["samples/zero_spread_dropped"] = float(dropped)
         return stats
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token PPO-clip surrogate (to be aggregated with :func:`aggregate`).
-
-    ``ratio = exp(logp - old_logp)``;
-    ``loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``.
-    ``advantages`` is one value per sequence (broadcast over its tokens) or per token.
-    """
-    if advantages.dim() == 1:
-        advantages = advantages[:, None]
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    with torch.no_grad():
-        m = mask.bool()
-        stats = {
-            # tokens where the clipped term is the smaller one: their gradient is cut
-            "clip_frac": ((clipped < unclipped) & m).float().sum() / m.sum().clamp(min=1),
-            "ratio_mean": ratio[m].mean() if m.any() else torch.tensor(1.0),
-        }
-    return loss, stats
-
-
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate from sampled tokens.
-
-    ``k1 = logp - ref_logp``; ``k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1`` (>= 0).
-    """
-    if estimator == "k1":
-        return logp - ref_logp
-    d = (ref_logp - logp).clamp(-20.0, 20.0)
-    return torch.exp(d) - d - 1.0
-
-
-def aggregate(
-    loss: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    max_tokens: int = 512,
-    segments: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Reduce per-token losses ``[batch, tokens]`` to a scalar; see :class:`GRPO` ``loss_agg``.
-
-    ``segments`` (``[batch, tokens]``, 1, 2, ... per call, 0 elsewhere) marks rows that hold several
-    calls (trajectory mode): the ``seq-mean-*`` modes then treat each call as its own sequence, so a
-    merged episode aggregates exactly as its calls would one by one. ``"rollout-mean-token-mean"``
-    needs ``weights`` (``[batch, tokens]``, from :func:`~.policy_gradient.micro_batch_weights`: they
-    know which rollout each row belongs to) and returns ``sum(loss * mask * weights)``.
-
-    >>> import torch
-    >>> loss, mask = torch.tensor([[1.0, 1.0], [4.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
-    >>> [float(aggregate(loss, mask, m, max_tokens=2)) for m in
-    ...  ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")]
-    [2.0, 2.5, 1.5]
-    >>> merged = torch.tensor([[1.0, 1.0, 9.0, 4.0]]), torch.tensor([[1, 1, 0, 1]])
-    >>> float(aggregate(*merged, "seq-mean-token-mean", segments=torch.tensor([[1, 1, 0, 2]])))
-    2.5
-    """
-    mask = mask.to(loss.dtype)
-    if mode == "rollout-mean-token-mean":
-        if weights is None:
-            raise ValueError("loss aggregation 'rollout-mean-token-mean' needs the per-token weights")
-        return (loss * mask * weights.to(loss.dtype)).sum()
-    if mode == "token-mean":
-        return (loss * mask).sum() / mask.sum().clamp(min=1.0)
-    if mode not in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
-        raise ValueError(f"unknown loss aggregation {mode!r}")
-    if segments is None:
-        per_seq_sum = (loss * mask).sum(dim=-1)
-        per_seq_len = mask.sum(dim=-1)
-    else:  # one "sequence" per (row, call)
-        n_seg = int(segments.max()) + 1
-        rows = torch.arange(loss.shape[0], device=loss.device)[:, None]
-        keep = mask.bool() & (segments > 0)
-        ids = (rows * n_seg + segments)[keep]
-        per_seq_sum = torch.zeros(loss.shape[0] * n_seg, dtype=loss.dtype, device=loss.device)
-        per_seq_sum = per_seq_sum.index_add(0, ids, (loss * mask)[keep])
-        per_seq_len = torch.zeros_like(per_seq_sum).index_add(0, ids, mask[keep])
-        present = per_seq_len > 0
-        per_seq_sum, per_seq_len = per_seq_sum[present], per_seq_len[present]
-    if mode == "seq-mean-token-mean":
-        return (per_seq_sum / per_seq_len.clamp(min=1.0)).mean()
-    return (per_seq_sum / float(max_tokens)).mean()

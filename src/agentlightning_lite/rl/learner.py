@@ -8,15 +8,23 @@ algorithm (:class:`~.algorithm.WeightUpdate`) says what its update does with the
 agents, stores or servers. ``Trainer`` builds one (``trainer.learner``); so does
 each data-parallel rank (:meth:`~.distributed.DataParallel.follow` feeds it rank 0's samples).
 
+Its optimisation primitives are Tinker's (:mod:`.primitives`): ``forward_backward(batch, loss)``
+(gradients accumulate, losses sum over tokens), ``optim_step(adam_params)`` and ``forward(batch)``, on
+:class:`~.datum.Datum` batches; GRPO, PPO and SFT run their updates on the same functions.
+
 >>> learner = trainer.learner  # doctest: +SKIP
 >>> learner.learn(samples, step=3)["train/loss"]  # doctest: +SKIP
 0.0123
+>>> out = learner.forward_backward([Datum.from_tokens(ids, weights=w)], "cross_entropy")  # doctest: +SKIP
+>>> learner.optim_step(AdamParams(learning_rate=1e-4))["grad_norm"]  # doctest: +SKIP
+0.41
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,12 +35,14 @@ from ..serving.engines.contract import ServingEngine
 from ..store.base import Store
 from ._runtime import prepare_update_memory
 from .algorithm import StepContext, WeightUpdate
-from .batching import Sample
+from .batching import Sample, packs
 from .checkpoint import policy_states, resume_latest, save_checkpoint, save_policies
 from .config import SampleConfig, UpdateConfig
+from .datum import AdamParams, Datum, ForwardBackwardOutput
 from .distributed import DataParallel, TrainOnly
 from .engine_setup import build_engine, training_model, update_autocast
 from .policies import Policy, PolicyPlan, adapter_params, build_policies, make_optimizer
+from .primitives import LossFn, forward_backward, optim_step
 from .timing import Timer
 from .update import UpdateSettings, optimise, train_policy, update_policies
 from .weights import WeightHandOver
@@ -196,6 +206,116 @@ class Learner:
         )
         target = model if model is not None else self.model
         return optimise(target, samples, self.algorithm, pol.optimizer, pol.value_head, settings)  # type: ignore[arg-type]
+
+    # -- the primitives (Tinker's) ------------------------------------------------------------
+    def forward_backward(
+        self,
+        batch: Sequence[Datum],
+        loss: str | LossFn,
+        loss_fn_config: Mapping[str, float] | None = None,
+        *,
+        policy: str | None = None,
+    ) -> ForwardBackwardOutput:
+        """Add the gradients of ``loss`` on ``batch`` to those of ``policy`` (default: the only one);
+        they accumulate until :meth:`optim_step`. ``loss``: ``"cross_entropy"``,
+        ``"importance_sampling"``, ``"ppo"`` or ``"cispo"`` (:mod:`.losses`, summed over tokens, with
+        ``loss_fn_config`` such as ``{"clip_low_threshold": 0.8}``), or a callable taking a
+        :class:`~.primitives.LossBatch`. Returns each datum's ``logprobs`` and ``loss:sum``.
+
+        >>> out = learner.forward_backward([Datum.from_tokens([1, 2, 3], weights=[1, 1])],
+        ...                                "cross_entropy")  # doctest: +SKIP
+        >>> out.metrics["loss:sum"]  # doctest: +SKIP
+        11.04
+        """
+        pol = self._policy(policy)
+        with self._using(pol, train=True):
+            return forward_backward(self.model, batch, loss, loss_fn_config, **self._pass_options(pol))
+
+    def forward(
+        self,
+        batch: Sequence[Datum],
+        loss: str | LossFn | None = None,
+        loss_fn_config: Mapping[str, float] | None = None,
+        *,
+        policy: str | None = None,
+    ) -> ForwardBackwardOutput:
+        """:meth:`forward_backward` without gradients: each datum's ``logprobs`` (and ``loss:sum``
+        when a ``loss`` is given), the gradients left as they are.
+
+        >>> out = learner.forward([Datum.from_tokens([1, 2, 3], weights=[1, 1])])  # doctest: +SKIP
+        >>> out.loss_fn_outputs[0]["logprobs"]  # doctest: +SKIP
+        tensor([-5.5, -5.6])
+        """
+        pol = self._policy(policy)
+        with self._using(pol, train=False), torch.no_grad():
+            return forward_backward(
+                self.model, batch, loss, loss_fn_config, backward=False, **self._pass_options(pol)
+            )
+
+    def optim_step(self, adam_params: AdamParams, *, policy: str | None = None) -> dict[str, float]:
+        """One AdamW step of ``policy``'s adapter on the gradients accumulated since the last step,
+        with ``adam_params`` (learning rate, betas, eps, weight decay, gradient clipping), then the
+        gradients zeroed and the new weights handed to the engine (its version goes up). Returns
+        ``grad_norm`` and ``learning_rate``.
+
+        >>> learner.optim_step(AdamParams(learning_rate=1e-4, grad_clip_norm=1.0))  # doctest: +SKIP
+        {'grad_norm': 0.41, 'learning_rate': 0.0001}
+        """
+        if not isinstance(adam_params, AdamParams):
+            raise TypeError(f"optim_step takes AdamParams(...), got {type(adam_params).__name__}")
+        pol = self._policy(policy)
+        out: dict[str, float] = {}
+
+        def step(model: Any) -> None:
+            if pol.adapter is not None and model.active_adapter != pol.adapter:
+                model.set_adapter(pol.adapter)
+            out.update(optim_step(pol.optimizer, adam_params, value_head=pol.value_head))
+
+        self.weights.apply(step, [pol.adapter])
+        return out
+
+    def _policy(self, name: str | None) -> Policy:
+        """The policy called ``name`` (``None``: the only one)."""
+        if name is None:
+            if len(self.policies) == 1:
+                return self.policies[0]
+            raise ValueError(
+                f"this learner trains {len(self.policies)} policies: name one with policy= "
+                f"({', '.join(p.name for p in self.policies)})"
+            )
+        for pol in self.policies:
+            if pol.name == name:
+                return pol
+        raise ValueError(
+            f"no policy {name!r}; this learner trains {', '.join(p.name for p in self.policies)}"
+        )
+
+    @contextmanager
+    def _using(self, pol: Policy, train: bool) -> Iterator[None]:
+        """``pol``'s adapter active, in train or eval mode; under the engine's lock when the engine
+        serves this very model (no request decodes meanwhile)."""
+        lock = self.weights.trainable().lock if self.weights.in_place else nullcontext()
+        with lock:
+            if pol.adapter is not None and self.model.active_adapter != pol.adapter:
+                self.model.set_adapter(pol.adapter)
+            self.model.train(train)
+            if pol.value_head is not None:
+                pol.value_head.train(train)
+            try:
+                yield
+            finally:
+                self.model.eval()
+
+    def _pass_options(self, pol: Policy) -> dict[str, Any]:
+        algo = self.algorithm
+        return {
+            "value_head": pol.value_head,
+            "autocast": self.autocast,
+            "pad_id": self.pad_id,
+            "share_prefix": self.update_config.share_prefix and packs(self.model),
+            "micro_batch_size": int(getattr(algo, "micro_batch_size", 8)),
+            "micro_batch_tokens": int(getattr(algo, "micro_batch_tokens", 2048)),
+        }
 
     def use_algorithm(self, algorithm: WeightUpdate) -> None:
         """Update with ``algorithm`` from now on: the same adapters, a fresh optimiser for each."""

@@ -1,4 +1,5 @@
-"""The trained policies: which adapters are trained, whose calls train each, and their optimisers.
+"""The trained policies: which adapters are trained, whose calls train each, their optimisers and
+(PPO) value heads.
 
 A run trains one or more policies. ``lora=`` (one adapter shared by every trained agent) is the
 one-policy case, named ``"default"``; ``policies=`` gives each agent its own adapter on one base model.
@@ -13,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..lora_settings import LoRA
 from .algorithm import WeightUpdate
-from .ppo import ValueHead
 
 __all__ = [
     "Policy",
     "PolicyPlan",
+    "ValueHead",
     "adapter_params",
     "build_policies",
     "make_optimizer",
@@ -30,6 +32,24 @@ __all__ = [
 ]
 
 DEFAULT = "default"  # the name of the one policy of a run without policies=
+
+
+class ValueHead(nn.Module):
+    """A linear value estimate on the backbone's last hidden state, one value per token (PPO's).
+
+    >>> import torch
+    >>> ValueHead(8)(torch.ones(2, 3, 8)).shape  # zero at first: [batch, tokens]
+    torch.Size([2, 3])
+    """
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.v = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.v.weight)
+        nn.init.zeros_(self.v.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.v(hidden).squeeze(-1)
 
 
 @dataclass

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
+from .losses import value_loss
 from .policy_gradient import PolicyGradient
 
 if TYPE_CHECKING:
     from .batching import Sample, TokenBatch
 
-__all__ = ["PPO", "ValueHead", "gae", "value_loss"]
+__all__ = ["PPO", "gae", "value_loss"]
 
 
 @dataclass
@@ -109,19 +109,6 @@ class PPO(PolicyGradient):
         return advs, rets
 
 
-class ValueHead(nn.Module):
-    """A linear value estimate on the backbone's last hidden state, one value per token."""
-
-    def __init__(self, hidden_size: int) -> None:
-        super().__init__()
-        self.v = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.v.weight)
-        nn.init.zeros_(self.v.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.v(hidden).squeeze(-1)
-
-
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -161,14 +148,3 @@ def gae(
         last = last * mask[:, t]
         adv[:, t] = last
     return adv, adv + values
-
-
-def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float | None
-) -> torch.Tensor:
-    """Per-token ``0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2)`` (unclipped if ``clip`` is None)."""
-    err = (values - returns) ** 2
-    if clip is None:
-        return 0.5 * err
-    clipped = old_values + (values - old_values).clamp(-clip, clip)
-    return 0.5 * torch.maximum(err, (clipped - returns) ** 2)

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .batching import Sample, collate, forward_logprobs, micro_batches, trained
+from .datum import AdamParams
 from .distributed import DataParallel
+from .primitives import optim_step, run_loss
 from .trajectory import merge_trajectories
 
 if TYPE_CHECKING:
@@ -179,7 +181,8 @@ def sft_update(
     """Teacher-forced updates of ``model`` on ``samples``: ``algo.epochs`` passes, token-mean NLL.
 
     The loss of a mini batch is ``-sum(log p(response token | prompt, earlier tokens)) / tokens``
-    over the response tokens only (prompt, tool outputs and padding are masked out). Returns the
+    over the response tokens only (prompt, tool outputs and padding are masked out): the learner's
+    ``cross_entropy`` with weight ``1 / tokens`` on each, one ``optim_step`` per mini batch. Returns the
     mean loss, the gradient norm and the token count.
 
     Under ``torchrun`` / ``accelerate launch`` (``data_parallel``, default: this process's active
@@ -193,10 +196,11 @@ def sft_update(
     dp = data_parallel if data_parallel is not None else DataParallel.active()
     samples = _greedy(samples)
     device = next(model.parameters()).device
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    adam = AdamParams.from_optimizer(optimizer, grad_clip_norm=algo.max_grad_norm)
     rng = random.Random(seed)
     logs: dict[str, list[float]] = {}
     model.train()
+    optimizer.zero_grad(set_to_none=True)
     for _epoch in range(algo.epochs):
         order = list(samples)
         rng.shuffle(order)
@@ -209,24 +213,20 @@ def sft_update(
             n_tokens = sum(float(b.response_mask.sum()) for b in batches)
             if n_tokens == 0:
                 continue
-            optimizer.zero_grad(set_to_none=True)
             total = 0.0
             mine = dp.mine([b.input_ids.numel() for b in batches]) if dp else range(len(batches))
             for k, b in enumerate(batches):
                 if k not in mine:
                     continue  # another rank's share of the mini batch
-                lp, _ = forward_logprobs(model, b, None, autocast)
-                loss = -(lp * b.response_mask).sum() / n_tokens
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite SFT loss: {float(loss)}")
-                loss.backward()
-                total += float(loss.detach())
-            if dp:
-                dp.all_reduce_grads(params)  # the sum is the whole mini batch's gradient
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
-            optimizer.step()
+                # the mini batch's token-mean NLL: cross-entropy, each trained token weighing 1 / tokens
+                loss, _, _ = run_loss(
+                    model, b, "cross_entropy", {"weights": b.response_mask / n_tokens},
+                    autocast=autocast, label="SFT loss",
+                )  # fmt: skip
+                total += loss
+            step = optim_step(optimizer, adam, data_parallel=dp)
             logs.setdefault("train/loss", []).append(total)
-            logs.setdefault("train/grad_norm", []).append(float(grad_norm))
+            logs.setdefault("train/grad_norm", []).append(step["grad_norm"])
     model.eval()
     if dp and logs:  # each rank's loss is its share of every mini batch's: sum them
         logs["train/loss"] = dp.sum_across(logs["train/loss"])

@@ -4,7 +4,8 @@
    recomputation, or recomputed), the reference model's logprobs (``algorithm.needs_reference``)
    and, for PPO, the old values (``timing/old_logprobs``, ``timing/ref_logprobs``);
 2. advantages per token, the algorithm's own (``timing/advantages``);
-3. the optimisation: epochs x mini-batches, gradient accumulation over micro-batches (``timing/update``).
+3. the optimisation: epochs x mini-batches, gradient accumulation over micro-batches (``timing/update``),
+   on the learner's primitives (:mod:`.primitives`: ``run_loss`` per micro-batch, ``optim_step``).
 
 Each phase's seconds are added to the step's metrics under ``timing/...`` (summed over the policies
 of a step), the way verl reports ``timing_s/...``.
@@ -24,12 +25,13 @@ import torch
 
 from .batching import Sample, TokenBatch, collate, forward_logprobs, micro_batches, packs
 from .correction import correction_weights, mismatch_metrics
+from .datum import AdamParams
 from .distributed import partition_by_tokens
 from .flops import update_flops
-from .grpo import aggregate, kl_penalty, policy_loss
-from .policies import Policy
+from .losses import aggregate, kl_penalty, policy_loss
+from .policies import Policy, ValueHead
 from .policy_gradient import PolicyGradient
-from .ppo import ValueHead
+from .primitives import LossBatch, LossFn, optim_step, run_loss
 from .timing import Timer
 from .weights import WeightHandOver
 
@@ -282,15 +284,55 @@ def _epochs(
     value_head: ValueHead | None,
     cfg: UpdateSettings,
 ) -> dict[str, list[float]]:
-    """Phase 3: epochs x mini-batches, gradient accumulation over micro-batches."""
+    """Phase 3: epochs x mini-batches; each micro-batch's loss through :func:`~.primitives.run_loss`
+    (gradients accumulate), one :func:`~.primitives.optim_step` per mini-batch."""
     advs, rets = advantages
     old_lp, ref, old_v = reference.old_lp, reference.ref, reference.old_v
     model.train()
     if value_head is not None:
         value_head.train()
     clip_high = algo.clip_high if algo.clip_high is not None else algo.clip
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    adam = AdamParams.from_optimizer(optimizer, grad_clip_norm=algo.max_grad_norm)
     logs: dict[str, list[float]] = {}
+
+    def token_loss(j: int, weight: float, tok_w: torch.Tensor | None) -> LossFn:
+        """Micro-batch ``j``'s loss: the clipped surrogate (corrected), KL and value terms, aggregated
+        as ``loss_agg`` says and weighed by its share of the mini-batch."""
+        b = batches[j]
+        segs = b.segment_ids if cfg.merged else None
+
+        def loss_fn(lb: LossBatch) -> torch.Tensor:
+            lp, v = lb.logprobs, lb.values
+            old = old_lp[j]
+            if reference.from_gradient_pass:  # on-policy: pi_old is this pass's own logprobs (ratio 1)
+                old = lp.detach()
+                if (eng := reference.engine[j]) is not None:
+                    diff = _measure(reference, eng, old, b.response_mask)
+                    if cfg.old_logprobs == "auto":
+                        _check_calls(reference, diff, b.response_mask, cfg.logprob_tolerance)
+            pg, pstats = policy_loss(lp, old, advs[j], b.response_mask, algo.clip, clip_high)
+            if (is_w := reference.weights[j]) is not None:
+                pg = pg * is_w  # the off-policy correction: loss_t * w_t (TIS / masked IS, no gradient)
+            tok_loss = pg
+            if algo.needs_reference:
+                kl = kl_penalty(lp, ref[j], algo.kl_estimator)
+                tok_loss = tok_loss + algo.kl_coef * kl
+                logs.setdefault("train/kl", []).append(
+                    float((kl.detach() * b.response_mask).sum() / b.response_mask.sum())
+                )
+            if algo.needs_values:
+                vl = algo.value_loss(v, old_v[j], rets[j])  # type: ignore[arg-type]
+                tok_loss = tok_loss + algo.value_coef * vl
+                logs.setdefault("ppo/value_loss", []).append(
+                    float((vl.detach() * b.response_mask).sum() / b.response_mask.sum())
+                )
+            agg = (algo.loss_agg, algo.max_response_tokens, segs, tok_w)
+            logs.setdefault("train/pg_loss", []).append(float(aggregate(pg.detach(), b.response_mask, *agg)))
+            logs.setdefault("train/clip_frac", []).append(float(pstats["clip_frac"]))
+            return aggregate(tok_loss, b.response_mask, *agg) * weight
+
+        return loss_fn
+
     for _epoch in range(algo.epochs):
         for group in _groups(chunks, algo):
             # each micro batch weighs its share of the mini batch, as one big batch would
@@ -302,48 +344,13 @@ def _epochs(
             for k, (j, (weight, tok_w)) in enumerate(zip(group, weights, strict=True)):
                 if k not in mine:
                     continue
-                b = batches[j]
-                segs = b.segment_ids if cfg.merged else None
-                lp, v = forward_logprobs(model, b, value_head, cfg.autocast)
-                old = old_lp[j]
-                if (
-                    reference.from_gradient_pass
-                ):  # on-policy: pi_old is this pass's own logprobs (ratio 1, same gradient)
-                    old = lp.detach()
-                    if (eng := reference.engine[j]) is not None:
-                        diff = _measure(reference, eng, old, b.response_mask)
-                        if cfg.old_logprobs == "auto":
-                            _check_calls(reference, diff, b.response_mask, cfg.logprob_tolerance)
-                pg, pstats = policy_loss(lp, old, advs[j], b.response_mask, algo.clip, clip_high)
-                if (is_w := reference.weights[j]) is not None:
-                    pg = pg * is_w  # the off-policy correction: loss_t * w_t (TIS / masked IS, no gradient)
-                tok_loss = pg
-                if algo.needs_reference:
-                    kl = kl_penalty(lp, ref[j], algo.kl_estimator)
-                    tok_loss = tok_loss + algo.kl_coef * kl
-                    logs.setdefault("train/kl", []).append(
-                        float((kl.detach() * b.response_mask).sum() / b.response_mask.sum())
-                    )
-                if algo.needs_values:
-                    vl = algo.value_loss(v, old_v[j], rets[j])  # type: ignore[arg-type]
-                    tok_loss = tok_loss + algo.value_coef * vl
-                    logs.setdefault("ppo/value_loss", []).append(
-                        float((vl.detach() * b.response_mask).sum() / b.response_mask.sum())
-                    )
-                agg = (algo.loss_agg, algo.max_response_tokens, segs, tok_w)
-                loss = aggregate(tok_loss, b.response_mask, *agg) * weight
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite loss at step {cfg.step}: {float(loss)}")
-                loss.backward()
-                logs.setdefault("train/loss", []).append(float(loss.detach()) / max(weight, 1e-12))
-                pg_loss = float(aggregate(pg.detach(), b.response_mask, *agg))
-                logs.setdefault("train/pg_loss", []).append(pg_loss)
-                logs.setdefault("train/clip_frac", []).append(float(pstats["clip_frac"]))
-            if dp:
-                dp.all_reduce_grads(params)  # the sum is the whole mini batch's gradient
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm)
-            logs.setdefault("train/grad_norm", []).append(float(grad_norm))
-            optimizer.step()
+                loss, _, _ = run_loss(
+                    model, batches[j], token_loss(j, weight, tok_w), value_head=value_head,
+                    autocast=cfg.autocast, label=f"loss at step {cfg.step}",
+                )  # fmt: skip
+                logs.setdefault("train/loss", []).append(loss / max(weight, 1e-12))
+            step = optim_step(optimizer, adam, value_head=value_head, data_parallel=dp)
+            logs.setdefault("train/grad_norm", []).append(step["grad_norm"])
     model.eval()
     return logs
 
