@@ -43,7 +43,10 @@ class Api:
         while time.monotonic() < deadline:
             r = self.http.post("/retrieve_future", json={"request_id": future["request_id"]}, **kw)
             assert r.status_code == 200, r.text
-            if r.headers["content-type"].startswith("application/json") and r.json().get("type") == "try_again":
+            if (
+                r.headers["content-type"].startswith("application/json")
+                and r.json().get("type") == "try_again"
+            ):
                 continue
             return r if kw else r.json()
         raise AssertionError(f"{future} did not finish in {timeout} s")

@@ -3,6 +3,7 @@ protobuf results, training, sampling and checkpoints, against a real server on 1
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -111,7 +112,7 @@ def test_cross_entropy_goes_down_and_results_come_as_protobuf_when_asked(api: An
             losses.append(metrics["loss:sum"])
         else:
             losses.append(api.result(fb)["metrics"]["loss:sum"])
-    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 0.5, losses
+    assert all(b < a for a, b in itertools.pairwise(losses)) and losses[-1] < losses[0] - 0.5, losses
 
 
 def test_importance_sampling_is_the_summed_ratio_times_advantage(api: Any) -> None:
@@ -119,9 +120,11 @@ def test_importance_sampling_is_the_summed_ratio_times_advantage(api: Any) -> No
     first = api.result(fwd_bwd(api, model, 1, [DATUM], forward_only=True))
     lp = first["loss_fn_outputs"][0]["logprobs"]["data"]
     old, adv = [x - 0.1 for x in lp], [0.0, 1.0, -0.5, 2.0, 1.0]
-    datum = Datum(DATUM.tokens, {"target_tokens": DATUM.inputs["target_tokens"], "logprobs": old, "advantages": adv})
+    datum = Datum(
+        DATUM.tokens, {"target_tokens": DATUM.inputs["target_tokens"], "logprobs": old, "advantages": adv}
+    )
     out = api.result(fwd_bwd(api, model, 2, [datum], loss="importance_sampling"))
-    expected = -sum(math.exp(a - b) * c for a, b, c in zip(lp, old, adv))
+    expected = -sum(math.exp(a - b) * c for a, b, c in zip(lp, old, adv, strict=True))
     assert out["metrics"]["loss:sum"] == pytest.approx(expected, rel=1e-4)
 
 
@@ -188,7 +191,10 @@ def test_an_api_key_is_required_when_set(tinker_server: TinkerServer) -> None:
         base = f"{tinker_server.url}/api/v1"
         r = httpx.post(f"{base}/create_session", json={})
         assert r.status_code == 401 and "no API key given" in r.json()["error"]
-        assert httpx.post(f"{base}/create_session", json={}, headers={"X-API-Key": "tml-other"}).status_code == 401
+        assert (
+            httpx.post(f"{base}/create_session", json={}, headers={"X-API-Key": "tml-other"}).status_code
+            == 401
+        )
         ok = httpx.post(f"{base}/create_session", json={}, headers={"X-API-Key": "tml-secret"})
         assert ok.status_code == 200 and ok.json()["session_id"]
     finally:

@@ -10,6 +10,7 @@ as a user would write it.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -55,7 +56,8 @@ def smol_server(tiny_smol: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 def run_sdk(server: TinkerServer, body: str, timeout: float = 240) -> dict[str, Any]:
     """Run ``body`` (it has ``tinker``, ``types``, ``sc`` the ServiceClient and ``out``, a dict it fills)
     with the SDK's Python; ``out`` comes back."""
-    script = "import json, sys, warnings\nwarnings.simplefilter('ignore')\nimport tinker\nfrom tinker import types\n"
+    script = "import json, sys, warnings\nwarnings.simplefilter('ignore')\n"
+    script += "import tinker\nfrom tinker import types\n"
     script += f"sc = tinker.ServiceClient(base_url={server.url!r}, api_key='tml-test-key')\nout = {{}}\n"
     script += textwrap.dedent(body) + "\nsc.close('success')\nprint('RESULT ' + json.dumps(out))\n"
     env = {**os.environ, "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1"}
@@ -94,7 +96,7 @@ def test_sdk_trains_with_cross_entropy_and_reads_the_tokenizer(smol_server: Tink
     assert out["eos"] == 2  # SmolLM2's <|im_end|>, from the tokenizer get_info names
     assert out["n_logprobs"] == [out["n_targets"]] * 5
     losses = out["losses"]
-    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 0.5, losses
+    assert all(b < a for a, b in itertools.pairwise(losses)) and losses[-1] < losses[0] - 0.5, losses
 
 
 SAMPLE = """
@@ -139,11 +141,13 @@ out["path"] = saved
 lp = tc.forward([rl], "importance_sampling").result().loss_fn_outputs[0]["logprobs"].tolist()
 resumed = sc.create_training_client_from_state_with_optimizer(saved).result()
 out["resumed_info"] = resumed.get_info().lora_rank
-out["same_logprobs"] = resumed.forward([rl], "importance_sampling").result().loss_fn_outputs[0]["logprobs"].tolist() == lp
+again = resumed.forward([rl], "importance_sampling").result()
+out["same_logprobs"] = again.loss_fn_outputs[0]["logprobs"].tolist() == lp
 sampler_path = tc.save_weights_for_sampler("final").result().path
 out["sampler_path"] = sampler_path
 sampler = sc.create_sampling_client(model_path=sampler_path)
-out["sampled"] = len(sampler.sample(types.ModelInput.from_ints(ids), 1, types.SamplingParams(max_tokens=3)).result().sequences[0].tokens)
+res = sampler.sample(types.ModelInput.from_ints(ids), 1, types.SamplingParams(max_tokens=3)).result()
+out["sampled"] = len(res.sequences[0].tokens)
 try:
     tc.forward_backward([rl], "dro").result()
 except tinker.RequestFailedError as exc:

@@ -36,7 +36,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument(
-        "--output-dir", default="tinker-runs", help="where tinker:// checkpoints are saved (default: tinker-runs)"
+        "--output-dir",
+        default="tinker-runs",
+        help="where tinker:// checkpoints are saved (default: tinker-runs)",
     )
     p.add_argument(
         "--api-key",
@@ -69,7 +71,12 @@ def tinker(args: argparse.Namespace) -> int:
         args.model, args.engine, device=args.device, num_threads=args.threads, seed=args.seed
     )
     server = TinkerServer(
-        backend, args.output_dir, host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level
+        backend,
+        args.output_dir,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        log_level=args.log_level,
     )
     try:
         server.start()

@@ -55,7 +55,9 @@ def _cispo(lp: torch.Tensor, x: Inputs, config: dict[str, float]) -> torch.Tenso
 
 
 #: loss name -> (its inputs besides target_tokens, the per-token objective)
-LOSSES: dict[str, tuple[tuple[str, ...], Callable[[torch.Tensor, Inputs, dict[str, float]], torch.Tensor]]] = {
+LOSSES: dict[
+    str, tuple[tuple[str, ...], Callable[[torch.Tensor, Inputs, dict[str, float]], torch.Tensor]]
+] = {
     "cross_entropy": (("weights",), _cross_entropy),
     "importance_sampling": (("logprobs", "advantages"), _importance_sampling),
     "ppo": (("logprobs", "advantages"), _ppo),

@@ -152,7 +152,9 @@ class PeftBackend:
                     if not forward_only:
                         loss.backward()
                     total += float(loss.detach())
-                    outputs.append({"logprobs": lp.detach().tolist(), "elementwise_loss": losses.detach().tolist()})
+                    outputs.append(
+                        {"logprobs": lp.detach().tolist(), "elementwise_loss": losses.detach().tolist()}
+                    )
 
         self.engine.update_weights(run)
         return ForwardBackwardResult(outputs, {"loss:sum": total})
@@ -170,7 +172,9 @@ class PeftBackend:
                     weight_decay=adam.weight_decay,
                 )
             grads = [p for p in model.params if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(grads, adam.grad_clip_norm or float("inf")) if grads else None
+            norm = (
+                torch.nn.utils.clip_grad_norm_(grads, adam.grad_clip_norm or float("inf")) if grads else None
+            )
             metrics["grad_norm"] = 0.0 if norm is None else float(norm)
             model.optimizer.step()
             model.optimizer.zero_grad(set_to_none=True)

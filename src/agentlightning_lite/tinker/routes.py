@@ -73,7 +73,9 @@ class TinkerAPI:
         self.poll_s = float(poll_s)
         self.table = FutureTable()
         self.queue = OrderedQueue(self.table)
-        self.samplers = concurrent.futures.ThreadPoolExecutor(sample_workers, thread_name_prefix="agl-tinker-sample")
+        self.samplers = concurrent.futures.ThreadPoolExecutor(
+            sample_workers, thread_name_prefix="agl-tinker-sample"
+        )
 
     def close(self) -> None:
         self.queue.close()
@@ -114,7 +116,9 @@ class TinkerAPI:
             try:
                 return await handler(request)
             except OpError as exc:
-                status = 404 if str(exc).startswith("unknown") or str(exc).startswith("no checkpoint") else 422
+                status = (
+                    404 if str(exc).startswith("unknown") or str(exc).startswith("no checkpoint") else 422
+                )
                 return error(str(exc), status, exc.category)
 
         return run
@@ -145,7 +149,9 @@ class TinkerAPI:
         return JSONResponse({"status": "ok"})
 
     async def capabilities(self, request: Request) -> Response:
-        return JSONResponse({"supported_models": [{"model_name": n} for n in self.backend.base_model_names()]})
+        return JSONResponse(
+            {"supported_models": [{"model_name": n} for n in self.backend.base_model_names()]}
+        )
 
     # -- futures --------------------------------------------------------------------------------
     def _future(self, request_id: str, **extra: Any) -> Response:
@@ -210,7 +216,9 @@ class TinkerAPI:
     # -- training -------------------------------------------------------------------------------
     async def forward_backward(self, request: Request) -> Response:
         if request.headers.get("content-type", "").split(";")[0].strip() != PROTO:
-            raise OpError(f"forward_backward takes a protobuf body (Content-Type: {PROTO}), as SDK 0.38 sends")
+            raise OpError(
+                f"forward_backward takes a protobuf body (Content-Type: {PROTO}), as SDK 0.38 sends"
+            )
         body = await request.body()
         if request.headers.get("content-encoding", "") == "zstd":
             import zstandard
@@ -283,7 +291,9 @@ class TinkerAPI:
         def save() -> Outcome:
             sampler = self.backend.save_for_sampler(model_id, directory)
             sid = self.registry.add_sampling(sampler, base, path)
-            return Outcome(json={"type": "save_weights_for_sampler", "path": path, "sampling_session_id": sid})
+            return Outcome(
+                json={"type": "save_weights_for_sampler", "path": path, "sampling_session_id": sid}
+            )
 
         return self._future(self.queue.submit(model_id, body.get("seq_id"), save), model_id=model_id)
 
@@ -319,7 +329,6 @@ class TinkerAPI:
         base_names = self.backend.base_model_names()
         path = body.get("model_path")
         if path is not None:
-            model_id, kind, _ = self.registry.parse(path)
             directory = self.registry.existing(path)
             sampler = await asyncio.to_thread(self.backend.load_sampler, directory)
             sid = self.registry.add_sampling(sampler, base_names[0], path)
@@ -332,7 +341,9 @@ class TinkerAPI:
 
     async def get_sampler(self, request: Request) -> Response:
         s = self.registry.sampling_session(request.path_params["sampler_id"])
-        return JSONResponse({"sampler_id": s.session_id, "base_model": s.base_model, "model_path": s.model_path})
+        return JSONResponse(
+            {"sampler_id": s.session_id, "base_model": s.base_model, "model_path": s.model_path}
+        )
 
     async def asample(self, request: Request) -> Response:
         body = await _json(request)

@@ -41,7 +41,9 @@ def _stops(stop: Any, eos: Collection[int]) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     if not isinstance(stop, list):
-        raise OpError(f"sampling_params.stop must be a string, a list of strings or of token ids, got {stop!r}")
+        raise OpError(
+            f"sampling_params.stop must be a string, a list of strings or of token ids, got {stop!r}"
+        )
     if not stop:
         raise OpError(
             "sampling_params.stop=[] (no stopping, not even at end-of-sequence) is not supported: this "

@@ -72,7 +72,7 @@ class TinkerServer(ThreadedUvicorn):
 
     >>> import agentlightning_lite.tinker as tk  # doctest: +SKIP
     >>> with tk.TinkerServer(tk.build_backend("smollm2-135m"), "runs/tinker", port=8000) as server:
-    ...     print(server.url)  # then: TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-x python train.py
+    ...     print(server.url)  # TINKER_BASE_URL for the SDK (with TINKER_API_KEY=tml-anything)
     http://127.0.0.1:8000
     """
 
