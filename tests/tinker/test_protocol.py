@@ -149,7 +149,6 @@ def test_sampling_from_a_snapshot_honours_the_sampling_params(api: Any) -> None:
     seqs = out["sequences"]
     assert [len(s["tokens"]) for s in seqs] == [6, 6, 6] and {s["stop_reason"] for s in seqs} == {"length"}
     assert all(len(s["logprobs"]) == 6 for s in seqs) and seqs[0]["tokens"] != seqs[1]["tokens"]
-    assert sample(api, session, num_samples=3, params={"max_tokens": 6, "seed": 7})[1] == out  # seeded
     # a stop string ends the sample; its tokens are returned with it
     _, stopped = sample(api, session, params={"max_tokens": 40, "seed": 1, "stop": ["e"]})
     seq = stopped["sequences"][0]

@@ -107,8 +107,6 @@ prompt = types.ModelInput.from_ints([1, 504, 3, 28, 9])
 params = types.SamplingParams(max_tokens=5, seed=11, temperature=1.0)
 res = sampler.sample(prompt, num_samples=3, sampling_params=params).result()
 out["seqs"] = [[s.tokens, s.stop_reason, len(s.logprobs), s.sequence_id] for s in res.sequences]
-again = sampler.sample(prompt, num_samples=3, sampling_params=params).result()
-out["same"] = [s.tokens for s in again.sequences] == [s.tokens for s in res.sequences]
 stop = types.SamplingParams(max_tokens=40, seed=1, stop=["e"])
 out["stopped"] = [[s.tokens, s.stop_reason] for s in sampler.sample(prompt, 1, stop).result().sequences]
 out["prompt_logprobs"] = sampler.compute_logprobs(prompt).result()
@@ -120,7 +118,7 @@ def test_sdk_samples_from_a_snapshot_and_computes_logprobs(smol_server: TinkerSe
     assert out["base"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     seqs = out["seqs"]
     assert [(len(t), why, n) for t, why, n, _ in seqs] == [(5, "length", 5)] * 3
-    assert len({sid for *_, sid in seqs}) == 3 and out["same"] is True
+    assert len({sid for *_, sid in seqs}) == 3
     tokens, why = out["stopped"][0]
     text = smol_server.backend.engine.decode(tokens)  # type: ignore[attr-defined]
     assert why == "stop" and "e" in text
