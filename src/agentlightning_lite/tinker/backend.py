@@ -1,0 +1,169 @@
+"""The training side of the Tinker API, as a small typed protocol: what the HTTP layer asks of a
+trainer (create a LoRA model, accumulate gradients, take an optimiser step, save and load weights,
+hand weights to the sampler), and the plain records it passes.
+
+:class:`~.peft_backend.PeftBackend` implements it on the project's transformers engine (peft LoRA
+adapters trained in place, sampled by the same engine).
+
+>>> AdamParams.from_json({"learning_rate": 1e-3}).beta2
+0.95
+>>> Datum(tokens=[1, 2], inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]}).length
+2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from .futures import OpError
+
+__all__ = [
+    "AdamParams",
+    "Datum",
+    "ForwardBackwardResult",
+    "ModelInfo",
+    "SampledSequence",
+    "TrainingBackend",
+]
+
+
+@dataclass
+class Datum:
+    """One training example: the ``tokens`` of its model input, and its loss inputs by name
+    (``target_tokens``, ``weights``, ``logprobs``, ``advantages``...), each one value per token."""
+
+    tokens: list[int]
+    inputs: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class AdamParams:
+    """AdamW settings of one optimiser step (Tinker's defaults; ``grad_clip_norm`` 0: no clipping)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+    @classmethod
+    def from_json(cls, body: Any) -> AdamParams:
+        """From the request's ``adam_params`` object; a clear error for a field that is not a number."""
+        if not isinstance(body, dict):
+            raise OpError(f"adam_params must be an object, got {type(body).__name__}")
+        out = cls()
+        for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
+            value = body.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise OpError(f"adam_params.{name} must be a number, got {value!r}")
+            setattr(out, name, float(value))
+        if out.learning_rate < 0:
+            raise OpError(f"adam_params.learning_rate must be >= 0, got {out.learning_rate}")
+        if not (0 <= out.beta1 < 1 and 0 <= out.beta2 < 1):
+            raise OpError(f"adam_params.beta1 and beta2 must be in [0, 1), got {out.beta1}, {out.beta2}")
+        return out
+
+
+@dataclass
+class ForwardBackwardResult:
+    """Per datum, named arrays (``logprobs``: one per token, ``elementwise_loss``); the metrics
+    (each key ``name:reduction``, with ``loss:sum`` always there)."""
+
+    outputs: list[dict[str, list[float]]]
+    metrics: dict[str, float]
+
+
+@dataclass
+class ModelInfo:
+    """What ``/get_info`` reports about a training model."""
+
+    model_id: str
+    base_model: str
+    lora_rank: int
+    tokenizer_id: str
+
+
+@dataclass
+class SampledSequence:
+    """One sample: its tokens (the stop token included), their logprobs, and why it stopped
+    (``"stop"`` or ``"length"``)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """What the Tinker server asks of a trainer. Model ids are chosen by the server; ``sampler``
+    names what :meth:`save_for_sampler` returned (``None``: the base model). Methods raise
+    :class:`~.futures.OpError` for a request that cannot be served (its message reaches the client)."""
+
+    def base_model_names(self) -> list[str]:
+        """The names ``create_model(base_model=...)`` accepts; the first is the one reported."""
+        ...
+
+    def create_model(self, model_id: str, base_model: str, lora_rank: int, seed: int | None) -> ModelInfo:
+        """A fresh LoRA adapter of rank ``lora_rank`` on the base model, with its own optimiser."""
+        ...
+
+    def info(self, model_id: str) -> ModelInfo:
+        """The model's base model, rank and tokenizer."""
+        ...
+
+    def forward_backward(
+        self,
+        model_id: str,
+        data: list[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float],
+        forward_only: bool = False,
+    ) -> ForwardBackwardResult:
+        """The loss over ``data`` (summed over tokens, never normalised), its gradient added to the
+        model's accumulated one unless ``forward_only``."""
+        ...
+
+    def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]:
+        """One AdamW step on the accumulated gradient, which is then cleared; metrics."""
+        ...
+
+    def save_state(self, model_id: str, directory: Path, optimizer: bool = True) -> None:
+        """Write the adapter (and the optimiser state) into ``directory``."""
+        ...
+
+    def load_state(self, model_id: str, directory: Path, optimizer: bool) -> None:
+        """Load what :meth:`save_state` wrote into the (existing) model ``model_id``."""
+        ...
+
+    def save_for_sampler(self, model_id: str, directory: Path | None) -> str:
+        """A frozen copy of the model's current weights that :meth:`sample` can use (saved into
+        ``directory`` when given); its sampler name."""
+        ...
+
+    def load_sampler(self, directory: Path) -> str:
+        """A sampler from weights saved by :meth:`save_for_sampler`; its sampler name."""
+        ...
+
+    def sample(
+        self, sampler: str | None, prompt: list[int], params: dict[str, Any], num_samples: int
+    ) -> list[SampledSequence]:
+        """``num_samples`` continuations of ``prompt`` (``params``: max_tokens, temperature, top_p,
+        top_k, seed, stop)."""
+        ...
+
+    def prompt_logprobs(self, sampler: str | None, prompt: list[int]) -> list[float | None]:
+        """The logprob of each prompt token given the ones before it (``None`` for the first)."""
+        ...
+
+    def close(self) -> None:
+        """Release the model and the engine."""
+        ...

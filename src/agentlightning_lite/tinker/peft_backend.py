@@ -1,0 +1,266 @@
+"""The Tinker training backend on the project's transformers engine: each training model is a peft
+LoRA adapter on the engine's own module, trained in place with its own AdamW; sampler weights are
+frozen copies of an adapter that the same engine serves (one adapter at a time, exact token ids and
+logprobs).
+
+LoRA: rank as the client asks, ``alpha`` 32 (Tinker does not send one), the attention and MLP
+projections (``agl.LoRA``'s defaults), no dropout. Every change of the weights goes through
+``engine.update_weights`` (which waits for the replies decoding now and bumps ``engine.version``).
+
+>>> backend = PeftBackend(HFEngine("smollm2-135m"), ["smollm2-135m"], "/models/smollm2")  # doctest: +SKIP
+>>> backend.create_model("s:train:0", "smollm2-135m", lora_rank=8, seed=0).lora_rank  # doctest: +SKIP
+8
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..lora_settings import LoRA
+from ..rl.checkpoint import save_adapter
+from ..rl.policies import adapter_params
+from .backend import AdamParams, Datum, ForwardBackwardResult, ModelInfo, SampledSequence
+from .futures import OpError
+from .losses import required_inputs, token_losses
+from .sampling import gen_requests, request_settings, sequences_of
+
+__all__ = ["LORA_ALPHA", "PeftBackend"]
+
+LORA_ALPHA = 32  #: the LoRA scaling numerator (the update is scaled by alpha / rank)
+OPTIMIZER_FILE = "optimizer.pt"
+INFO_FILE = "tinker_model.json"
+
+
+@dataclass
+class _Model:
+    adapter: str
+    rank: int
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.AdamW
+
+
+class PeftBackend:
+    """A :class:`~.backend.TrainingBackend` over an ``HFEngine`` (its model, peft adapters, sampling).
+
+    Args:
+        engine: the serving engine (``agl.engines.HFEngine``) whose module is trained in place.
+        base_names: the names ``create_model(base_model=...)`` accepts; the first is reported.
+        tokenizer_id: what ``get_info`` names as the tokenizer (a local directory loads offline).
+        keep_samplers: how many unnamed sampler snapshots stay loaded; older ones are unloaded.
+    """
+
+    def __init__(self, engine: Any, base_names: list[str], tokenizer_id: str, keep_samplers: int = 8) -> None:
+        self.engine = engine
+        self.names = list(base_names)
+        self.tokenizer_id = tokenizer_id
+        self.keep_samplers = int(keep_samplers)
+        self._models: dict[str, _Model] = {}
+        self._ids = itertools.count()
+        self._ephemeral: collections.deque[str] = collections.deque()
+        self._lock = threading.Lock()
+        engine.set_routes({}, default=None)  # requests that name no adapter get the base model
+
+    # -- models ---------------------------------------------------------------------------------
+    def base_model_names(self) -> list[str]:
+        return list(self.names)
+
+    def _model(self, model_id: str) -> _Model:
+        model = self._models.get(model_id)
+        if model is None:
+            raise OpError(f"unknown model id {model_id!r}: create it first (create_model or load_weights)")
+        return model
+
+    def create_model(self, model_id: str, base_model: str, lora_rank: int, seed: int | None) -> ModelInfo:
+        if base_model not in self.names:
+            raise OpError(f"base_model {base_model!r} is not served here; this server trains {self.names}")
+        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
+            raise OpError(f"lora_config.rank must be an integer >= 1, got {lora_rank!r}")
+        if model_id in self._models:
+            raise OpError(f"model id {model_id!r} already exists")
+        name = f"tinker{next(self._ids)}"
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        self.engine.add_adapter(name, LoRA(r=lora_rank, alpha=LORA_ALPHA), named_only=True)
+        params = adapter_params(self.engine.model, name)
+        if not params:
+            raise RuntimeError(f"the LoRA adapter {name!r} has no weights on this model")
+        optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        self._models[model_id] = _Model(name, lora_rank, params, optimizer)
+        return self.info(model_id)
+
+    def info(self, model_id: str) -> ModelInfo:
+        model = self._model(model_id)
+        return ModelInfo(model_id, self.names[0], model.rank, self.tokenizer_id)
+
+    # -- training -------------------------------------------------------------------------------
+    def _check(self, data: list[Datum], loss_fn: str) -> tuple[str, ...]:
+        names = required_inputs(loss_fn)
+        if not data:
+            raise OpError("forward_backward got no data")
+        for i, d in enumerate(data):
+            if not d.tokens:
+                raise OpError(f"data[{i}] has an empty model_input")
+            for name in names:
+                values = d.inputs.get(name)
+                if values is None:
+                    raise OpError(f"data[{i}] has no loss_fn_inputs[{name!r}], which {loss_fn} needs")
+                if len(values) != d.length:
+                    raise OpError(
+                        f"data[{i}].loss_fn_inputs[{name!r}] has {len(values)} values for "
+                        f"{d.length} input tokens: one per input position is expected"
+                    )
+            vocab = self.engine.vocab_size
+            bad = [t for t in (*d.tokens, *d.inputs["target_tokens"]) if t < 0 or (vocab and t >= vocab)]
+            if bad:
+                raise OpError(f"data[{i}] has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
+        return names
+
+    def forward_backward(
+        self,
+        model_id: str,
+        data: list[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float],
+        forward_only: bool = False,
+    ) -> ForwardBackwardResult:
+        model = self._model(model_id)
+        names = self._check(data, loss_fn)
+        outputs: list[dict[str, list[float]]] = []
+        total = 0.0
+
+        def run(module: Any) -> None:
+            nonlocal total
+            device = model.params[0].device
+            for p in model.params:
+                p.requires_grad_(True)
+            with self.engine.using_adapter(model.adapter) as m, torch.set_grad_enabled(not forward_only):
+                for d in data:
+                    x = {n: torch.tensor(d.inputs[n], dtype=torch.float32, device=device) for n in names[1:]}
+                    targets = torch.tensor(d.inputs["target_tokens"], dtype=torch.long, device=device)
+                    logits = m(input_ids=torch.tensor([d.tokens], device=device)).logits[0].float()
+                    lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+                    losses = token_losses(loss_fn, lp, x, loss_fn_config)
+                    loss = losses.sum()
+                    if not forward_only:
+                        loss.backward()
+                    total += float(loss.detach())
+                    outputs.append(
+                        {"logprobs": lp.detach().tolist(), "elementwise_loss": losses.detach().tolist()}
+                    )
+
+        self.engine.update_weights(run)
+        return ForwardBackwardResult(outputs, {"loss:sum": total})
+
+    def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]:
+        model = self._model(model_id)
+        metrics: dict[str, float] = {}
+
+        def step(module: Any) -> None:
+            for group in model.optimizer.param_groups:
+                group.update(
+                    lr=adam.learning_rate,
+                    betas=(adam.beta1, adam.beta2),
+                    eps=adam.eps,
+                    weight_decay=adam.weight_decay,
+                )
+            grads = [p for p in model.params if p.grad is not None]
+            norm = (
+                torch.nn.utils.clip_grad_norm_(grads, adam.grad_clip_norm or float("inf")) if grads else None
+            )
+            metrics["grad_norm"] = 0.0 if norm is None else float(norm)
+            model.optimizer.step()
+            model.optimizer.zero_grad(set_to_none=True)
+
+        self.engine.update_weights(step)
+        return metrics
+
+    # -- saving and loading ---------------------------------------------------------------------
+    def save_state(self, model_id: str, directory: Path, optimizer: bool = True) -> None:
+        model = self._model(model_id)
+        with self.engine.lock:
+            save_adapter(self.engine.model, model.adapter, directory)
+            if optimizer:
+                torch.save(model.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+        (directory / INFO_FILE).write_text(json.dumps({"base_model": self.names[0], "lora_rank": model.rank}))
+
+    @staticmethod
+    def saved_rank(directory: Path) -> int:
+        """The LoRA rank of weights saved in ``directory``."""
+        try:
+            return int(json.loads((directory / INFO_FILE).read_text())["lora_rank"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise OpError(f"{directory} holds no weights saved by this server ({exc})") from exc
+
+    def load_state(self, model_id: str, directory: Path, optimizer: bool) -> None:
+        model = self._model(model_id)
+        if not (directory / "adapter_model.safetensors").is_file():
+            raise OpError(f"no saved weights at {directory}")
+        self.engine.update_weights(str(directory), adapter=model.adapter)
+        if optimizer:
+            path = directory / OPTIMIZER_FILE
+            if not path.is_file():
+                raise OpError(f"the checkpoint at {directory} was saved without its optimiser state")
+            model.optimizer.load_state_dict(torch.load(path, weights_only=True))
+
+    def save_for_sampler(self, model_id: str, directory: Path | None) -> str:
+        model = self._model(model_id)
+        with self._lock:
+            name = f"sampler{next(self._ids)}"
+        if directory is None:
+            with self.engine.lock:
+                state = {k: v.detach().clone() for k, v in self._adapter_state(model.adapter).items()}
+            self.engine.add_adapter(name, LoRA(r=model.rank, alpha=LORA_ALPHA), named_only=True)
+            self.engine.update_weights(state, adapter=name)
+            with self._lock:
+                self._ephemeral.append(name)
+                old = [self._ephemeral.popleft() for _ in range(len(self._ephemeral) - self.keep_samplers)]
+            for stale in old:
+                self.engine.remove_adapter(stale)
+            return name
+        self.save_state(model_id, directory, optimizer=False)
+        self.engine.add_adapter(name, str(directory), named_only=True)
+        return name
+
+    def _adapter_state(self, adapter: str) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return dict(get_peft_model_state_dict(self.engine.model, adapter_name=adapter))
+
+    def load_sampler(self, directory: Path) -> str:
+        if not (directory / "adapter_config.json").is_file():
+            raise OpError(f"no sampler weights at {directory}")
+        with self._lock:
+            name = f"sampler{next(self._ids)}"
+        self.engine.add_adapter(name, str(directory), named_only=True)
+        return name
+
+    # -- sampling -------------------------------------------------------------------------------
+    def sample(
+        self, sampler: str | None, prompt: list[int], params: dict[str, Any], num_samples: int
+    ) -> list[SampledSequence]:
+        if sampler is not None and sampler not in self.engine.adapters:
+            raise OpError(f"the sampler weights {sampler!r} were unloaded (only the newest are kept)")
+        settings = request_settings(params, self.engine.eos_token_ids, self.engine.max_context)
+        futures = [self.engine.submit(r) for r in gen_requests(prompt, settings, num_samples, sampler)]
+        return sequences_of([f.result() for f in futures])
+
+    def prompt_logprobs(self, sampler: str | None, prompt: list[int]) -> list[float | None]:
+        if not prompt:
+            return []
+        with self.engine.lock, self.engine.using_adapter(sampler) as m, torch.no_grad():
+            device = next(m.parameters()).device
+            ids = torch.tensor([prompt], device=device)
+            logits = m(input_ids=ids).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        return [None, *lp.tolist()]
+
+    def close(self) -> None:
+        self.engine.close()

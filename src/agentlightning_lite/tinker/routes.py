@@ -1,0 +1,406 @@
+"""The routes of the Tinker API (all under ``/api/v1``): sessions, the asynchronous operations that
+answer a request id at once, and ``/retrieve_future``, which long-polls their outcome.
+
+Training operations run on one worker thread, each model's in ``seq_id`` order (:mod:`.futures`);
+samples run concurrently on the engine. An operation that fails resolves to
+``{"error": ..., "category": "user" | "server"}``, which the SDK raises as ``RequestFailedError``;
+a request the server cannot even take (unknown ids, a malformed body) gets a 4xx with that body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .backend import AdamParams, TrainingBackend
+from .futures import FutureTable, OpError, OrderedQueue, Outcome
+from .registry import Registry
+from .wire import decode_forward_backward_request, encode_forward_backward_output, encode_sample_response
+
+__all__ = ["PROTO", "TinkerAPI"]
+
+PROTO = "application/x-protobuf"
+
+
+def error(message: str, status: int, category: str = "user") -> JSONResponse:
+    return JSONResponse({"error": message, "category": category}, status_code=status)
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OpError(f"the request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise OpError(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _tokens(model_input: Any) -> list[int]:
+    """The token ids of a JSON ``ModelInput`` (encoded text chunks only)."""
+    chunks = model_input.get("chunks") if isinstance(model_input, dict) else None
+    if not isinstance(chunks, list):
+        raise OpError(f"prompt must be a ModelInput object with 'chunks', got {model_input!r}")
+    out: list[int] = []
+    for chunk in chunks:
+        kind = chunk.get("type") if isinstance(chunk, dict) else None
+        if kind != "encoded_text":
+            raise OpError(f"prompt has a {kind!r} chunk: this server takes encoded_text chunks only")
+        tokens = chunk.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise OpError("an encoded_text chunk needs 'tokens': a list of token ids")
+        out.extend(tokens)
+    return out
+
+
+class TinkerAPI:
+    """The handlers of one Tinker server over ``backend``; ``poll_s``: how long ``/retrieve_future``
+    holds a request for an unfinished operation before answering ``try_again``."""
+
+    def __init__(
+        self, backend: TrainingBackend, registry: Registry, poll_s: float = 30.0, sample_workers: int = 16
+    ) -> None:
+        self.backend = backend
+        self.registry = registry
+        self.poll_s = float(poll_s)
+        self.table = FutureTable()
+        self.queue = OrderedQueue(self.table)
+        self.samplers = concurrent.futures.ThreadPoolExecutor(
+            sample_workers, thread_name_prefix="agl-tinker-sample"
+        )
+
+    def close(self) -> None:
+        self.queue.close()
+        self.samplers.shutdown(wait=False, cancel_futures=True)
+
+    def routes(self) -> list[Route]:
+        post = {
+            "client/config": self.client_config,
+            "create_session": self.create_session,
+            "session_heartbeat": self.heartbeat,
+            "telemetry": self.telemetry,
+            "sessions/{session_id}/finish": self.finish,
+            "create_model": self.create_model,
+            "get_info": self.get_info,
+            "forward_backward": self.forward_backward,
+            "optim_step": self.optim_step,
+            "save_weights": self.save_weights,
+            "save_weights_for_sampler": self.save_weights_for_sampler,
+            "load_weights": self.load_weights,
+            "create_sampling_session": self.create_sampling_session,
+            "asample": self.asample,
+            "retrieve_future": self.retrieve_future,
+            "weights_info": self.weights_info,
+        }
+        get = {
+            "healthz": self.healthz,
+            "get_server_capabilities": self.capabilities,
+            "samplers/{sampler_id}": self.get_sampler,
+            "training_runs/{run_id}": self.training_run,
+        }
+        out = [Route(f"/api/v1/{p}", self._wrap(h), methods=["POST"]) for p, h in post.items()]
+        out += [Route(f"/api/v1/{p}", self._wrap(h), methods=["GET"]) for p, h in get.items()]
+        return out
+
+    @staticmethod
+    def _wrap(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except OpError as exc:
+                status = (
+                    404 if str(exc).startswith("unknown") or str(exc).startswith("no checkpoint") else 422
+                )
+                return error(str(exc), status, exc.category)
+
+        return run
+
+    # -- sessions -------------------------------------------------------------------------------
+    async def client_config(self, request: Request) -> Response:
+        # one fwd/bwd chunk at a time, in order; no JWT exchange; plain protobuf bodies
+        return JSONResponse(
+            {"pjwt_auth_enabled": False, "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False}
+        )
+
+    async def create_session(self, request: Request) -> Response:
+        await _json(request)
+        return JSONResponse({"type": "create_session", "session_id": self.registry.new_session()})
+
+    async def heartbeat(self, request: Request) -> Response:
+        self.registry.check_session((await _json(request)).get("session_id"))
+        return JSONResponse({"type": "session_heartbeat"})
+
+    async def telemetry(self, request: Request) -> Response:
+        return JSONResponse({"status": "accepted"})
+
+    async def finish(self, request: Request) -> Response:
+        self.registry.check_session(request.path_params["session_id"])
+        return JSONResponse({})
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def capabilities(self, request: Request) -> Response:
+        return JSONResponse(
+            {"supported_models": [{"model_name": n} for n in self.backend.base_model_names()]}
+        )
+
+    # -- futures --------------------------------------------------------------------------------
+    def _future(self, request_id: str, **extra: Any) -> Response:
+        return JSONResponse({"request_id": request_id, **extra})
+
+    async def retrieve_future(self, request: Request) -> Response:
+        rid = (await _json(request)).get("request_id")
+        if not isinstance(rid, str):
+            raise OpError(f"request_id must be a string, got {rid!r}")
+        try:
+            outcome = await self.table.wait(rid, self.poll_s)
+        except KeyError:
+            raise OpError(f"unknown request_id {rid!r}: this server never issued it (or forgot it)") from None
+        if outcome is None:
+            return JSONResponse({"type": "try_again", "request_id": rid, "queue_state": "active"})
+        if outcome.proto is not None and PROTO in request.headers.get("accept", ""):
+            return Response(outcome.proto, media_type=PROTO)
+        return JSONResponse(outcome.body())
+
+    def _in_thread(self, fn: Callable[[], Outcome], **extra: Any) -> Response:
+        rid = self.table.create()
+        self.samplers.submit(self.table.run, rid, fn)
+        return self._future(rid, **extra)
+
+    # -- models ---------------------------------------------------------------------------------
+    async def create_model(self, request: Request) -> Response:
+        body = await _json(request)
+        session = self.registry.check_session(body.get("session_id"))
+        lora = body.get("lora_config") or {}
+        if not isinstance(lora, dict):
+            raise OpError(f"lora_config must be an object, got {lora!r}")
+        base_model = body.get("base_model")
+        if base_model not in self.backend.base_model_names():
+            raise OpError(
+                f"base_model {base_model!r} is not served here; this server trains "
+                f"{self.backend.base_model_names()}"
+            )
+        model_id = self.registry.model_id(session, body.get("model_seq_id"))
+        rank, seed = lora.get("rank", 32), lora.get("seed")
+        self.queue.open(model_id)
+
+        def create() -> Outcome:
+            self.backend.create_model(model_id, str(base_model), rank, seed)
+            return Outcome(json={"type": "create_model", "model_id": model_id})
+
+        return self._future(self.queue.submit(None, None, create), model_id=model_id)
+
+    async def get_info(self, request: Request) -> Response:
+        model_id = self.registry.check_model((await _json(request)).get("model_id"))
+        info = self.backend.info(model_id)
+        return JSONResponse(
+            {
+                "type": "get_info",
+                "model_id": model_id,
+                "model_data": {"model_name": info.base_model, "tokenizer_id": info.tokenizer_id},
+                "is_lora": True,
+                "lora_rank": info.lora_rank,
+                "model_name": info.base_model,
+            }
+        )
+
+    # -- training -------------------------------------------------------------------------------
+    async def forward_backward(self, request: Request) -> Response:
+        if request.headers.get("content-type", "").split(";")[0].strip() != PROTO:
+            raise OpError(
+                f"forward_backward takes a protobuf body (Content-Type: {PROTO}), as SDK 0.38 sends"
+            )
+        body = await request.body()
+        if request.headers.get("content-encoding", "") == "zstd":
+            import zstandard
+
+            body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+        req = decode_forward_backward_request(body)
+        model_id = self.registry.check_model(req.model_id)
+
+        def run() -> Outcome:
+            result = self.backend.forward_backward(
+                model_id, req.data, req.loss_fn, req.loss_fn_config, req.forward_only
+            )
+            body = {
+                "loss_fn_output_type": "ArrayRecord",
+                "loss_fn_outputs": [
+                    {k: {"data": v, "dtype": "float32", "shape": [len(v)]} for k, v in out.items()}
+                    for out in result.outputs
+                ],
+                "metrics": result.metrics,
+            }
+            return Outcome(json=body, proto=encode_forward_backward_output(result))
+
+        return self._future(self.queue.submit(model_id, req.seq_id, run), model_id=model_id)
+
+    async def optim_step(self, request: Request) -> Response:
+        body = await _json(request)
+        model_id = self.registry.check_model(body.get("model_id"))
+        if body.get("optimizer_params") is not None and body.get("adam_params") is None:
+            raise OpError("only AdamW (adam_params) is served here, not optimizer_params")
+        adam = AdamParams.from_json(body.get("adam_params") or {})
+
+        def step() -> Outcome:
+            metrics = self.backend.optim_step(model_id, adam)
+            return Outcome(json={"type": "optim_step", "metrics": metrics})
+
+        return self._future(self.queue.submit(model_id, body.get("seq_id"), step), model_id=model_id)
+
+    # -- weights --------------------------------------------------------------------------------
+    async def save_weights(self, request: Request) -> Response:
+        body = await _json(request)
+        model_id = self.registry.check_model(body.get("model_id"))
+        name = self.registry.check_name(body.get("path"))
+        directory = self.registry.directory_of(model_id, "weights", name)
+        if directory.exists() and body.get("overwrite") is False:
+            raise OpError(f"a checkpoint named {name!r} already exists (pass overwrite=True)")
+
+        def save() -> Outcome:
+            self.backend.save_state(model_id, directory, optimizer=True)
+            path = self.registry.tinker_path(model_id, "weights", name)
+            return Outcome(json={"type": "save_weights", "path": path})
+
+        return self._future(self.queue.submit(model_id, body.get("seq_id"), save), model_id=model_id)
+
+    async def save_weights_for_sampler(self, request: Request) -> Response:
+        body = await _json(request)
+        model_id = self.registry.check_model(body.get("model_id"))
+        name = body.get("path")
+        base = self.backend.info(model_id).base_model
+        if name is None:  # ephemeral: a sampling session, no path
+
+            def snapshot() -> Outcome:
+                sampler = self.backend.save_for_sampler(model_id, None)
+                sid = self.registry.add_sampling(sampler, base)
+                return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
+
+            return self._future(self.queue.submit(model_id, body.get("seq_id"), snapshot), model_id=model_id)
+        directory = self.registry.directory_of(model_id, "sampler_weights", self.registry.check_name(name))
+        path = self.registry.tinker_path(model_id, "sampler_weights", name)
+
+        def save() -> Outcome:
+            sampler = self.backend.save_for_sampler(model_id, directory)
+            sid = self.registry.add_sampling(sampler, base, path)
+            return Outcome(
+                json={"type": "save_weights_for_sampler", "path": path, "sampling_session_id": sid}
+            )
+
+        return self._future(self.queue.submit(model_id, body.get("seq_id"), save), model_id=model_id)
+
+    async def load_weights(self, request: Request) -> Response:
+        body = await _json(request)
+        directory = self.registry.existing(body.get("path"))
+        optimizer = bool(body.get("optimizer", False))
+        if body.get("model_id") is not None:  # into an existing model, in its seq_id order
+            model_id = self.registry.check_model(body.get("model_id"))
+
+            def load() -> Outcome:
+                self.backend.load_state(model_id, directory, optimizer)
+                return Outcome(json={"type": "load_weights", "path": body["path"], "model_id": model_id})
+
+            return self._future(self.queue.submit(model_id, body.get("seq_id"), load), model_id=model_id)
+        session = self.registry.check_session(body.get("session_id"))
+        rank = self.backend.saved_rank(directory) if hasattr(self.backend, "saved_rank") else 32
+        model_id = self.registry.model_id(session, body.get("model_seq_id"))
+        base = self.backend.base_model_names()[0]
+        self.queue.open(model_id)
+
+        def create_and_load() -> Outcome:
+            self.backend.create_model(model_id, base, rank, None)
+            self.backend.load_state(model_id, directory, optimizer)
+            return Outcome(json={"type": "load_weights", "path": body["path"], "model_id": model_id})
+
+        return self._future(self.queue.submit(None, None, create_and_load), model_id=model_id)
+
+    # -- sampling -------------------------------------------------------------------------------
+    async def create_sampling_session(self, request: Request) -> Response:
+        body = await _json(request)
+        self.registry.check_session(body.get("session_id"))
+        base_names = self.backend.base_model_names()
+        path = body.get("model_path")
+        if path is not None:
+            directory = self.registry.existing(path)
+            sampler = await asyncio.to_thread(self.backend.load_sampler, directory)
+            sid = self.registry.add_sampling(sampler, base_names[0], path)
+        else:
+            base = body.get("base_model")
+            if base not in base_names:
+                raise OpError(f"base_model {base!r} is not served here; this server samples {base_names}")
+            sid = self.registry.add_sampling(None, base_names[0])
+        return JSONResponse({"type": "create_sampling_session", "sampling_session_id": sid})
+
+    async def get_sampler(self, request: Request) -> Response:
+        s = self.registry.sampling_session(request.path_params["sampler_id"])
+        return JSONResponse(
+            {"sampler_id": s.session_id, "base_model": s.base_model, "model_path": s.model_path}
+        )
+
+    async def asample(self, request: Request) -> Response:
+        body = await _json(request)
+        if body.get("sampling_session_id") is not None:
+            sampler = self.registry.sampling_session(body.get("sampling_session_id")).sampler
+        elif body.get("base_model") is not None:
+            if body["base_model"] not in self.backend.base_model_names():
+                raise OpError(f"base_model {body['base_model']!r} is not served here")
+            sampler = None
+        else:
+            raise OpError("asample needs a sampling_session_id (or a base_model)")
+        for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(unsupported):
+                raise OpError(f"{unsupported} is not supported by this server")
+        if body.get("target_prompt_logprobs") is not None:
+            raise OpError("target_prompt_logprobs is not supported by this server")
+        prompt = _tokens(body.get("prompt"))
+        n = body.get("num_samples", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise OpError(f"num_samples must be an integer >= 1, got {n!r}")
+        params = body.get("sampling_params") or {}
+        want_prompt = bool(body.get("prompt_logprobs"))
+        stamp = f"{time.monotonic_ns():x}"
+
+        def run() -> Outcome:
+            seqs = self.backend.sample(sampler, prompt, params, n)
+            prompt_lp = self.backend.prompt_logprobs(sampler, prompt) if want_prompt else None
+            out = {
+                "type": "sample",
+                "sequences": [
+                    {"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason} for s in seqs
+                ],
+                "prompt_logprobs": prompt_lp,
+            }
+            return Outcome(json=json.loads(json.dumps(out)), proto=encode_sample_response(seqs, prompt_lp))
+
+        return self._in_thread(run, sample_sequence_ids=[f"seq-{stamp}-{i}" for i in range(n)])
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    async def training_run(self, request: Request) -> Response:
+        run_id = self.registry.check_model(request.path_params["run_id"])
+        info = self.backend.info(run_id)
+        return JSONResponse(
+            {
+                "training_run_id": run_id,
+                "base_model": info.base_model,
+                "model_owner": "local",
+                "is_lora": True,
+                "lora_rank": info.lora_rank,
+                "corrupted": False,
+                "last_request_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+
+    async def weights_info(self, request: Request) -> Response:
+        path = (await _json(request)).get("tinker_path")
+        directory = self.registry.existing(path)
+        rank = self.backend.saved_rank(directory) if hasattr(self.backend, "saved_rank") else None
+        base = self.backend.base_model_names()[0]
+        return JSONResponse({"base_model": base, "is_lora": True, "lora_rank": rank})

@@ -1,0 +1,124 @@
+"""The Tinker-compatible server: the routes of :mod:`.routes` over a training backend, run by uvicorn in
+a background thread (``agl-lite tinker`` runs it in the foreground).
+
+Point the official SDK at it with ``TINKER_BASE_URL=http://HOST:PORT`` and any key that starts with
+``tml-`` (``TINKER_API_KEY=tml-local``; the SDK refuses others). With ``api_key=`` set, requests must
+carry that key (``X-API-Key``, as the SDK sends it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .. import models
+from ..serving.threaded import ThreadedUvicorn
+from .backend import TrainingBackend
+from .registry import Registry
+from .routes import TinkerAPI
+
+__all__ = ["TinkerServer", "base_model_names", "build_backend", "tokenizer_id"]
+
+
+def base_model_names(model: str) -> list[str]:
+    """The names a client may give as ``base_model`` for ``model``: a known model's Hugging Face id
+    first (what ``get_info`` reports), then the name it was started with.
+
+    >>> base_model_names("smollm2-135m")
+    ['HuggingFaceTB/SmolLM2-135M-Instruct', 'smollm2-135m']
+    >>> base_model_names("/models/tiny")
+    ['/models/tiny']
+    """
+    spec = models.KNOWN_MODELS.get(model.lower())
+    return [spec.hf_id, model] if spec is not None else [model]
+
+
+def tokenizer_id(model: str) -> str:
+    """What ``get_info`` names as the tokenizer: a directory that loads offline (a known model's
+    converted directory, a local model directory) or else the name itself (a Hugging Face id)."""
+    if model.lower() in models.KNOWN_MODELS:
+        return str(models.safetensors_dir(model))
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
+
+
+def build_backend(model: str = "smollm2-135m", engine: str = "hf", **engine_options: Any) -> TrainingBackend:
+    """The training backend for ``model`` on ``engine`` (``"hf"``: transformers in this process, the
+    only one that trains in place today); ``engine_options`` go to ``HFEngine``."""
+    if engine != "hf":
+        raise ValueError(f"the Tinker server trains on the hf engine only, got engine={engine!r}")
+    from ..serving.engines import HFEngine
+    from .peft_backend import PeftBackend
+
+    return PeftBackend(HFEngine(model, **engine_options), base_model_names(model), tokenizer_id(model))
+
+
+class TinkerServer(ThreadedUvicorn):
+    """Serve the Tinker API over ``backend`` at ``http://host:port/api/v1``.
+
+    Args:
+        backend: the training side (:func:`build_backend`, or any :class:`~.backend.TrainingBackend`).
+        output_dir: where ``tinker://`` checkpoints are written.
+        api_key: require this key (``X-API-Key`` or ``Authorization: Bearer``); ``None``: no key.
+        poll_s: how long ``/retrieve_future`` waits for an unfinished operation before it answers
+            ``try_again`` (Tinker clients time out after 45 s).
+
+    >>> import agentlightning_lite.tinker as tk  # doctest: +SKIP
+    >>> with tk.TinkerServer(tk.build_backend("smollm2-135m"), "runs/tinker", port=8000) as server:
+    ...     print(server.url)  # TINKER_BASE_URL for the SDK (with TINKER_API_KEY=tml-anything)
+    http://127.0.0.1:8000
+    """
+
+    _label = "Tinker server"
+    _thread_name = "agl-tinker"
+
+    def __init__(
+        self,
+        backend: TrainingBackend,
+        output_dir: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        poll_s: float = 30.0,
+        log_level: str = "warning",
+    ) -> None:
+        super().__init__(host, port, log_level)
+        self.backend = backend
+        self.registry = Registry(Path(output_dir))
+        self.api = TinkerAPI(backend, self.registry, poll_s=poll_s)
+        self.api_key = api_key
+        self.app = Starlette(
+            routes=self.api.routes(), middleware=[Middleware(BaseHTTPMiddleware, dispatch=self._check_key)]
+        )
+
+    async def _check_key(self, request: Request, call_next: Any) -> Response:
+        if self.api_key is not None and request.url.path != "/api/v1/healthz":
+            given = request.headers.get("x-api-key")
+            bearer = request.headers.get("authorization", "")
+            if given is None and bearer.lower().startswith("bearer "):
+                given = bearer[7:]
+            if given != self.api_key:
+                why = "no API key given" if given is None else "wrong API key"
+                return JSONResponse(
+                    {"error": f"{why}: this server requires its --api-key as X-API-Key", "category": "user"},
+                    status_code=401,
+                )
+        response: Response = await call_next(request)
+        return response
+
+    def stop(self, timeout: float = 10.0) -> None:
+        super().stop(timeout)
+
+    def close(self) -> None:
+        """Stop serving and release the worker threads and the backend."""
+        self.stop()
+        self.api.close()
+        self.backend.close()
