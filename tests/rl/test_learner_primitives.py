@@ -73,7 +73,7 @@ def test_builtin_loss_names_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="'clip' is not valid for 'ppo'"):
         losses.builtin_loss("ppo", lp, {"logprobs": lp, "advantages": lp}, {"clip": 0.2})
     with pytest.raises(ValueError, match="must be a number"):
-        losses.builtin_loss("cispo", lp, {"logprobs": lp, "advantages": lp}, {"clip_high_threshold": "4"})
+        losses.builtin_loss("cispo", lp, {"logprobs": lp, "advantages": lp}, {"clip_high": "4"})
 
 
 def test_grpo_and_ppo_import_their_losses_from_the_one_home() -> None:

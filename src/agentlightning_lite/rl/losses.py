@@ -31,12 +31,17 @@ __all__ = [
     "LOSS_INPUTS",
     "aggregate",
     "builtin_loss",
+    "builtin_token_losses",
     "cispo",
     "cross_entropy",
     "importance_sampling",
     "kl_penalty",
     "policy_loss",
     "ppo",
+    "token_cispo",
+    "token_cross_entropy",
+    "token_importance_sampling",
+    "token_ppo",
     "value_loss",
 ]
 
@@ -48,6 +53,44 @@ def _ratio(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor) -> torch.Ten
     return torch.exp((logprobs - sampling_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
 
 
+def token_cross_entropy(logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """:func:`cross_entropy` per token (its sum is the loss; Tinker's ``elementwise_loss``)."""
+    return -weights * logprobs
+
+
+def token_importance_sampling(
+    logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor
+) -> torch.Tensor:
+    """:func:`importance_sampling` per token."""
+    return -_ratio(logprobs, sampling_logprobs) * advantages
+
+
+def token_ppo(
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low_threshold: float = 0.8,
+    clip_high_threshold: float = 1.2,
+) -> torch.Tensor:
+    """:func:`ppo` per token."""
+    r = _ratio(logprobs, sampling_logprobs)
+    return -torch.minimum(
+        r * advantages, torch.clamp(r, clip_low_threshold, clip_high_threshold) * advantages
+    )
+
+
+def token_cispo(
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.0,
+    clip_high: float = 4.0,
+) -> torch.Tensor:
+    """:func:`cispo` per token."""
+    weight = torch.clamp(_ratio(logprobs, sampling_logprobs), clip_low, clip_high)
+    return -(weight.detach() * advantages * logprobs)
+
+
 def cross_entropy(logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Tinker's ``cross_entropy``: ``L = sum(-weights * logprobs)``. Weights are any reals (0 on
     tokens that are not trained; a custom loss sends negative and fractional ones).
@@ -56,7 +99,7 @@ def cross_entropy(logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
     >>> float(cross_entropy(torch.tensor([-0.5, -3.0]), torch.tensor([2.0, 0.0])))
     1.0
     """
-    return -(weights * logprobs).sum()
+    return token_cross_entropy(logprobs, weights).sum()
 
 
 def importance_sampling(
@@ -71,7 +114,7 @@ def importance_sampling(
     >>> lp.grad.tolist()  # d(-r A)/d lp = -r A
     [-2.0, -0.0]
     """
-    return -(_ratio(logprobs, sampling_logprobs) * advantages).sum()
+    return token_importance_sampling(logprobs, sampling_logprobs, advantages).sum()
 
 
 def ppo(
@@ -89,17 +132,15 @@ def ppo(
     >>> float(ppo(lp, old, torch.tensor([1.0, -1.0])))  # -(min(2, 1.2) + min(-2, -1.2))
     0.7999999523162842
     """
-    r = _ratio(logprobs, sampling_logprobs)
-    clipped = torch.clamp(r, clip_low_threshold, clip_high_threshold)
-    return -torch.minimum(r * advantages, clipped * advantages).sum()
+    return token_ppo(logprobs, sampling_logprobs, advantages, clip_low_threshold, clip_high_threshold).sum()
 
 
 def cispo(
     logprobs: torch.Tensor,
     sampling_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    clip_low_threshold: float = 0.0,
-    clip_high_threshold: float = 4.0,
+    clip_low: float = 0.0,
+    clip_high: float = 4.0,
 ) -> torch.Tensor:
     """Tinker's ``cispo`` (MiniMax-M1): ``L = sum(-sg(clip(r, low, high)) * A * lp)``: the clipped
     ratio weighs the REINFORCE term without a gradient of its own, so no token's gradient is cut.
@@ -110,8 +151,7 @@ def cispo(
     >>> lp.grad.tolist()
     [-4.0]
     """
-    weight = torch.clamp(_ratio(logprobs, sampling_logprobs), clip_low_threshold, clip_high_threshold)
-    return -(weight.detach() * advantages * logprobs).sum()
+    return token_cispo(logprobs, sampling_logprobs, advantages, clip_low, clip_high).sum()
 
 
 #: each built-in loss's ``loss_fn_inputs`` (beside ``target_tokens``), as Tinker names them
@@ -126,13 +166,21 @@ LOSS_CONFIG: dict[str, dict[str, float]] = {
     "cross_entropy": {},
     "importance_sampling": {},
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-    "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
+    "cispo": {"clip_low": 0.0, "clip_high": 4.0},
 }
 _FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "cross_entropy": cross_entropy,
     "importance_sampling": importance_sampling,
     "ppo": ppo,
     "cispo": cispo,
+}
+
+
+_TOKEN_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "cross_entropy": token_cross_entropy,
+    "importance_sampling": token_importance_sampling,
+    "ppo": token_ppo,
+    "cispo": token_cispo,
 }
 
 
@@ -152,6 +200,32 @@ def builtin_loss(
     ...                    {"clip_high_threshold": 1.28}))
     -2.0
     """
+    return builtin_token_losses(name, logprobs, inputs, config).sum()
+
+
+def builtin_token_losses(
+    name: str,
+    logprobs: torch.Tensor,
+    inputs: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any] | None = None,
+) -> torch.Tensor:
+    """:func:`builtin_loss` per token (Tinker's ``elementwise_loss``), with the same checks.
+
+    >>> import torch
+    >>> lp, w = torch.tensor([-1.0, -2.0]), torch.tensor([1.0, 0.5])
+    >>> builtin_token_losses("cross_entropy", lp, {"weights": w})
+    tensor([1., 1.])
+    """
+    settings = _checked(name, inputs, config)
+    if name == "cross_entropy":
+        return token_cross_entropy(logprobs, inputs["weights"])
+    return _TOKEN_FUNCTIONS[name](logprobs, inputs["logprobs"], inputs["advantages"], **settings)
+
+
+def _checked(
+    name: str, inputs: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None
+) -> dict[str, float]:
+    """The loss settings ``config`` gives, over its defaults; a ``ValueError`` naming what is wrong."""
     if name not in _FUNCTIONS:
         raise ValueError(f"unknown loss {name!r}; one of {', '.join(_FUNCTIONS)} or a callable")
     missing = [k for k in LOSS_INPUTS[name] if k not in inputs]
@@ -167,9 +241,7 @@ def builtin_loss(
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"loss_fn_config[{key!r}] must be a number, got {value!r}")
         settings[key] = float(value)
-    if name == "cross_entropy":
-        return cross_entropy(logprobs, inputs["weights"])
-    return _FUNCTIONS[name](logprobs, inputs["logprobs"], inputs["advantages"], **settings)
+    return settings
 
 
 def policy_loss(

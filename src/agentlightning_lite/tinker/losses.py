@@ -21,48 +21,17 @@ cispo                  logprobs, advantages                ``-stopgrad(clip(r, l
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
+from ..rl import losses as rl_losses
 from .futures import OpError
 
 __all__ = ["LOSSES", "required_inputs", "token_losses"]
 
 Inputs = dict[str, torch.Tensor]
 
-
-def _cross_entropy(lp: torch.Tensor, x: Inputs, config: dict[str, float]) -> torch.Tensor:
-    return -x["weights"] * lp
-
-
-def _importance_sampling(lp: torch.Tensor, x: Inputs, config: dict[str, float]) -> torch.Tensor:
-    ratio = torch.exp(lp - x["logprobs"])
-    return -ratio * x["advantages"]
-
-
-def _ppo(lp: torch.Tensor, x: Inputs, config: dict[str, float]) -> torch.Tensor:
-    low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
-    ratio = torch.exp(lp - x["logprobs"])
-    adv = x["advantages"]
-    return -torch.minimum(ratio * adv, torch.clamp(ratio, low, high) * adv)
-
-
-def _cispo(lp: torch.Tensor, x: Inputs, config: dict[str, float]) -> torch.Tensor:
-    low, high = config.get("clip_low", 0.0), config.get("clip_high", 4.0)
-    ratio = torch.exp(lp - x["logprobs"]).detach()
-    return -torch.clamp(ratio, low, high) * x["advantages"] * lp
-
-
-#: loss name -> (its inputs besides target_tokens, the per-token objective)
-LOSSES: dict[
-    str, tuple[tuple[str, ...], Callable[[torch.Tensor, Inputs, dict[str, float]], torch.Tensor]]
-] = {
-    "cross_entropy": (("weights",), _cross_entropy),
-    "importance_sampling": (("logprobs", "advantages"), _importance_sampling),
-    "ppo": (("logprobs", "advantages"), _ppo),
-    "cispo": (("logprobs", "advantages"), _cispo),
-}
+#: the losses served: the learner's built-in ones (``agentlightning_lite.rl.losses``, their one home)
+LOSSES: tuple[str, ...] = tuple(rl_losses.LOSS_INPUTS)
 
 
 def required_inputs(loss_fn: str) -> tuple[str, ...]:
@@ -72,15 +41,18 @@ def required_inputs(loss_fn: str) -> tuple[str, ...]:
     >>> required_inputs("importance_sampling")
     ('target_tokens', 'logprobs', 'advantages')
     """
-    if loss_fn not in LOSSES:
+    if loss_fn not in rl_losses.LOSS_INPUTS:
         raise OpError(
             f"loss_fn {loss_fn!r} is not served here; this server computes {', '.join(LOSSES)} "
             "(dro, gspo, stable_reinforce and server-side custom losses are not implemented)"
         )
-    return ("target_tokens", *LOSSES[loss_fn][0])
+    return ("target_tokens", *rl_losses.LOSS_INPUTS[loss_fn])
 
 
 def token_losses(loss_fn: str, lp: torch.Tensor, inputs: Inputs, config: dict[str, float]) -> torch.Tensor:
-    """The per-token loss of one datum (sum it for the datum's loss)."""
+    """The per-token loss of one datum (sum it for the datum's loss); a bad config is an ``OpError``."""
     required_inputs(loss_fn)
-    return LOSSES[loss_fn][1](lp, inputs, config)
+    try:
+        return rl_losses.builtin_token_losses(loss_fn, lp, inputs, config)
+    except ValueError as e:
+        raise OpError(str(e)) from None
