@@ -1,31 +1,49 @@
-"""Layout rules: short modules, `rl/` below `remote/`, engines used through their contract."""
+"""Layout rules: `rl/` below `remote/`, engines used through their contract, no reach into another module's
+private names; modules over 600 lines are named in a warning."""
 
 from __future__ import annotations
 
 import ast
 import functools
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import agentlightning_lite
 
 PACKAGE = Path(agentlightning_lite.__file__).parent
-MAX_LINES = 500
+#: a module past this many lines gets a warning, not a failure: it is split where a seam is (named after
+#: what it holds), never to meet a count; the seams are the rules below (layers, private names)
+WARN_LINES = 600
 
 
 def _modules(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def test_no_module_is_longer_than_500_lines() -> None:
-    long = {
-        str(p.relative_to(PACKAGE)): n
-        for p in _modules(PACKAGE)
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+def long_modules(root: Path, limit: int = WARN_LINES) -> dict[str, int]:
+    """The modules under ``root`` longer than ``limit`` lines, with their lengths."""
+    return {
+        str(p.relative_to(root)): n
+        for p in _modules(root)
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit
     }
+
+
+def test_long_modules_are_named_in_a_warning() -> None:
     assert len(_modules(PACKAGE)) > 50  # the walk found the package
-    assert long == {}, f"modules over {MAX_LINES} lines: {long}"
+    long = long_modules(PACKAGE)
+    if long:
+        warnings.warn(
+            f"modules over {WARN_LINES} lines (split each where a seam is): {long}", UserWarning, stacklevel=1
+        )
+
+
+def test_long_modules_are_found(tmp_path: Path) -> None:
+    (tmp_path / "short.py").write_text("x = 1\n" * 10)
+    (tmp_path / "long.py").write_text("x = 1\n" * 601)
+    assert long_modules(tmp_path) == {"long.py": 601}
 
 
 def _imported(source: str, package: list[str]) -> set[str]:
