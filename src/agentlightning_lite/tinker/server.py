@@ -71,7 +71,8 @@ class TinkerServer(ThreadedUvicorn):
             ``try_again`` (Tinker clients time out after 45 s).
 
     >>> import agentlightning_lite.tinker as tk  # doctest: +SKIP
-    >>> with tk.TinkerServer(tk.build_backend("smollm2-135m"), "runs/tinker", port=8000) as server:
+    >>> backend = tk.build_backend("smollm2-135m")  # doctest: +SKIP
+    >>> with tk.TinkerServer(backend, "runs/tinker", port=8000) as server:  # doctest: +SKIP
     ...     print(server.url)  # TINKER_BASE_URL for the SDK (with TINKER_API_KEY=tml-anything)
     http://127.0.0.1:8000
     """
