@@ -147,14 +147,19 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def _quiet_trainer(output_dir: Path, seed: int = 0, **kwargs: Any) -> Any:
+# ``--precision``: the engine's ``autocast`` (generation and the update): "auto" is the library's default
+# (bfloat16 autocast on a CPU with bfloat16 units), "float32" turns autocast off (TRL's default on a CPU)
+PRECISIONS = {"auto": "auto", "float32": None, "bfloat16": "bfloat16"}
+
+
+def _quiet_trainer(output_dir: Path, seed: int = 0, precision: str = "auto", **kwargs: Any) -> Any:
     import agentlightning_lite as agl
     from agentlightning_lite.rl.config import LoggingConfig, RolloutConfig
 
     kwargs.setdefault("rollout_config", RolloutConfig(timeout=3600, concurrency=EVAL_BATCH))
     return agl.Trainer(
         model="smollm2-135m",
-        engine_options={"max_batch_size": EVAL_BATCH},
+        engine_options={"max_batch_size": EVAL_BATCH, "autocast": PRECISIONS[precision]},
         output_dir=str(output_dir),
         seed=seed,
         logging_config=LoggingConfig(loggers=[]),
@@ -282,7 +287,7 @@ def _algorithm(config: str, args: argparse.Namespace) -> Any:
     lr = {} if args.lr is None else {"lr": args.lr}  # None: the library's default
     if config.startswith("ppo"):
         return agl.PPO(group_size=args.group_size, epochs=1, micro_batch_size=16, **lr)
-    return agl.GRPO(group_size=args.group_size, micro_batch_size=16, **lr)
+    return agl.GRPO(group_size=args.group_size, micro_batch_size=16, zero_spread=args.zero_spread, **lr)
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
@@ -322,7 +327,9 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
             args.task, args.eval_size, args.eval_seed, args.max_tokens, args.prompt, args.shots
         )
         store = agl.MemoryStore()
-        trainer = _quiet_trainer(Path(args.work_dir) / _grid_name(args) / "before", store=store)
+        trainer = _quiet_trainer(
+            Path(args.work_dir) / _grid_name(args) / "before", store=store, precision=args.precision
+        )
         t0 = time.time()
         res = trainer.evaluate(held_out.agent, held_out.tasks)
         trainer.close()
@@ -377,6 +384,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
     trainer = _quiet_trainer(
         out_dir,
         seed=seed,
+        precision=args.precision,
         algorithm=(algorithm := _algorithm(config, args)),
         lora=agl.LoRA(r=16, alpha=32),
         batch_size=args.batch_size,
@@ -438,6 +446,8 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
         "prompt": args.prompt,
         "shots": args.shots,
         "max_staleness": args.max_staleness if asynchronous else None,
+        "precision": args.precision,
+        "zero_spread": args.zero_spread if not config.startswith("ppo") else None,
         "eval_size": args.eval_size,
         "eval_seed": args.eval_seed,
         "after": after,
@@ -522,6 +532,8 @@ def _grid_command(args: argparse.Namespace) -> str:
         + f"--max-tokens {args.max_tokens} --eval-size {args.eval_size} --eval-seed {args.eval_seed} "
         f"--max-staleness {args.max_staleness} --prompt {args.prompt} --shots {args.shots}"
         + (f" --threads {args.threads}" if args.threads else "")
+        + (f" --precision {args.precision}" if args.precision != "auto" else "")
+        + (f" --zero-spread {args.zero_spread}" if args.zero_spread != "drop" else "")
         + " --resume"
     )
 
@@ -1006,6 +1018,16 @@ def main(argv: list[str] | None = None) -> None:
         g.add_argument("--lr", type=float, default=None, help="default: agl.GRPO's / agl.PPO's")
         g.add_argument("--eval-size", type=int, default=48)
         g.add_argument("--max-staleness", type=int, default=1)
+        g.add_argument(
+            "--precision",
+            choices=sorted(PRECISIONS),
+            default="auto",
+            help="generation and update: the library's default (auto: bfloat16 autocast on a CPU with "
+            "bfloat16 units), float32 (TRL's default on a CPU) or bfloat16 autocast",
+        )
+        g.add_argument(
+            "--zero-spread", choices=("drop", "keep"), default="drop", help="agl.GRPO(zero_spread=...)"
+        )
         g.add_argument(
             "--eval-every",
             type=int,
