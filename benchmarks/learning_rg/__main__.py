@@ -287,7 +287,12 @@ def _algorithm(config: str, args: argparse.Namespace) -> Any:
     lr = {} if args.lr is None else {"lr": args.lr}  # None: the library's default
     if config.startswith("ppo"):
         return agl.PPO(group_size=args.group_size, epochs=1, micro_batch_size=16, **lr)
-    return agl.GRPO(group_size=args.group_size, micro_batch_size=16, zero_spread=args.zero_spread, **lr)
+    return agl.GRPO(
+        group_size=args.group_size,
+        micro_batch_size=16,
+        zero_spread=getattr(args, "zero_spread", "drop"),
+        **lr,
+    )
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
@@ -328,7 +333,9 @@ def before_score(args: argparse.Namespace) -> dict[str, Any]:
         )
         store = agl.MemoryStore()
         trainer = _quiet_trainer(
-            Path(args.work_dir) / _grid_name(args) / "before", store=store, precision=args.precision
+            Path(args.work_dir) / _grid_name(args) / "before",
+            store=store,
+            precision=getattr(args, "precision", "auto"),
         )
         t0 = time.time()
         res = trainer.evaluate(held_out.agent, held_out.tasks)
@@ -384,7 +391,7 @@ def train_one(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any
     trainer = _quiet_trainer(
         out_dir,
         seed=seed,
-        precision=args.precision,
+        precision=getattr(args, "precision", "auto"),
         algorithm=(algorithm := _algorithm(config, args)),
         lora=agl.LoRA(r=16, alpha=32),
         batch_size=args.batch_size,
@@ -532,8 +539,8 @@ def _grid_command(args: argparse.Namespace) -> str:
         + f"--max-tokens {args.max_tokens} --eval-size {args.eval_size} --eval-seed {args.eval_seed} "
         f"--max-staleness {args.max_staleness} --prompt {args.prompt} --shots {args.shots}"
         + (f" --threads {args.threads}" if args.threads else "")
-        + (f" --precision {args.precision}" if args.precision != "auto" else "")
-        + (f" --zero-spread {args.zero_spread}" if args.zero_spread != "drop" else "")
+        + (f" --precision {args.precision}" if getattr(args, "precision", "auto") != "auto" else "")
+        + (f" --zero-spread {args.zero_spread}" if getattr(args, "zero_spread", "drop") != "drop" else "")
         + " --resume"
     )
 
@@ -805,6 +812,19 @@ def _noise_note(
                 f"{m + half:+.1%}): "
                 + ("inside the noise (the interval holds 0)." if inside else "outside the noise.")
             )
+            w = welch([a for a, _, _ in at], [b for _, b, _ in at])
+            if w is not None:
+                wm, lo, hi = w
+                rows.append(
+                    "  Unpaired (Welch; "
+                    + (
+                        "TRL and ours share only each seed's task order"
+                        if c.startswith("trl")
+                        else "seeds as independent"
+                    )
+                    + f"): {wm:+.1%} (95% {lo:+.1%} to {hi:+.1%}): "
+                    + ("inside the noise." if lo <= 0 <= hi else "outside the noise.")
+                )
         else:
             se = math.sqrt(2 * 0.25 / n)  # the widest binomial standard error of a difference of two scores
             rows.append(
@@ -815,6 +835,26 @@ def _noise_note(
                 f"(a difference of two: up to {se:.1%})."
             )
     return out + rows
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """``mean(a) - mean(b)`` and its 95% Welch interval (unequal variances; the degrees of freedom of
+    Welch-Satterthwaite rounded down, so the interval is never too narrow); ``None`` under two values a side.
+
+    >>> d, lo, hi = welch([0.434, 0.352, 0.367], [0.504, 0.457, 0.449])
+    >>> round(d, 3), lo < 0 < hi
+    (-0.086, True)
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    d = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return d, d, d
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    t = T95[max(1, min(int(df), max(T95)))] if df < max(T95) + 1 else 1.96
+    half = t * math.sqrt(va + vb)
+    return d, d - half, d + half
 
 
 def _train_rewards(run: dict[str, Any]) -> list[float]:
