@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .backend import AdamParams, TrainingBackend
+from .backend import TrainingBackend, adam_params
 from .futures import FutureTable, OpError, OrderedQueue, Outcome
 from .registry import Registry
 from .wire import decode_forward_backward_request, encode_forward_backward_output, encode_sample_response
@@ -248,7 +248,7 @@ class TinkerAPI:
         model_id = self.registry.check_model(body.get("model_id"))
         if body.get("optimizer_params") is not None and body.get("adam_params") is None:
             raise OpError("only AdamW (adam_params) is served here, not optimizer_params")
-        adam = AdamParams.from_json(body.get("adam_params") or {})
+        adam = adam_params(body.get("adam_params") or {})
 
         def step() -> Outcome:
             metrics = self.backend.optim_step(model_id, adam)
