@@ -96,6 +96,7 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str
+    weights_version: int | None = None  #: the engine's weight version it was generated on
 
 
 @runtime_checkable
@@ -159,6 +160,11 @@ class TrainingBackend(Protocol):
 
     def prompt_logprobs(self, sampler: str | None, prompt: list[int]) -> list[float | None]:
         """The logprob of each prompt token given the ones before it (``None`` for the first)."""
+        ...
+
+    def weights_version(self) -> int:
+        """The version of the weights the engine serves (it moves on with every ``optim_step`` and
+        every load of new weights)."""
         ...
 
     def close(self) -> None:

@@ -278,5 +278,8 @@ class PeftBackend:
             lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
         return [None, *lp.tolist()]
 
+    def weights_version(self) -> int:
+        return int(self.engine.version)
+
     def close(self) -> None:
         self.engine.close()
