@@ -78,7 +78,10 @@ def test_training_through_the_server_gives_the_learners_own_weights(api: Any, ti
             mine.append(learner.forward_backward(batch, "cross_entropy").metrics["loss:sum"])
             learner.optim_step(AdamParams(learning_rate=lr))
         assert engine.version == 2  # each optim_step handed the weights to the engine
-        local = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(engine.model, adapter_name="mine").items()}
+        local = {
+            k: v.detach().cpu()
+            for k, v in get_peft_model_state_dict(engine.model, adapter_name="mine").items()
+        }
     finally:
         engine.close()
     assert losses == pytest.approx(mine, rel=1e-5)
@@ -89,7 +92,9 @@ def test_training_through_the_server_gives_the_learners_own_weights(api: Any, ti
         torch.testing.assert_close(served[key], value, rtol=1e-5, atol=1e-6)
 
 
-def test_optim_step_moves_the_weight_version_and_samples_say_which(api: Any, tinker_server: TinkerServer) -> None:
+def test_optim_step_moves_the_weight_version_and_samples_say_which(
+    api: Any, tinker_server: TinkerServer
+) -> None:
     backend = tinker_server.backend
     model = api.model(api.session())
     v0 = backend.weights_version()
@@ -126,9 +131,18 @@ def test_every_call_is_recorded_in_the_sqlite_store(
     try:
         mine = [r for r in store.rollouts() if r.metadata.get("tinker.session_id") == session]
         assert len(mine) == 1 and mine[0].status == "succeeded"
-        assert mine[0].task == {"tinker_model_id": model, "base_model": mine[0].task["base_model"], "lora_rank": 4}
+        assert mine[0].task == {
+            "tinker_model_id": model,
+            "base_model": mine[0].task["base_model"],
+            "lora_rank": 4,
+        }
         spans = store.spans(mine[0].rollout_id)
-        assert [s.name for s in spans] == ["forward_backward", "optim_step", "forward_backward", "save_weights_for_sampler"]
+        assert [s.name for s in spans] == [
+            "forward_backward",
+            "optim_step",
+            "forward_backward",
+            "save_weights_for_sampler",
+        ]
         fb_span, step_span, bad_span, _ = spans
         assert fb_span.attributes["metrics"]["loss:sum"] == pytest.approx(fb["metrics"]["loss:sum"])
         assert fb_span.attributes["num_tokens"] == DATUM.length and fb_span.attributes["seq_id"] == 1

@@ -42,4 +42,3 @@ def required_inputs(loss_fn: str) -> tuple[str, ...]:
             "(dro, gspo, stable_reinforce and server-side custom losses are not implemented)"
         )
     return ("target_tokens", *rl_losses.LOSS_INPUTS[loss_fn])
-

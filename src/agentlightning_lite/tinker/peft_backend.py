@@ -1,6 +1,7 @@
 """The Tinker training backend on the project's transformers engine: each training model is a peft
-LoRA adapter on the engine's own module, trained by the project's :class:`~agentlightning_lite.rl.learner.Learner`
-(one policy per training model: its adapter and its own AdamW state, all on the one shared base model),
+LoRA adapter on the engine's own module, trained by the project's
+:class:`~agentlightning_lite.rl.learner.Learner` (one policy per training model: its adapter and its
+own AdamW state, all on the one shared base model),
 through the learner's primitives ``forward_backward`` / ``forward`` / ``optim_step`` and its losses
 (:mod:`agentlightning_lite.rl.losses`). Sampler weights are frozen copies of an adapter that the same
 engine serves (exact token ids and logprobs).
@@ -259,11 +260,20 @@ class PeftBackend:
         return name
 
     # -- sampling -------------------------------------------------------------------------------
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise OpError("the prompt is empty: give at least one token")
+        vocab = self.engine.vocab_size
+        bad = [t for t in prompt if t < 0 or (vocab and t >= vocab)]
+        if bad:
+            raise OpError(f"the prompt has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
+
     def sample(
         self, sampler: str | None, prompt: list[int], params: dict[str, Any], num_samples: int
     ) -> list[SampledSequence]:
         if sampler is not None and sampler not in self.engine.adapters:
             raise OpError(f"the sampler weights {sampler!r} were unloaded (only the newest are kept)")
+        self._check_prompt(prompt)
         settings = request_settings(params, self.engine.eos_token_ids, self.engine.max_context)
         futures = [self.engine.submit(r) for r in gen_requests(prompt, settings, num_samples, sampler)]
         return sequences_of([f.result() for f in futures])
@@ -271,6 +281,7 @@ class PeftBackend:
     def prompt_logprobs(self, sampler: str | None, prompt: list[int]) -> list[float | None]:
         if not prompt:
             return []
+        self._check_prompt(prompt)
         with self.engine.lock, self.engine.using_adapter(sampler) as m, torch.no_grad():
             device = next(m.parameters()).device
             ids = torch.tensor([prompt], device=device)

@@ -105,9 +105,16 @@ class Recorder:
             for m in ids:
                 self._sessions.pop(m)
         for rid in rids:
-            status, error = ("succeeded", None) if ok else ("failed", detail or "the client ended the session")
+            status, error = (
+                ("succeeded", None) if ok else ("failed", detail or "the client ended the session")
+            )
             self._write(
-                "a session's end", self.store.close_rollout, rid, status=status, error=error, only_if_running=True
+                "a session's end",
+                self.store.close_rollout,
+                rid,
+                status=status,
+                error=error,
+                only_if_running=True,
             )
         self._write("a flush", self.store.flush)
 
@@ -143,7 +150,11 @@ class Recorder:
         logprobs (one ``error`` span when the call failed); its rollout id."""
         meta = {"source": SOURCE, "tinker.kind": "sample", **{f"tinker.{k}": v for k, v in info.items()}}
         rid = self._write(
-            "a sample call", self.store.open_rollout, {"prompt_token_ids": list(prompt)}, mode="trace", metadata=meta
+            "a sample call",
+            self.store.open_rollout,
+            {"prompt_token_ids": list(prompt)},
+            mode="trace",
+            metadata=meta,
         )
         if rid is None:
             return None

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -28,9 +30,12 @@ from .recording import Recorder
 from .registry import Registry
 from .wire import decode_forward_backward_request, encode_forward_backward_output, encode_sample_response
 
-__all__ = ["PROTO", "TinkerAPI"]
+__all__ = ["MAX_SAMPLES", "PROTO", "TinkerAPI"]
+
+logger = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
+MAX_SAMPLES = 1024  #: the most ``num_samples`` one ``asample`` request may ask for
 
 
 def error(message: str, status: int, category: str = "user") -> JSONResponse:
@@ -45,6 +50,12 @@ async def _json(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise OpError(f"the request body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+def _fingerprint(body: bytes | dict[str, Any]) -> str:
+    """What tells a retried submission (the same body) from another client's request."""
+    raw = body if isinstance(body, bytes) else json.dumps(body, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _tokens(model_input: Any) -> list[int]:
@@ -154,6 +165,16 @@ class TinkerAPI:
                     404 if str(exc).startswith("unknown") or str(exc).startswith("no checkpoint") else 422
                 )
                 return error(str(exc), status, exc.category)
+            except ClientDisconnect:  # the client went away mid-request: nothing was queued
+                logger.info(
+                    "Tinker server: a client disconnected before its %s request was read", request.url.path
+                )
+                return error("the client disconnected before the request body was read", 400)
+            except Exception as exc:  # a bug: said (and logged with its traceback), never a bare 500
+                logger.exception("Tinker server: %s failed", request.url.path)
+                return error(
+                    f"the server failed on {request.url.path}: {type(exc).__name__}: {exc}", 500, "server"
+                )
 
         return run
 
@@ -184,7 +205,11 @@ class TinkerAPI:
         reason = body.get("reason") if isinstance(body, dict) else None
         kind = reason.get("type") if isinstance(reason, dict) else None
         detail = body.get("detail") if isinstance(body, dict) else None
-        why = f"the client ended the session: {kind or 'no reason given'}" + (f" ({detail})" if detail else "")
+        why = f"the client ended the session: {kind or 'no reason given'}" + (
+            f" ({detail})" if detail else ""
+        )
+        for model in [m for m, s in list(self.registry.models.items()) if s == session]:
+            self.queue.forget(model, "the session finished")
         await asyncio.to_thread(self.recorder.finish_session, session, kind == "success", why)
         return JSONResponse({})
 
@@ -267,7 +292,12 @@ class TinkerAPI:
         if request.headers.get("content-encoding", "") == "zstd":
             import zstandard
 
-            body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+            try:
+                body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+            except zstandard.ZstdError as exc:
+                raise OpError(
+                    f"the forward_backward body is not valid zstd (Content-Encoding: zstd): {exc}"
+                ) from None
         req = decode_forward_backward_request(body)
         model_id = self.registry.check_model(req.model_id)
 
@@ -293,7 +323,9 @@ class TinkerAPI:
             "num_tokens": sum(d.length for d in req.data),
         }
         run = self._recorded(model_id, op, run, **attrs)
-        return self._future(self.queue.submit(model_id, req.seq_id, run), model_id=model_id)
+        return self._future(
+            self.queue.submit(model_id, req.seq_id, run, _fingerprint(body)), model_id=model_id
+        )
 
     async def optim_step(self, request: Request) -> Response:
         body = await _json(request)
@@ -308,7 +340,7 @@ class TinkerAPI:
 
         seq = body.get("seq_id")
         step = self._recorded(model_id, "optim_step", step, seq_id=seq, adam_params=dataclasses.asdict(adam))
-        return self._future(self.queue.submit(model_id, seq, step), model_id=model_id)
+        return self._future(self.queue.submit(model_id, seq, step, _fingerprint(body)), model_id=model_id)
 
     # -- weights --------------------------------------------------------------------------------
     async def save_weights(self, request: Request) -> Response:
@@ -325,7 +357,9 @@ class TinkerAPI:
             return Outcome(json={"type": "save_weights", "path": path})
 
         save = self._recorded(model_id, "save_weights", save, seq_id=body.get("seq_id"), checkpoint=name)
-        return self._future(self.queue.submit(model_id, body.get("seq_id"), save), model_id=model_id)
+        return self._future(
+            self.queue.submit(model_id, body.get("seq_id"), save, _fingerprint(body)), model_id=model_id
+        )
 
     async def save_weights_for_sampler(self, request: Request) -> Response:
         body = await _json(request)
@@ -339,8 +373,13 @@ class TinkerAPI:
                 sid = self.registry.add_sampling(sampler, base)
                 return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
 
-            snapshot = self._recorded(model_id, "save_weights_for_sampler", snapshot, seq_id=body.get("seq_id"))
-            return self._future(self.queue.submit(model_id, body.get("seq_id"), snapshot), model_id=model_id)
+            snapshot = self._recorded(
+                model_id, "save_weights_for_sampler", snapshot, seq_id=body.get("seq_id")
+            )
+            return self._future(
+                self.queue.submit(model_id, body.get("seq_id"), snapshot, _fingerprint(body)),
+                model_id=model_id,
+            )
         directory = self.registry.directory_of(model_id, "sampler_weights", self.registry.check_name(name))
         path = self.registry.tinker_path(model_id, "sampler_weights", name)
 
@@ -351,8 +390,12 @@ class TinkerAPI:
                 json={"type": "save_weights_for_sampler", "path": path, "sampling_session_id": sid}
             )
 
-        save = self._recorded(model_id, "save_weights_for_sampler", save, seq_id=body.get("seq_id"), path=path)
-        return self._future(self.queue.submit(model_id, body.get("seq_id"), save), model_id=model_id)
+        save = self._recorded(
+            model_id, "save_weights_for_sampler", save, seq_id=body.get("seq_id"), path=path
+        )
+        return self._future(
+            self.queue.submit(model_id, body.get("seq_id"), save, _fingerprint(body)), model_id=model_id
+        )
 
     async def load_weights(self, request: Request) -> Response:
         body = await _json(request)
@@ -365,8 +408,12 @@ class TinkerAPI:
                 self.backend.load_state(model_id, directory, optimizer)
                 return Outcome(json={"type": "load_weights", "path": body["path"], "model_id": model_id})
 
-            load = self._recorded(model_id, "load_weights", load, seq_id=body.get("seq_id"), path=body["path"])
-            return self._future(self.queue.submit(model_id, body.get("seq_id"), load), model_id=model_id)
+            load = self._recorded(
+                model_id, "load_weights", load, seq_id=body.get("seq_id"), path=body["path"]
+            )
+            return self._future(
+                self.queue.submit(model_id, body.get("seq_id"), load, _fingerprint(body)), model_id=model_id
+            )
         session = self.registry.check_session(body.get("session_id"))
         rank = self.backend.saved_rank(directory) if hasattr(self.backend, "saved_rank") else 32
         model_id = self.registry.model_id(session, body.get("model_seq_id"))
@@ -430,9 +477,11 @@ class TinkerAPI:
             raise OpError("target_prompt_logprobs is not supported by this server")
         prompt = _tokens(body.get("prompt"))
         n = body.get("num_samples", 1)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise OpError(f"num_samples must be an integer >= 1, got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+            raise OpError(f"num_samples must be an integer from 1 to {MAX_SAMPLES}, got {n!r}")
         params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise OpError(f"sampling_params must be an object, got {type(params).__name__}")
         want_prompt = bool(body.get("prompt_logprobs"))
         stamp = f"{time.monotonic_ns():x}"
 
