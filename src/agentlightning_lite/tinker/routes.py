@@ -117,7 +117,7 @@ class TinkerAPI:
                 why = str(exc) if isinstance(exc, OpError) else f"{type(exc).__name__}: {exc}"
                 self.recorder.training_op(model_id, name, start, attributes, error=why)
                 raise
-            extra = {"weights_version": self.backend.weights_version()}
+            extra: dict[str, Any] = {"weights_version": self.backend.weights_version()}
             metrics = (outcome.json or {}).get("metrics")
             if metrics:
                 extra["metrics"] = dict(metrics)
