@@ -14,6 +14,7 @@ import torch
 import agentlightning_lite as agl
 from agentlightning_lite.rl.datum import AdamParams
 from agentlightning_lite.rl.datum import Datum as LearnerDatum
+from agentlightning_lite.rl.engine_setup import update_autocast
 from agentlightning_lite.rl.learner import Learner
 from agentlightning_lite.rl.policies import Policy, adapter_params
 from agentlightning_lite.rl.weights import WeightHandOver
@@ -68,6 +69,7 @@ def test_training_through_the_server_gives_the_learners_own_weights(api: Any, ti
             [Policy("mine", "mine", None, opt, None)],
             WeightHandOver(engine, engine.model),
             agl.SFT(micro_batch_size=8, micro_batch_tokens=4096),
+            autocast=update_autocast(engine, params[0].device),  # the engine's precision, as the server
         )
         batch = [
             LearnerDatum(DATUM.tokens, DATUM.inputs),
