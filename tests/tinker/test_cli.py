@@ -25,7 +25,8 @@ def test_flags() -> None:
     assert (args.command, args.port, args.model, args.output_dir, args.api_key) == (
         "tinker", 0, "/models/x", "out", "tml-k"
     )  # fmt: skip
-    assert (args.host, args.engine) == ("127.0.0.1", "hf")
+    assert (args.host, args.engine, args.store) == ("127.0.0.1", "hf", None)
+    assert build_parser().parse_args(["tinker", "--store", "runs.db"]).store == "runs.db"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["tinker", "--engine", "vllm"])
 
@@ -63,3 +64,8 @@ def test_the_command_serves_the_api(tiny_smol: Path, tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+    from agentlightning_lite.store.readonly import ReadOnlyStore
+
+    store = ReadOnlyStore(tmp_path / "out" / "store.sqlite")  # the calls' record, closed cleanly
+    assert store.rollouts() == []  # a session alone trains nothing
+    store.close()

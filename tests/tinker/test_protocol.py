@@ -70,8 +70,9 @@ def test_ops_run_in_seq_id_order_and_poll_answers_try_again_meanwhile(api: Any) 
     fb = fwd_bwd(api, model, 1, [DATUM])
     assert api.result(fb)["metrics"]["loss:sum"] > 0
     assert api.result(step)["metrics"]["grad_norm"] > 0  # it ran after the gradient was there
-    late = optim(api, model, 1)
-    assert late["request_id"] == fb["request_id"]
+    assert fwd_bwd(api, model, 1, [DATUM])["request_id"] == fb["request_id"]  # retried: the same body
+    late = api.post("optim_step", {"model_id": model, "seq_id": 1, "adam_params": {"learning_rate": 0.05}})
+    assert late.status_code == 422 and "already submitted with a different request" in late.json()["error"]
     back = fwd_bwd(api, model, 3, [DATUM])
     api.result(back)
     again = api.post("optim_step", {"model_id": model, "seq_id": 0, "adam_params": {}})

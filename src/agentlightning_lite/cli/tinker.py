@@ -38,7 +38,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--output-dir",
         default="tinker-runs",
-        help="where tinker:// checkpoints are saved (default: tinker-runs)",
+        help="where tinker:// checkpoints are saved, and the store unless --store names one "
+        "(default: tinker-runs)",
+    )
+    p.add_argument(
+        "--store",
+        default=None,
+        metavar="PATH",
+        help="the SQLite store that records every training and sampling call, read by agl-lite runs / "
+        "show / ui (default: OUTPUT_DIR/store.sqlite)",
     )
     p.add_argument(
         "--api-key",
@@ -56,7 +64,9 @@ def tinker(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK and not args.api_key:
         raise CLIError(f"serving on {args.host} (not 127.0.0.1) needs --api-key", EXIT_USAGE)
     try:
+        from ..store.sqlite import SQLiteStore
         from ..tinker import TinkerServer, build_backend
+        from ..tinker.server import STORE_FILE
     except ImportError as exc:
         raise CLIError(
             f"agl-lite tinker needs the serve and tinker extras ({exc}): "
@@ -70,6 +80,8 @@ def tinker(args: argparse.Namespace) -> int:
     backend = build_backend(
         args.model, args.engine, device=args.device, num_threads=args.threads, seed=args.seed
     )
+    store = SQLiteStore(args.store) if args.store else None
+    store_path = args.store or os.path.join(args.output_dir, STORE_FILE)
     server = TinkerServer(
         backend,
         args.output_dir,
@@ -77,6 +89,7 @@ def tinker(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=args.api_key,
         log_level=args.log_level,
+        store=store,
     )
     try:
         server.start()
@@ -85,11 +98,14 @@ def tinker(args: argparse.Namespace) -> int:
             f"agl-lite: Tinker API at {server.url}/api/v1 (base_model: {names})\n"
             f"agl-lite: clients: TINKER_BASE_URL={server.url} TINKER_API_KEY="
             f"{args.api_key if args.api_key else 'tml-local'}\n"
-            f"agl-lite: checkpoints under {os.path.abspath(args.output_dir)}; Ctrl-C to stop",
+            f"agl-lite: checkpoints under {os.path.abspath(args.output_dir)}, calls recorded in "
+            f"{os.path.abspath(store_path)} (agl-lite runs {store_path}); Ctrl-C to stop",
             file=sys.stderr,
             flush=True,
         )
         server.serve_forever()
     finally:
         server.close()
+        if store is not None:
+            store.close()
     return 0

@@ -274,6 +274,16 @@ class Learner:
         self.weights.apply(step, [pol.adapter])
         return out
 
+    def add_policy(self, policy: Policy) -> None:
+        """Train ``policy`` too (an adapter added to the model after the learner was built, with its
+        own optimiser); its name must be new.
+
+        >>> learner.add_policy(Policy("b", "b", None, torch.optim.AdamW(params), None))  # doctest: +SKIP
+        """
+        if any(p.name == policy.name for p in self.policies):
+            raise ValueError(f"a policy named {policy.name!r} is already trained by this learner")
+        self.policies.append(policy)
+
     def _policy(self, name: str | None) -> Policy:
         """The policy called ``name`` (``None``: the only one)."""
         if name is None:

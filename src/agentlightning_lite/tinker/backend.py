@@ -5,7 +5,7 @@ hand weights to the sampler), and the plain records it passes.
 :class:`~.peft_backend.PeftBackend` implements it on the project's transformers engine (peft LoRA
 adapters trained in place, sampled by the same engine).
 
->>> AdamParams.from_json({"learning_rate": 1e-3}).beta2
+>>> adam_params({"learning_rate": 1e-3}).beta2
 0.95
 >>> Datum(tokens=[1, 2], inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]}).length
 2
@@ -13,10 +13,12 @@ adapters trained in place, sampled by the same engine).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..rl.datum import AdamParams
 from .futures import OpError
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "ModelInfo",
     "SampledSequence",
     "TrainingBackend",
+    "adam_params",
 ]
 
 
@@ -42,35 +45,28 @@ class Datum:
         return len(self.tokens)
 
 
-@dataclass
-class AdamParams:
-    """AdamW settings of one optimiser step (Tinker's defaults; ``grad_clip_norm`` 0: no clipping)."""
+def adam_params(body: Any) -> AdamParams:
+    """The learner's :class:`~agentlightning_lite.rl.datum.AdamParams` from a request's ``adam_params``
+    object (Tinker's defaults for what it leaves out); an :class:`~.futures.OpError` naming a field that
+    is not a number or is out of range.
 
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-
-    @classmethod
-    def from_json(cls, body: Any) -> AdamParams:
-        """From the request's ``adam_params`` object; a clear error for a field that is not a number."""
-        if not isinstance(body, dict):
-            raise OpError(f"adam_params must be an object, got {type(body).__name__}")
-        out = cls()
-        for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
-            value = body.get(name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise OpError(f"adam_params.{name} must be a number, got {value!r}")
-            setattr(out, name, float(value))
-        if out.learning_rate < 0:
-            raise OpError(f"adam_params.learning_rate must be >= 0, got {out.learning_rate}")
-        if not (0 <= out.beta1 < 1 and 0 <= out.beta2 < 1):
-            raise OpError(f"adam_params.beta1 and beta2 must be in [0, 1), got {out.beta1}, {out.beta2}")
-        return out
+    >>> adam_params({"learning_rate": 1e-3}).beta2
+    0.95
+    """
+    if not isinstance(body, dict):
+        raise OpError(f"adam_params must be an object, got {type(body).__name__}")
+    values: dict[str, float] = {}
+    for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise OpError(f"adam_params.{name} must be a finite number, got {value!r}")
+        values[name] = float(value)
+    try:
+        return AdamParams(**values)
+    except ValueError as exc:
+        raise OpError(f"adam_params: {exc}") from None
 
 
 @dataclass
@@ -100,6 +96,7 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str
+    weights_version: int | None = None  #: the engine's weight version it was generated on
 
 
 @runtime_checkable
@@ -133,7 +130,8 @@ class TrainingBackend(Protocol):
         ...
 
     def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]:
-        """One AdamW step on the accumulated gradient, which is then cleared; metrics."""
+        """One AdamW step on the accumulated gradient, which is then cleared (the engine's weight
+        version moves on); metrics ``grad_norm`` and ``learning_rate``."""
         ...
 
     def save_state(self, model_id: str, directory: Path, optimizer: bool = True) -> None:
@@ -162,6 +160,11 @@ class TrainingBackend(Protocol):
 
     def prompt_logprobs(self, sampler: str | None, prompt: list[int]) -> list[float | None]:
         """The logprob of each prompt token given the ones before it (``None`` for the first)."""
+        ...
+
+    def weights_version(self) -> int:
+        """The version of the weights the engine serves (it moves on with every ``optim_step`` and
+        every load of new weights)."""
         ...
 
     def close(self) -> None:

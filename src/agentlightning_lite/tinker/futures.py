@@ -176,7 +176,7 @@ class OrderedQueue:
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}
         self._held: dict[str, dict[int, tuple[str, Callable[[], Outcome]]]] = {}
-        self._seen: dict[tuple[str, int], str] = {}
+        self._seen: dict[tuple[str, int], tuple[str, str | None]] = {}  # -> request id, fingerprint
         self._queue: queue.Queue[tuple[str, Callable[[], Outcome]] | None] = queue.Queue()
         self._idle = threading.Condition(self._lock)
         self._busy = 0
@@ -189,14 +189,26 @@ class OrderedQueue:
             self._next.setdefault(model, first_seq_id)
             self._held.setdefault(model, {})
 
-    def forget(self, model: str) -> None:
-        """Stop accepting operations for ``model``."""
+    def forget(self, model: str, why: str = "its session finished") -> list[int]:
+        """Stop accepting operations for ``model``; the ones still held for an earlier ``seq_id`` that
+        never came resolve to an error saying so (nothing is left waiting). Their ``seq_id`` values."""
         with self._lock:
             self._next.pop(model, None)
-            self._held.pop(model, None)
+            held = self._held.pop(model, None) or {}
+        for seq_id, (rid, _) in sorted(held.items()):
+            message = (
+                f"seq_id {seq_id} of model {model!r} never ran: {why} before the seq_ids before it arrived"
+            )
+            self.table.resolve(rid, Outcome(error=message, category="user"))
+        return sorted(held)
 
-    def submit(self, model: str | None, seq_id: int | None, fn: Callable[[], Outcome]) -> str:
-        """Queue ``fn`` (run in ``seq_id`` order among ``model``'s operations); its request id."""
+    def submit(
+        self, model: str | None, seq_id: int | None, fn: Callable[[], Outcome], fingerprint: str | None = None
+    ) -> str:
+        """Queue ``fn`` (run in ``seq_id`` order among ``model``'s operations); its request id. The
+        same ``(model, seq_id)`` again is the same request retried (its first request id) unless its
+        ``fingerprint`` (of the request's body) differs: then two clients race on one model, and the
+        second gets an :class:`OpError`."""
         with self._lock:
             if model is None or seq_id is None:
                 rid = self.table.create()
@@ -208,14 +220,21 @@ class OrderedQueue:
                 raise OpError(f"seq_id must be an integer >= 1, got {seq_id!r}")
             seen = self._seen.get((model, seq_id))
             if seen is not None:
-                return seen
+                rid, prior = seen
+                if fingerprint is not None and prior is not None and prior != fingerprint:
+                    raise OpError(
+                        f"seq_id {seq_id} of model {model!r} was already submitted with a different request: "
+                        "one training client drives a model, in its own seq_id order (are two clients "
+                        "using the same model?)"
+                    )
+                return rid
             if seq_id < self._next[model]:
                 raise OpError(
                     f"seq_id {seq_id} of model {model!r} comes after {self._next[model] - 1} already ran "
                     "and was never submitted: sequence numbers cannot go back"
                 )
             rid = self.table.create()
-            self._seen[(model, seq_id)] = rid
+            self._seen[(model, seq_id)] = (rid, fingerprint)
             self._held[model][seq_id] = (rid, fn)
             held = self._held[model]
             while self._next[model] in held:

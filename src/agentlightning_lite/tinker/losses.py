@@ -11,24 +11,19 @@ cispo                  logprobs, advantages                ``-stopgrad(clip(r, l
 =====================  ==================================  ==========================================
 
 ``ppo`` reads ``clip_low_threshold`` (0.8) and ``clip_high_threshold`` (1.2) from ``loss_fn_config``,
-``cispo`` ``clip_low`` (0.0) and ``clip_high`` (4.0).
+``cispo`` ``clip_low`` (0.0) and ``clip_high`` (4.0). They are computed by the learner
+(:mod:`agentlightning_lite.rl.losses`, their one home); this module names what the server accepts.
 
->>> import torch
->>> lp = torch.tensor([-1.0, -2.0])
->>> token_losses("cross_entropy", lp, {"weights": torch.tensor([1.0, 0.5])}, {}).tolist()
-[1.0, 1.0]
+>>> required_inputs("cross_entropy")
+('target_tokens', 'weights')
 """
 
 from __future__ import annotations
 
-import torch
-
 from ..rl import losses as rl_losses
 from .futures import OpError
 
-__all__ = ["LOSSES", "required_inputs", "token_losses"]
-
-Inputs = dict[str, torch.Tensor]
+__all__ = ["LOSSES", "required_inputs"]
 
 #: the losses served: the learner's built-in ones (``agentlightning_lite.rl.losses``, their one home)
 LOSSES: tuple[str, ...] = tuple(rl_losses.LOSS_INPUTS)
@@ -47,12 +42,3 @@ def required_inputs(loss_fn: str) -> tuple[str, ...]:
             "(dro, gspo, stable_reinforce and server-side custom losses are not implemented)"
         )
     return ("target_tokens", *rl_losses.LOSS_INPUTS[loss_fn])
-
-
-def token_losses(loss_fn: str, lp: torch.Tensor, inputs: Inputs, config: dict[str, float]) -> torch.Tensor:
-    """The per-token loss of one datum (sum it for the datum's loss); a bad config is an ``OpError``."""
-    required_inputs(loss_fn)
-    try:
-        return rl_losses.builtin_token_losses(loss_fn, lp, inputs, config)
-    except ValueError as e:
-        raise OpError(str(e)) from None

@@ -1,11 +1,15 @@
 """The Tinker training backend on the project's transformers engine: each training model is a peft
-LoRA adapter on the engine's own module, trained in place with its own AdamW; sampler weights are
-frozen copies of an adapter that the same engine serves (one adapter at a time, exact token ids and
-logprobs).
+LoRA adapter on the engine's own module, trained by the project's
+:class:`~agentlightning_lite.rl.learner.Learner` (one policy per training model: its adapter and its
+own AdamW state, all on the one shared base model),
+through the learner's primitives ``forward_backward`` / ``forward`` / ``optim_step`` and its losses
+(:mod:`agentlightning_lite.rl.losses`). Sampler weights are frozen copies of an adapter that the same
+engine serves (exact token ids and logprobs).
 
 LoRA: rank as the client asks, ``alpha`` 32 (Tinker does not send one), the attention and MLP
-projections (``agl.LoRA``'s defaults), no dropout. Every change of the weights goes through
-``engine.update_weights`` (which waits for the replies decoding now and bumps ``engine.version``).
+projections (``agl.LoRA``'s defaults), no dropout. The learner trains under the engine's lock, and each
+optimiser step goes through ``engine.update_weights`` (which waits for the replies decoding now and
+bumps ``engine.version``): a sample taken after an ``optim_step`` is known to be on the new weights.
 
 >>> backend = PeftBackend(HFEngine("smollm2-135m"), ["smollm2-135m"], "/models/smollm2")  # doctest: +SKIP
 >>> backend.create_model("s:train:0", "smollm2-135m", lora_rank=8, seed=0).lora_rank  # doctest: +SKIP
@@ -26,10 +30,17 @@ import torch
 
 from ..lora_settings import LoRA
 from ..rl.checkpoint import save_adapter
-from ..rl.policies import adapter_params
-from .backend import AdamParams, Datum, ForwardBackwardResult, ModelInfo, SampledSequence
+from ..rl.datum import AdamParams
+from ..rl.datum import Datum as LearnerDatum
+from ..rl.engine_setup import update_autocast
+from ..rl.learner import Learner
+from ..rl.losses import LOSS_INPUTS, builtin_token_losses
+from ..rl.policies import Policy, adapter_params
+from ..rl.sft import SFT
+from ..rl.weights import WeightHandOver
+from .backend import Datum, ForwardBackwardResult, ModelInfo, SampledSequence
 from .futures import OpError
-from .losses import required_inputs, token_losses
+from .losses import required_inputs
 from .sampling import gen_requests, request_settings, sequences_of
 
 __all__ = ["LORA_ALPHA", "PeftBackend"]
@@ -37,18 +48,20 @@ __all__ = ["LORA_ALPHA", "PeftBackend"]
 LORA_ALPHA = 32  #: the LoRA scaling numerator (the update is scaled by alpha / rank)
 OPTIMIZER_FILE = "optimizer.pt"
 INFO_FILE = "tinker_model.json"
+#: how the learner splits a forward_backward batch (the gradient is the whole batch's either way)
+MICRO_BATCH_SIZE, MICRO_BATCH_TOKENS = 8, 4096
 
 
 @dataclass
 class _Model:
     adapter: str
     rank: int
-    params: list[torch.nn.Parameter]
-    optimizer: torch.optim.AdamW
+    policy: Policy  # the learner's: the adapter and its optimiser
 
 
 class PeftBackend:
-    """A :class:`~.backend.TrainingBackend` over an ``HFEngine`` (its model, peft adapters, sampling).
+    """A :class:`~.backend.TrainingBackend` over an ``HFEngine`` (its model, peft adapters, sampling),
+    trained by a :class:`~agentlightning_lite.rl.learner.Learner` on the engine's own module.
 
     Args:
         engine: the serving engine (``agl.engines.HFEngine``) whose module is trained in place.
@@ -66,11 +79,29 @@ class PeftBackend:
         self._ids = itertools.count()
         self._ephemeral: collections.deque[str] = collections.deque()
         self._lock = threading.Lock()
+        self._learner: Learner | None = None
         engine.set_routes({}, default=None)  # requests that name no adapter get the base model
 
     # -- models ---------------------------------------------------------------------------------
     def base_model_names(self) -> list[str]:
         return list(self.names)
+
+    @property
+    def learner(self) -> Learner:
+        """The learner over the engine's module, with one policy per training model (built with the
+        first model: the engine's module becomes a peft model then)."""
+        model = self.engine.model
+        if self._learner is None or self._learner.model is not model:
+            policies = self._learner.policies if self._learner is not None else []
+            device = next(model.parameters()).device
+            self._learner = Learner(
+                model,
+                policies,
+                WeightHandOver(self.engine, model),
+                SFT(micro_batch_size=MICRO_BATCH_SIZE, micro_batch_tokens=MICRO_BATCH_TOKENS),
+                autocast=update_autocast(self.engine, device),
+            )
+        return self._learner
 
     def _model(self, model_id: str) -> _Model:
         model = self._models.get(model_id)
@@ -81,19 +112,23 @@ class PeftBackend:
     def create_model(self, model_id: str, base_model: str, lora_rank: int, seed: int | None) -> ModelInfo:
         if base_model not in self.names:
             raise OpError(f"base_model {base_model!r} is not served here; this server trains {self.names}")
-        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
-            raise OpError(f"lora_config.rank must be an integer >= 1, got {lora_rank!r}")
+        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or not 1 <= lora_rank <= 1024:
+            raise OpError(f"lora_config.rank must be an integer in [1, 1024], got {lora_rank!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise OpError(f"lora_config.seed must be an integer, got {seed!r}")
         if model_id in self._models:
             raise OpError(f"model id {model_id!r} already exists")
         name = f"tinker{next(self._ids)}"
         if seed is not None:
-            torch.manual_seed(int(seed))
+            torch.manual_seed(int(seed) % 2**63)
         self.engine.add_adapter(name, LoRA(r=lora_rank, alpha=LORA_ALPHA), named_only=True)
         params = adapter_params(self.engine.model, name)
         if not params:
             raise RuntimeError(f"the LoRA adapter {name!r} has no weights on this model")
         optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
-        self._models[model_id] = _Model(name, lora_rank, params, optimizer)
+        policy = Policy(model_id, name, None, optimizer, None)
+        self.learner.add_policy(policy)
+        self._models[model_id] = _Model(name, lora_rank, policy)
         return self.info(model_id)
 
     def info(self, model_id: str) -> ModelInfo:
@@ -117,6 +152,12 @@ class PeftBackend:
                         f"data[{i}].loss_fn_inputs[{name!r}] has {len(values)} values for "
                         f"{d.length} input tokens: one per input position is expected"
                     )
+            for name, values in d.inputs.items():
+                if name not in names and len(values) != d.length:
+                    raise OpError(
+                        f"data[{i}].loss_fn_inputs[{name!r}] has {len(values)} values for "
+                        f"{d.length} input tokens: one per input position is expected"
+                    )
             vocab = self.engine.vocab_size
             bad = [t for t in (*d.tokens, *d.inputs["target_tokens"]) if t < 0 or (vocab and t >= vocab)]
             if bad:
@@ -132,55 +173,31 @@ class PeftBackend:
         forward_only: bool = False,
     ) -> ForwardBackwardResult:
         model = self._model(model_id)
-        names = self._check(data, loss_fn)
+        self._check(data, loss_fn)
+        try:
+            batch = [LearnerDatum(d.tokens, d.inputs) for d in data]
+        except ValueError as exc:
+            raise OpError(str(exc)) from None
+        learner = self.learner
+        with self.engine.lock:  # the learner takes it too (a re-entrant lock): no decoding meanwhile
+            for p in model.policy.optimizer.param_groups[0]["params"]:
+                p.requires_grad_(True)  # a sampler adapter made active by the engine may have frozen it
+            call = learner.forward if forward_only else learner.forward_backward
+            try:
+                out = call(batch, loss_fn, loss_fn_config, policy=model_id)
+            except (ValueError, FloatingPointError) as exc:
+                raise OpError(str(exc)) from None
         outputs: list[dict[str, list[float]]] = []
-        total = 0.0
-
-        def run(module: Any) -> None:
-            nonlocal total
-            device = model.params[0].device
-            for p in model.params:
-                p.requires_grad_(True)
-            with self.engine.using_adapter(model.adapter) as m, torch.set_grad_enabled(not forward_only):
-                for d in data:
-                    x = {n: torch.tensor(d.inputs[n], dtype=torch.float32, device=device) for n in names[1:]}
-                    targets = torch.tensor(d.inputs["target_tokens"], dtype=torch.long, device=device)
-                    logits = m(input_ids=torch.tensor([d.tokens], device=device)).logits[0].float()
-                    lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
-                    losses = token_losses(loss_fn, lp, x, loss_fn_config)
-                    loss = losses.sum()
-                    if not forward_only:
-                        loss.backward()
-                    total += float(loss.detach())
-                    outputs.append(
-                        {"logprobs": lp.detach().tolist(), "elementwise_loss": losses.detach().tolist()}
-                    )
-
-        self.engine.update_weights(run)
-        return ForwardBackwardResult(outputs, {"loss:sum": total})
+        for d, o in zip(batch, out.loss_fn_outputs, strict=True):
+            lp = o["logprobs"]
+            inputs = {n: d.loss_fn_inputs[n] for n in LOSS_INPUTS[loss_fn]}
+            losses = builtin_token_losses(loss_fn, lp, inputs, loss_fn_config)
+            outputs.append({"logprobs": lp.tolist(), "elementwise_loss": losses.tolist()})
+        return ForwardBackwardResult(outputs, dict(out.metrics))
 
     def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]:
-        model = self._model(model_id)
-        metrics: dict[str, float] = {}
-
-        def step(module: Any) -> None:
-            for group in model.optimizer.param_groups:
-                group.update(
-                    lr=adam.learning_rate,
-                    betas=(adam.beta1, adam.beta2),
-                    eps=adam.eps,
-                    weight_decay=adam.weight_decay,
-                )
-            grads = [p for p in model.params if p.grad is not None]
-            norm = (
-                torch.nn.utils.clip_grad_norm_(grads, adam.grad_clip_norm or float("inf")) if grads else None
-            )
-            metrics["grad_norm"] = 0.0 if norm is None else float(norm)
-            model.optimizer.step()
-            model.optimizer.zero_grad(set_to_none=True)
-
-        self.engine.update_weights(step)
-        return metrics
+        self._model(model_id)
+        return self.learner.optim_step(adam, policy=model_id)
 
     # -- saving and loading ---------------------------------------------------------------------
     def save_state(self, model_id: str, directory: Path, optimizer: bool = True) -> None:
@@ -188,7 +205,7 @@ class PeftBackend:
         with self.engine.lock:
             save_adapter(self.engine.model, model.adapter, directory)
             if optimizer:
-                torch.save(model.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+                torch.save(model.policy.optimizer.state_dict(), directory / OPTIMIZER_FILE)
         (directory / INFO_FILE).write_text(json.dumps({"base_model": self.names[0], "lora_rank": model.rank}))
 
     @staticmethod
@@ -208,7 +225,7 @@ class PeftBackend:
             path = directory / OPTIMIZER_FILE
             if not path.is_file():
                 raise OpError(f"the checkpoint at {directory} was saved without its optimiser state")
-            model.optimizer.load_state_dict(torch.load(path, weights_only=True))
+            model.policy.optimizer.load_state_dict(torch.load(path, weights_only=True))
 
     def save_for_sampler(self, model_id: str, directory: Path | None) -> str:
         model = self._model(model_id)
@@ -243,11 +260,20 @@ class PeftBackend:
         return name
 
     # -- sampling -------------------------------------------------------------------------------
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise OpError("the prompt is empty: give at least one token")
+        vocab = self.engine.vocab_size
+        bad = [t for t in prompt if t < 0 or (vocab and t >= vocab)]
+        if bad:
+            raise OpError(f"the prompt has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
+
     def sample(
         self, sampler: str | None, prompt: list[int], params: dict[str, Any], num_samples: int
     ) -> list[SampledSequence]:
         if sampler is not None and sampler not in self.engine.adapters:
             raise OpError(f"the sampler weights {sampler!r} were unloaded (only the newest are kept)")
+        self._check_prompt(prompt)
         settings = request_settings(params, self.engine.eos_token_ids, self.engine.max_context)
         futures = [self.engine.submit(r) for r in gen_requests(prompt, settings, num_samples, sampler)]
         return sequences_of([f.result() for f in futures])
@@ -255,12 +281,16 @@ class PeftBackend:
     def prompt_logprobs(self, sampler: str | None, prompt: list[int]) -> list[float | None]:
         if not prompt:
             return []
+        self._check_prompt(prompt)
         with self.engine.lock, self.engine.using_adapter(sampler) as m, torch.no_grad():
             device = next(m.parameters()).device
             ids = torch.tensor([prompt], device=device)
             logits = m(input_ids=ids).logits[0, :-1].float()
             lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
         return [None, *lp.tolist()]
+
+    def weights_version(self) -> int:
+        return int(self.engine.version)
 
     def close(self) -> None:
         self.engine.close()

@@ -11,23 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import hashlib
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .backend import AdamParams, TrainingBackend
+from ..store.memory import MemoryStore
+from .backend import TrainingBackend, adam_params
 from .futures import FutureTable, OpError, OrderedQueue, Outcome
+from .recording import Recorder
 from .registry import Registry
 from .wire import decode_forward_backward_request, encode_forward_backward_output, encode_sample_response
 
-__all__ = ["PROTO", "TinkerAPI"]
+__all__ = ["MAX_SAMPLES", "PROTO", "TinkerAPI"]
+
+logger = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
+MAX_SAMPLES = 1024  #: the most ``num_samples`` one ``asample`` request may ask for
 
 
 def error(message: str, status: int, category: str = "user") -> JSONResponse:
@@ -42,6 +50,12 @@ async def _json(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise OpError(f"the request body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+def _fingerprint(body: bytes | dict[str, Any]) -> str:
+    """What tells a retried submission (the same body) from another client's request."""
+    raw = body if isinstance(body, bytes) else json.dumps(body, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _tokens(model_input: Any) -> list[int]:
@@ -63,13 +77,20 @@ def _tokens(model_input: Any) -> list[int]:
 
 class TinkerAPI:
     """The handlers of one Tinker server over ``backend``; ``poll_s``: how long ``/retrieve_future``
-    holds a request for an unfinished operation before answering ``try_again``."""
+    holds a request for an unfinished operation before answering ``try_again``; ``recorder``: where
+    the training and sampling calls are recorded (default: an in-memory store)."""
 
     def __init__(
-        self, backend: TrainingBackend, registry: Registry, poll_s: float = 30.0, sample_workers: int = 16
+        self,
+        backend: TrainingBackend,
+        registry: Registry,
+        poll_s: float = 30.0,
+        sample_workers: int = 16,
+        recorder: Recorder | None = None,
     ) -> None:
         self.backend = backend
         self.registry = registry
+        self.recorder = recorder if recorder is not None else Recorder(MemoryStore())
         self.poll_s = float(poll_s)
         self.table = FutureTable()
         self.queue = OrderedQueue(self.table)
@@ -80,6 +101,30 @@ class TinkerAPI:
     def close(self) -> None:
         self.queue.close()
         self.samplers.shutdown(wait=False, cancel_futures=True)
+        self.recorder.close()
+
+    def _recorded(
+        self, model_id: str, name: str, fn: Callable[[], Outcome], **attributes: Any
+    ) -> Callable[[], Outcome]:
+        """``fn``, its run recorded as a span of ``model_id``'s rollout (its metrics and the weight
+        version after it; or the error it raised)."""
+
+        def run() -> Outcome:
+            start = time.time()
+            try:
+                outcome = fn()
+            except Exception as exc:
+                why = str(exc) if isinstance(exc, OpError) else f"{type(exc).__name__}: {exc}"
+                self.recorder.training_op(model_id, name, start, attributes, error=why)
+                raise
+            extra: dict[str, Any] = {"weights_version": self.backend.weights_version()}
+            metrics = (outcome.json or {}).get("metrics")
+            if metrics:
+                extra["metrics"] = dict(metrics)
+            self.recorder.training_op(model_id, name, start, {**attributes, **extra})
+            return outcome
+
+        return run
 
     def routes(self) -> list[Route]:
         post = {
@@ -120,6 +165,16 @@ class TinkerAPI:
                     404 if str(exc).startswith("unknown") or str(exc).startswith("no checkpoint") else 422
                 )
                 return error(str(exc), status, exc.category)
+            except ClientDisconnect:  # the client went away mid-request: nothing was queued
+                logger.info(
+                    "Tinker server: a client disconnected before its %s request was read", request.url.path
+                )
+                return error("the client disconnected before the request body was read", 400)
+            except Exception as exc:  # a bug: said (and logged with its traceback), never a bare 500
+                logger.exception("Tinker server: %s failed", request.url.path)
+                return error(
+                    f"the server failed on {request.url.path}: {type(exc).__name__}: {exc}", 500, "server"
+                )
 
         return run
 
@@ -142,7 +197,20 @@ class TinkerAPI:
         return JSONResponse({"status": "accepted"})
 
     async def finish(self, request: Request) -> Response:
-        self.registry.check_session(request.path_params["session_id"])
+        session = self.registry.check_session(request.path_params["session_id"])
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            body = {}
+        reason = body.get("reason") if isinstance(body, dict) else None
+        kind = reason.get("type") if isinstance(reason, dict) else None
+        detail = body.get("detail") if isinstance(body, dict) else None
+        why = f"the client ended the session: {kind or 'no reason given'}" + (
+            f" ({detail})" if detail else ""
+        )
+        for model in [m for m, s in list(self.registry.models.items()) if s == session]:
+            self.queue.forget(model, "the session finished")
+        await asyncio.to_thread(self.recorder.finish_session, session, kind == "success", why)
         return JSONResponse({})
 
     async def healthz(self, request: Request) -> Response:
@@ -195,6 +263,7 @@ class TinkerAPI:
 
         def create() -> Outcome:
             self.backend.create_model(model_id, str(base_model), rank, seed)
+            self.recorder.training_model(model_id, str(base_model), rank, session)
             return Outcome(json={"type": "create_model", "model_id": model_id})
 
         return self._future(self.queue.submit(None, None, create), model_id=model_id)
@@ -223,7 +292,12 @@ class TinkerAPI:
         if request.headers.get("content-encoding", "") == "zstd":
             import zstandard
 
-            body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+            try:
+                body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+            except zstandard.ZstdError as exc:
+                raise OpError(
+                    f"the forward_backward body is not valid zstd (Content-Encoding: zstd): {exc}"
+                ) from None
         req = decode_forward_backward_request(body)
         model_id = self.registry.check_model(req.model_id)
 
@@ -241,20 +315,32 @@ class TinkerAPI:
             }
             return Outcome(json=body, proto=encode_forward_backward_output(result))
 
-        return self._future(self.queue.submit(model_id, req.seq_id, run), model_id=model_id)
+        op = "forward" if req.forward_only else "forward_backward"
+        attrs = {
+            "seq_id": req.seq_id,
+            "loss_fn": req.loss_fn,
+            "num_datums": len(req.data),
+            "num_tokens": sum(d.length for d in req.data),
+        }
+        run = self._recorded(model_id, op, run, **attrs)
+        return self._future(
+            self.queue.submit(model_id, req.seq_id, run, _fingerprint(body)), model_id=model_id
+        )
 
     async def optim_step(self, request: Request) -> Response:
         body = await _json(request)
         model_id = self.registry.check_model(body.get("model_id"))
         if body.get("optimizer_params") is not None and body.get("adam_params") is None:
             raise OpError("only AdamW (adam_params) is served here, not optimizer_params")
-        adam = AdamParams.from_json(body.get("adam_params") or {})
+        adam = adam_params(body.get("adam_params") or {})
 
         def step() -> Outcome:
             metrics = self.backend.optim_step(model_id, adam)
             return Outcome(json={"type": "optim_step", "metrics": metrics})
 
-        return self._future(self.queue.submit(model_id, body.get("seq_id"), step), model_id=model_id)
+        seq = body.get("seq_id")
+        step = self._recorded(model_id, "optim_step", step, seq_id=seq, adam_params=dataclasses.asdict(adam))
+        return self._future(self.queue.submit(model_id, seq, step, _fingerprint(body)), model_id=model_id)
 
     # -- weights --------------------------------------------------------------------------------
     async def save_weights(self, request: Request) -> Response:
@@ -270,7 +356,10 @@ class TinkerAPI:
             path = self.registry.tinker_path(model_id, "weights", name)
             return Outcome(json={"type": "save_weights", "path": path})
 
-        return self._future(self.queue.submit(model_id, body.get("seq_id"), save), model_id=model_id)
+        save = self._recorded(model_id, "save_weights", save, seq_id=body.get("seq_id"), checkpoint=name)
+        return self._future(
+            self.queue.submit(model_id, body.get("seq_id"), save, _fingerprint(body)), model_id=model_id
+        )
 
     async def save_weights_for_sampler(self, request: Request) -> Response:
         body = await _json(request)
@@ -284,7 +373,13 @@ class TinkerAPI:
                 sid = self.registry.add_sampling(sampler, base)
                 return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
 
-            return self._future(self.queue.submit(model_id, body.get("seq_id"), snapshot), model_id=model_id)
+            snapshot = self._recorded(
+                model_id, "save_weights_for_sampler", snapshot, seq_id=body.get("seq_id")
+            )
+            return self._future(
+                self.queue.submit(model_id, body.get("seq_id"), snapshot, _fingerprint(body)),
+                model_id=model_id,
+            )
         directory = self.registry.directory_of(model_id, "sampler_weights", self.registry.check_name(name))
         path = self.registry.tinker_path(model_id, "sampler_weights", name)
 
@@ -295,7 +390,12 @@ class TinkerAPI:
                 json={"type": "save_weights_for_sampler", "path": path, "sampling_session_id": sid}
             )
 
-        return self._future(self.queue.submit(model_id, body.get("seq_id"), save), model_id=model_id)
+        save = self._recorded(
+            model_id, "save_weights_for_sampler", save, seq_id=body.get("seq_id"), path=path
+        )
+        return self._future(
+            self.queue.submit(model_id, body.get("seq_id"), save, _fingerprint(body)), model_id=model_id
+        )
 
     async def load_weights(self, request: Request) -> Response:
         body = await _json(request)
@@ -308,7 +408,12 @@ class TinkerAPI:
                 self.backend.load_state(model_id, directory, optimizer)
                 return Outcome(json={"type": "load_weights", "path": body["path"], "model_id": model_id})
 
-            return self._future(self.queue.submit(model_id, body.get("seq_id"), load), model_id=model_id)
+            load = self._recorded(
+                model_id, "load_weights", load, seq_id=body.get("seq_id"), path=body["path"]
+            )
+            return self._future(
+                self.queue.submit(model_id, body.get("seq_id"), load, _fingerprint(body)), model_id=model_id
+            )
         session = self.registry.check_session(body.get("session_id"))
         rank = self.backend.saved_rank(directory) if hasattr(self.backend, "saved_rank") else 32
         model_id = self.registry.model_id(session, body.get("model_seq_id"))
@@ -317,7 +422,14 @@ class TinkerAPI:
 
         def create_and_load() -> Outcome:
             self.backend.create_model(model_id, base, rank, None)
-            self.backend.load_state(model_id, directory, optimizer)
+            self.recorder.training_model(model_id, base, rank, session)
+            start = time.time()
+            try:
+                self.backend.load_state(model_id, directory, optimizer)
+            except Exception as exc:
+                self.recorder.training_op(model_id, "load_weights", start, {"path": body["path"]}, str(exc))
+                raise
+            self.recorder.training_op(model_id, "load_weights", start, {"path": body["path"]})
             return Outcome(json={"type": "load_weights", "path": body["path"], "model_id": model_id})
 
         return self._future(self.queue.submit(None, None, create_and_load), model_id=model_id)
@@ -347,8 +459,11 @@ class TinkerAPI:
 
     async def asample(self, request: Request) -> Response:
         body = await _json(request)
+        info: dict[str, Any] = {"base_model": self.backend.base_model_names()[0]}
         if body.get("sampling_session_id") is not None:
-            sampler = self.registry.sampling_session(body.get("sampling_session_id")).sampler
+            found = self.registry.sampling_session(body.get("sampling_session_id"))
+            sampler = found.sampler
+            info.update(sampling_session_id=found.session_id, model_path=found.model_path)
         elif body.get("base_model") is not None:
             if body["base_model"] not in self.backend.base_model_names():
                 raise OpError(f"base_model {body['base_model']!r} is not served here")
@@ -362,15 +477,27 @@ class TinkerAPI:
             raise OpError("target_prompt_logprobs is not supported by this server")
         prompt = _tokens(body.get("prompt"))
         n = body.get("num_samples", 1)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise OpError(f"num_samples must be an integer >= 1, got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+            raise OpError(f"num_samples must be an integer from 1 to {MAX_SAMPLES}, got {n!r}")
         params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise OpError(f"sampling_params must be an object, got {type(params).__name__}")
         want_prompt = bool(body.get("prompt_logprobs"))
         stamp = f"{time.monotonic_ns():x}"
 
+        ids = [f"seq-{stamp}-{i}" for i in range(n)]
+        info["sample_sequence_ids"] = ids
+
         def run() -> Outcome:
-            seqs = self.backend.sample(sampler, prompt, params, n)
-            prompt_lp = self.backend.prompt_logprobs(sampler, prompt) if want_prompt else None
+            start = time.time()
+            try:
+                seqs = self.backend.sample(sampler, prompt, params, n)
+                prompt_lp = self.backend.prompt_logprobs(sampler, prompt) if want_prompt else None
+            except Exception as exc:
+                why = str(exc) if isinstance(exc, OpError) else f"{type(exc).__name__}: {exc}"
+                self.recorder.sample(start, prompt, params, info, error=why)
+                raise
+            self.recorder.sample(start, prompt, params, info, seqs, prompt_lp)
             out = {
                 "type": "sample",
                 "sequences": [
@@ -380,7 +507,7 @@ class TinkerAPI:
             }
             return Outcome(json=json.loads(json.dumps(out)), proto=encode_sample_response(seqs, prompt_lp))
 
-        return self._in_thread(run, sample_sequence_ids=[f"seq-{stamp}-{i}" for i in range(n)])
+        return self._in_thread(run, sample_sequence_ids=ids)
 
     # -- checkpoints ----------------------------------------------------------------------------
     async def training_run(self, request: Request) -> Response:

@@ -111,5 +111,9 @@ def sequences_of(results: Sequence[GenResult]) -> list[SampledSequence]:
     for r in results:
         if r.finish_reason not in ("stop", "length"):
             raise OpError(f"a sample ended with {r.finish_reason!r} (stopped before it finished)", "server")
-        out.append(SampledSequence(list(r.token_ids), [float(x) for x in r.logprobs], r.finish_reason))
+        out.append(
+            SampledSequence(
+                list(r.token_ids), [float(x) for x in r.logprobs], r.finish_reason, r.weights_version
+            )
+        )
     return out

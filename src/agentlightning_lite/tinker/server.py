@@ -20,11 +20,16 @@ from starlette.responses import JSONResponse, Response
 
 from .. import models
 from ..serving.threaded import ThreadedUvicorn
+from ..store.base import Store
+from ..store.sqlite import SQLiteStore
 from .backend import TrainingBackend
+from .recording import Recorder
 from .registry import Registry
 from .routes import TinkerAPI
 
-__all__ = ["TinkerServer", "base_model_names", "build_backend", "tokenizer_id"]
+__all__ = ["STORE_FILE", "TinkerServer", "base_model_names", "build_backend", "tokenizer_id"]
+
+STORE_FILE = "store.sqlite"  #: the store under ``output_dir`` when none is given
 
 
 def base_model_names(model: str) -> list[str]:
@@ -65,7 +70,12 @@ class TinkerServer(ThreadedUvicorn):
 
     Args:
         backend: the training side (:func:`build_backend`, or any :class:`~.backend.TrainingBackend`).
-        output_dir: where ``tinker://`` checkpoints are written.
+        output_dir: where ``tinker://`` checkpoints are written, and the store (``store.sqlite``)
+            unless ``store`` is given.
+        store: where every training and sampling call is recorded (:mod:`.recording`): each training
+            model a rollout with a span per operation, each ``sample`` call a rollout with its ``llm``
+            spans. Default: an ``agl.SQLiteStore`` at ``<output_dir>/store.sqlite`` (closed with the
+            server; a store passed in is left open).
         api_key: require this key (``X-API-Key`` or ``Authorization: Bearer``); ``None``: no key.
         poll_s: how long ``/retrieve_future`` waits for an unfinished operation before it answers
             ``try_again`` (Tinker clients time out after 45 s).
@@ -90,11 +100,17 @@ class TinkerServer(ThreadedUvicorn):
         api_key: str | None = None,
         poll_s: float = 30.0,
         log_level: str = "warning",
+        store: Store | None = None,
     ) -> None:
         super().__init__(host, port, log_level)
         self.backend = backend
         self.registry = Registry(Path(output_dir))
-        self.api = TinkerAPI(backend, self.registry, poll_s=poll_s)
+        self._owns_store = store is None
+        if store is None:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            store = SQLiteStore(Path(output_dir) / STORE_FILE)
+        self.store: Store = store
+        self.api = TinkerAPI(backend, self.registry, poll_s=poll_s, recorder=Recorder(store))
         self.api_key = api_key
         self.app = Starlette(
             routes=self.api.routes(), middleware=[Middleware(BaseHTTPMiddleware, dispatch=self._check_key)]
@@ -123,3 +139,5 @@ class TinkerServer(ThreadedUvicorn):
         self.stop()
         self.api.close()
         self.backend.close()
+        if self._owns_store:
+            self.store.close()

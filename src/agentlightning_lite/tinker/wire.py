@@ -170,12 +170,26 @@ def _tensor_values(name: str, tensor: Any) -> list[float]:
     dtype = _NUMPY.get(tensor.dtype)
     if dtype is None:
         raise OpError(f"loss_fn_inputs[{name!r}] has dtype {tensor.dtype}: float32, int64 or int32 expected")
+    size = np.dtype(dtype).itemsize
+    if len(tensor.dense) % size:
+        raise OpError(
+            f"loss_fn_inputs[{name!r}] holds {len(tensor.dense)} bytes: not a whole number of "
+            f"{np.dtype(dtype).name} values ({size} bytes each)"
+        )
     values = np.frombuffer(tensor.dense, dtype=dtype)
     if len(tensor.shape) > 1:
         raise OpError(
             f"loss_fn_inputs[{name!r}] has shape {list(tensor.shape)}: this server takes 1-D loss inputs only"
         )
-    return [float(v) for v in values]
+    if len(tensor.shape) == 1 and tensor.shape[0] != len(values):
+        raise OpError(
+            f"loss_fn_inputs[{name!r}] has shape {list(tensor.shape)} but holds {len(values)} values"
+        )
+    if name == "target_tokens" and not np.issubdtype(values.dtype, np.integer):
+        if not (np.isfinite(values).all() and (values == np.round(values)).all()):
+            raise OpError("loss_fn_inputs['target_tokens'] must hold whole token ids")
+    out: list[float] = [int(v) for v in values] if name == "target_tokens" else [float(v) for v in values]
+    return out
 
 
 def decode_forward_backward_request(body: bytes) -> ForwardBackwardRequest:
@@ -193,7 +207,13 @@ def decode_forward_backward_request(body: bytes) -> ForwardBackwardRequest:
             kind = chunk.WhichOneof("kind")
             if kind != "encoded_text":
                 raise OpError(f"data[{i}] has a {kind or 'empty'} chunk: this server takes encoded text only")
-            tokens.extend(int(t) for t in np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
+            raw = chunk.encoded_text.tokens
+            if len(raw) % 4:
+                raise OpError(
+                    f"data[{i}] has an encoded_text chunk of {len(raw)} bytes: not a whole number of int32 "
+                    "token ids"
+                )
+            tokens.extend(int(t) for t in np.frombuffer(raw, dtype=np.int32))
         inputs = {e.key: _tensor_values(e.key, e.value) for e in d.loss_fn_inputs}
         data.append(Datum(tokens, inputs))
     config = {e.key: float(e.value) for e in msg.loss_fn_config}
