@@ -160,7 +160,7 @@ class EpisodeSpec:
 
 class Hooks:
     """One episode of a hub (a new object per rollout): :meth:`reset`, :meth:`act`, optionally
-    :meth:`call_tool` and :meth:`replied`, then :meth:`reward`; :meth:`close` at the end.
+    :meth:`call_tool`, :meth:`replied` and :meth:`answered`, then :meth:`reward`; :meth:`close` at the end.
 
     >>> class Countdown(Hooks):
     ...     def reset(self):
@@ -189,6 +189,9 @@ class Hooks:
         """Run one tool call (its arguments decoded from JSON); the result the model gets back."""
         raise NotImplementedError(f"this environment has no tools, yet the model called {name!r}")
 
+    def answered(self, call: ToolCall, result: ToolResult) -> None:
+        """Every tool call once answered, also one whose arguments were not JSON (default: nothing)."""
+
     def reward(self, episode: EpisodeResult) -> float:
         """The episode's final reward (default: the sum of every reward the environment gave)."""
         return float(sum(episode.rewards))
@@ -205,6 +208,12 @@ def _tracer() -> Tracer:
 def _call_tool(hooks: Hooks, call: ToolCall) -> ToolResult:
     """One tool call, recorded once as a ``tool`` span (failed when the arguments are not JSON or
     the tool reports an error)."""
+    result = _run_tool(hooks, call)
+    hooks.answered(call, result)
+    return result
+
+
+def _run_tool(hooks: Hooks, call: ToolCall) -> ToolResult:
     with _tracer().span("tool", call.name, input=call.arguments) as span:
         try:
             args = json.loads(call.arguments or "{}")
@@ -313,9 +322,7 @@ def _play(hooks: Hooks, spec: EpisodeSpec, llm: Any, temperature: float, result:
         )
         result.turns += 1
         message = completion.choices[0].message
-        calls = tuple(
-            ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []
-        )
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or [])
         said = message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
         reply = Reply(message.content or "", calls, said, completion)
         hooks.replied(reply)
