@@ -160,7 +160,8 @@ class OpenEnv(Environment):
     ``unreadable_reward`` set, such a reply (``action_from_reply`` raised, or the environment
     rejected its action) ends the episode with that reward instead, counted in
     :attr:`unreadable_replies` and recorded as an error ``signal`` span ``openenv.unreadable``.
-    A server that is down raises a ``ConnectionError`` naming it. Needs
+    A server that is down raises a ``ConnectionError`` naming it. Episodes run through
+    :func:`agl.envs.episode.run_episode` (:meth:`spec`; this class writes only the hooks). Needs
     ``pip install "agentlightning-lite[envs-openenv]"``.
 
     >>> import agentlightning_lite as agl

@@ -188,9 +188,18 @@ class Verifiers(Environment):
     ``config``), a function returning one (called with ``config`` as keywords), a string
     ``"pkg.module:name"`` or ``"path/file.py:name"`` naming any of these, or verifiers' own taskset
     id (an installed taskset package, loaded as ``vf.load_taskset`` does); a verifiers environment
-    (``vf.Env``: a multi-turn or multi-agent episode) is refused with a ``TypeError`` saying so.
-    ``size`` caps the tasks
+    (``vf.Env``: a multi-turn or multi-agent episode) given as the taskset is refused with a
+    ``TypeError`` saying so. ``size`` caps the tasks
     (``None``: all; an infinite taskset needs it), after a shuffle with ``seed`` when one is given.
+
+    Multi-turn: ``env`` is a ``vf.Env`` of one agent seat (its class, built with its config type and
+    ``env_config``; an instance; or ``"path/file.py:Name"``) whose ``run`` is the environment's side of
+    the conversation (``agents.<seat>.interaction(task)`` and ``await chat.turn(message)``). Each task
+    is then one episode of :func:`agl.envs.episode.run_episode`: the environment's ``run`` in a thread
+    of its own, each turn's message an observation, each policy reply the seat's answer, at most
+    ``max_turns`` model calls (then the next turn answers ``terminated``); the task the environment
+    handed its seat scores the whole conversation. Environments of several seats, or overriding
+    ``finalize`` / ``start`` / ``stop``, are refused with a ``TypeError`` saying why.
 
     The default agent is verifiers' tool-less chat harness played against the rollout's ``llm``:
     the task's ``system_prompt`` and ``prompt`` (:func:`chat_messages`) in one chat call. Its
@@ -234,7 +243,10 @@ class Verifiers(Environment):
         if isinstance(env, str):
             env = _attr(env)
         #: the verifiers environment (``env=``) and its agent seat, or ``None``: one chat call a task
-        self.env, self.seat = load_env(vf, env, env_config) if env is not None else (None, "")
+        self.env: Any = None
+        self.seat = ""
+        if env is not None:
+            self.env, self.seat = load_env(vf, env, env_config)
         self.taskset = _load_taskset(taskset, config)
         view = self.taskset
         if seed is not None:

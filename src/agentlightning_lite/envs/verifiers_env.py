@@ -37,7 +37,7 @@ def load_env(vf: Any, env: Any, config: Mapping[str, Any] | None = None) -> tupl
     if isinstance(env, type) and issubclass(env, vf.Env):
         generic = importlib.import_module("verifiers.v1.utils.generic")
         config_type = generic.concrete_type(env, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
-        instance = env.__new__(env)  # not Env.__init__: it loads the taskset by id and the harnesses
+        instance: Any = object.__new__(env)  # not Env.__init__: it loads the taskset by id and the harnesses
         instance.config = config_type(**dict(config or {}))
         env = instance
     elif config:
