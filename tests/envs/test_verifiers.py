@@ -279,6 +279,159 @@ def test_a_verifiers_environment_class_is_refused_saying_what_is_played(tmp_path
     assert err.value.code == 2
 
 
+# a multi-turn environment as a verifiers user writes one (0.4: vf.Env.run over the seat's interaction)
+HINTS = """
+import verifiers.v1 as vf
+
+
+class GuessData(vf.TaskData):
+    answer: str
+
+
+class GuessTask(vf.Task[GuessData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def solved(self, trace) -> float:
+        return float(trace.last_reply == self.data.answer)
+
+    @vf.metric
+    async def guesses(self, trace) -> float:
+        return float(trace.num_turns)
+
+
+class Guesses(vf.Taskset[GuessTask, vf.TasksetConfig]):
+    def load(self):
+        for answer in ("3", "8"):
+            data = GuessData(prompt="Guess a digit.", answer=answer, system_prompt="Reply with one digit.")
+            yield GuessTask(data, self.config.task)
+
+
+class HintsConfig(vf.EnvConfig):
+    player: vf.AgentConfig = vf.AgentConfig()
+    max_hints: int = 5
+
+
+class Hints(vf.Env[HintsConfig]):
+    \"\"\"Answer each wrong guess with 'higher' or 'lower' until it is right or the hints run out.\"\"\"
+
+    async def run(self, task, agents):
+        async with agents.player.interaction(task) as chat:
+            segment = await chat.turn()
+            for _ in range(self.config.max_hints):
+                guess = segment.last_reply
+                if segment.terminated or guess == task.data.answer:
+                    break
+                segment = await chat.turn("higher" if guess < task.data.answer else "lower")
+
+
+class Broken(Hints):
+    async def run(self, task, agents):
+        async with agents.player.interaction(task) as chat:
+            await chat.turn()
+            raise KeyError("no board")
+
+
+class Judging(Hints):
+    async def finalize(self, task, episode):
+        pass
+
+
+class Stopping(GuessTask):
+    @vf.stop
+    async def enough(self, trace) -> bool:
+        return trace.num_turns > 2
+
+
+class Stops(vf.Taskset[Stopping, vf.TasksetConfig]):
+    def load(self):
+        yield Stopping(GuessData(prompt="Guess a digit.", answer="3"), self.config.task)
+"""
+
+
+def digits(messages: list[dict[str, Any]]) -> str:
+    """Bisect the digits on the hints so far."""
+    low, high, last = 0, 9, None
+    for m in messages:
+        if m["role"] == "assistant":
+            last = int(m["content"])
+        elif m["role"] == "user" and last is not None:
+            low, high = (last + 1, high) if m["content"] == "higher" else (low, last - 1)
+    return str((low + high) // 2)
+
+
+@pytest.fixture
+def hints(tmp_path: Path) -> str:
+    path = tmp_path / "hints.py"
+    path.write_text(HINTS)
+    return str(path)
+
+
+def played(env: agl.envs.Verifiers, replies: Any, task: dict[str, Any]) -> tuple[float, agl.MemoryStore, str]:
+    store = agl.MemoryStore()
+    tracer = agl.Tracer(store)
+    with PolicyServer(engines.ScriptedEngine(replies, tokenizer="bytes"), store) as server:
+        with tracer.rollout(task) as ro:
+            reward = env.agent(task, server.llm(ro.id))
+            ro.reward(reward)
+    return reward, store, ro.id
+
+
+def test_a_multi_turn_environment_plays_turn_by_turn(hints: str) -> None:
+    env = agl.envs.Verifiers(f"{hints}:Guesses", env=f"{hints}:Hints")
+    assert env.seat == "player" and [t["data"]["answer"] for t in env.tasks] == ["3", "8"]
+    for task, guesses in zip(env.tasks, [["4", "1", "2", "3"], ["4", "7", "8"]], strict=True):
+        reward, store, rid = played(env, digits, task)
+        assert reward == 1.0
+        calls = [s for s in store.spans(rid) if s.kind == "llm"]
+        assert [c.output["content"] for c in calls] == guesses  # one model call per turn of the env
+        # one growing conversation: the task's messages, then each guess and the env's hint
+        assert calls[-1].input[:2] == [
+            {"role": "system", "content": "Reply with one digit."},
+            {"role": "user", "content": "Guess a digit."},
+        ]
+        assert len(calls[-1].input) == 2 * len(guesses)
+        hinted = ["higher" if g < task["data"]["answer"] else "lower" for g in guesses[:-1]]
+        assert [m["content"] for m in calls[-1].input[3::2]] == hinted
+        [signal] = [s for s in store.spans(rid) if s.kind == "signal" and s.name == "verifiers"]
+        assert signal.output == {"rewards": {"solved": [1.0, 1.0]}, "metrics": {"guesses": len(guesses)}}
+        assert [t.final_reward for t in agl.transitions(store)] == [1.0] * len(guesses)
+
+
+def test_turns_cut_and_the_environments_config(hints: str) -> None:
+    cut = agl.envs.Verifiers(f"{hints}:Guesses", env=f"{hints}:Hints", max_turns=2)
+    reward, store, rid = played(cut, ["0"], cut.tasks[0])  # 0 again and again: cut after two turns
+    assert reward == 0.0 and len([s for s in store.spans(rid) if s.kind == "llm"]) == 2
+    one = agl.envs.Verifiers(f"{hints}:Guesses", env=f"{hints}:Hints", env_config={"max_hints": 1})
+    reward, store, rid = played(one, ["0", "1", "3"], one.tasks[0])  # the env ends after one hint
+    assert reward == 0.0 and len([s for s in store.spans(rid) if s.kind == "llm"]) == 2
+    [signal] = [s for s in store.spans(rid) if s.kind == "signal" and s.name == "verifiers"]
+    assert signal.output["metrics"] == {"guesses": 2}
+
+
+def test_a_one_seat_environment_of_verifiers_own(spec: str) -> None:
+    from verifiers.v1.envs.single_agent.env import SingleAgentEnv  # agents.agent.run(task): one turn
+
+    env = agl.envs.Verifiers(spec, env=SingleAgentEnv)
+    reward, store, rid = played(env, ["It is 7"], env.tasks[1])
+    assert reward == expected("7", "It is 7") == 0.5
+    assert len([s for s in store.spans(rid) if s.kind == "llm"]) == 1
+
+
+def test_what_does_not_fit_the_loop_is_refused_saying_why(hints: str, tmp_path: Path) -> None:
+    from verifiers.v1.envs.user_sim.env import UserSimEnv
+
+    with pytest.raises(TypeError, match=r"UserSimEnv has 2 agent seats \(assistant, user\).*vf-eval"):
+        agl.envs.Verifiers(f"{hints}:Guesses", env=UserSimEnv)
+    with pytest.raises(TypeError, match=r"Judging overrides finalize"):
+        agl.envs.Verifiers(f"{hints}:Guesses", env=f"{hints}:Judging")
+    with pytest.raises(ValueError, match=r"@vf.stop hooks \['enough'\]"):
+        agl.envs.Verifiers(f"{hints}:Stops", env=f"{hints}:Hints")
+    with pytest.raises(TypeError, match="env= takes a verifiers environment"):
+        agl.envs.Verifiers(f"{hints}:Guesses", env=object())
+    broken = agl.envs.Verifiers(f"{hints}:Guesses", env=f"{hints}:Broken")
+    with pytest.raises(RuntimeError, match=r"Broken.run failed: KeyError: 'no board'"):
+        played(broken, ["1"], broken.tasks[0])
+
+
 @pytest.mark.slow  # a GRPO step of a tiny model (a few seconds)
 def test_one_training_step_rewards_are_the_tasksets(spec: str, tiny_engine: Any, tmp_path: Path) -> None:
     pytest.importorskip("torch")

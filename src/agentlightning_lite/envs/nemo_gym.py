@@ -18,8 +18,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..tracer import Tracer
 from .base import Environment
+from .episode import (
+    EpisodeResult,
+    EpisodeSpec,
+    Hooks,
+    Observation,
+    Reply,
+    StepResult,
+    ToolCall,
+    ToolResult,
+    run_episode,
+)
 
 __all__ = ["NemoGym", "chat_messages", "chat_tools"]
 
@@ -155,64 +165,13 @@ class NemoGym(Environment):
         session = _Session(self.base_url, self.timeout)
         session.post_ok("/seed_session", task)
         params = task["responses_create_params"]
-        output = self._respond(session, params, llm, temperature)
-        response = {
-            "id": f"resp_{uuid.uuid4().hex}",
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": llm.model,
-            "output": output,
-            "parallel_tool_calls": params.get("parallel_tool_calls", True),
-            "tool_choice": params.get("tool_choice", "auto"),
-            "tools": params.get("tools", []),
-        }
-        verified = session.post_ok("/verify", {**task, "response": response})
-        if "reward" not in verified:
-            raise RuntimeError(f"NeMo Gym {self.base_url}/verify answered no reward: {str(verified)[:300]}")
-        return float(verified["reward"])
-
-    def _respond(self, session: _Session, params: dict[str, Any], llm: Any, temperature: float) -> list[Any]:
-        """The model's turns and the tools' outputs, as Responses output items."""
-        client = llm.openai_client(max_retries=0, timeout=self.timeout)
-        messages, tools = chat_messages(params), chat_tools(params.get("tools", []))
-        max_tokens = params.get("max_output_tokens") or self.max_tokens
-        output: list[dict[str, Any]] = []
-        for _ in range(self.max_steps):
-            options: dict[str, Any] = {"tools": tools} if tools else {}
-            reply = client.chat.completions.create(
-                model=llm.model, messages=messages, max_tokens=max_tokens, temperature=temperature, **options
-            )
-            message = reply.choices[0].message
-            calls = list(message.tool_calls or [])
-            if message.content:
-                output.append(_message_item(message.content))
-            if not calls:
-                break
-            messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
-            for call in calls:
-                name, arguments = call.function.name, call.function.arguments
-                output.append(_call_item(call.id, name, arguments))
-                result = self._call_tool(session, name, arguments)
-                output.append({"type": "function_call_output", "call_id": call.id, "output": result})
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        return output
-
-    @staticmethod
-    def _call_tool(session: _Session, name: str, arguments: str) -> str:
-        current = Tracer.current_rollout()
-        tracer = current.tracer if current is not None else Tracer()
-        with tracer.span("tool", name, input=arguments) as span:
-            try:
-                args = json.loads(arguments or "{}")
-            except json.JSONDecodeError as exc:
-                span.set_error(exc)
-                result = f"error: the arguments are not JSON: {exc}"
-            else:
-                status, result = session.post(f"/{name}", args)
-                if status >= 400:
-                    span.set_error(RuntimeError(f"{name} answered {status}"))
-            span.set_output(result)
-        return result
+        spec = EpisodeSpec(
+            "nemo_gym",
+            max_turns=self.max_steps,
+            max_tokens=params.get("max_output_tokens") or self.max_tokens,
+            timeout=self.timeout,
+        )
+        return run_episode(_Episode(self, session, task, llm.model), spec, llm, temperature)
 
     def __repr__(self) -> str:
         return f"NemoGym({self.base_url!r}, {len(self.tasks)} tasks)"
@@ -232,3 +191,51 @@ def _message_item(text: str) -> dict[str, Any]:
 def _call_item(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     item = {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
     return {**item, "id": f"fc_{uuid.uuid4().hex}", "status": "completed"}
+
+
+class _Episode(Hooks):
+    """One NeMo Gym episode's hooks: the row's messages and tools, tool calls posted to the server,
+    the model's turns gathered as Responses output items for ``/verify``."""
+
+    def __init__(self, env: NemoGym, session: _Session, task: dict[str, Any], model: str) -> None:
+        self.env, self.session, self.task, self.model = env, session, task, model
+        self.params: dict[str, Any] = task["responses_create_params"]
+        self.output: list[dict[str, Any]] = []
+
+    def reset(self) -> StepResult:
+        tools = chat_tools(self.params.get("tools", []))
+        return StepResult(Observation(chat_messages(self.params), tools=tools))
+
+    def replied(self, reply: Reply) -> None:
+        if reply.text:
+            self.output.append(_message_item(reply.text))
+
+    def act(self, reply: Reply) -> StepResult:
+        return StepResult(done=True)  # an answer without tools ends the episode: verify it
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        status, result = self.session.post(f"/{name}", arguments)
+        return ToolResult(result, error=f"{name} answered {status}" if status >= 400 else None)
+
+    def answered(self, call: ToolCall, result: ToolResult) -> None:
+        self.output.append(_call_item(call.id, call.name, call.arguments))
+        self.output.append({"type": "function_call_output", "call_id": call.id, "output": result.text})
+
+    def reward(self, episode: EpisodeResult) -> float:
+        params = self.params
+        response = {
+            "id": f"resp_{uuid.uuid4().hex}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": self.model,
+            "output": self.output,
+            "parallel_tool_calls": params.get("parallel_tool_calls", True),
+            "tool_choice": params.get("tool_choice", "auto"),
+            "tools": params.get("tools", []),
+        }
+        verified = self.session.post_ok("/verify", {**self.task, "response": response})
+        if "reward" not in verified:
+            raise RuntimeError(
+                f"NeMo Gym {self.env.base_url}/verify answered no reward: {str(verified)[:300]}"
+            )
+        return float(verified["reward"])

@@ -22,6 +22,18 @@ from typing import Any, Literal
 
 from ..tracer import Tracer, emit_signal
 from .base import Environment, require
+from .episode import (
+    EpisodeResult,
+    EpisodeSpec,
+    Hooks,
+    Observation,
+    Reply,
+    StepResult,
+    ToolResult,
+    Unreadable,
+    UnreadableCount,
+    run_episode,
+)
 from .openenv_messages import (
     chat_tools,
     is_mcp,
@@ -148,7 +160,8 @@ class OpenEnv(Environment):
     ``unreadable_reward`` set, such a reply (``action_from_reply`` raised, or the environment
     rejected its action) ends the episode with that reward instead, counted in
     :attr:`unreadable_replies` and recorded as an error ``signal`` span ``openenv.unreadable``.
-    A server that is down raises a ``ConnectionError`` naming it. Needs
+    A server that is down raises a ``ConnectionError`` naming it. Episodes run through
+    :func:`agl.envs.episode.run_episode` (:meth:`spec`; this class writes only the hooks). Needs
     ``pip install "agentlightning-lite[envs-openenv]"``.
 
     >>> import agentlightning_lite as agl
@@ -192,8 +205,9 @@ class OpenEnv(Environment):
         self.reward_mode, self.max_turns, self.max_tokens = reward, max_turns, max_tokens
         self.system_prompt, self.timeout, self.render = system_prompt, timeout, render
         self.unreadable_reward = None if unreadable_reward is None else float(unreadable_reward)
-        #: actions the environment refused; replies that became no valid action (``unreadable_reward``)
-        self.rejected_actions, self.unreadable_replies = 0, 0
+        #: actions the environment refused (replies that became no valid action: ``unreadable_replies``)
+        self.rejected_actions = 0
+        self._unreadable = UnreadableCount()
         self._lock = threading.Lock()
         self._served: _Served | None = None
         if isinstance(env, str):
@@ -263,6 +277,24 @@ class OpenEnv(Environment):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def unreadable_replies(self) -> int:
+        """Replies that became no valid action, each ending its episode with ``unreadable_reward``."""
+        return self._unreadable.value
+
+    def spec(self) -> EpisodeSpec:
+        """How this environment's episodes run (:func:`agl.envs.episode.run_episode`)."""
+        return EpisodeSpec(
+            "openenv",
+            max_turns=self.max_turns,
+            max_tokens=self.max_tokens,
+            system_prompt=self.system_prompt,
+            timeout=self.timeout,
+            unreadable_reward=self.unreadable_reward,
+            unreadable=self._unreadable,
+            log=logger,
+        )
+
     def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
         """One episode in one WebSocket session; the sum (or the last) of its rewards."""
         client = _client_class()(base_url=self.base_url, message_timeout_s=self.timeout).sync()
@@ -275,7 +307,7 @@ class OpenEnv(Environment):
                 raise ConnectionError(
                     f"the OpenEnv server at {self.base_url} is not answering: {exc}"
                 ) from exc
-            return self._episode(client, dict(task), llm, temperature)
+            return run_episode(_Episode(self, client, dict(task)), self.spec(), llm, temperature)
         finally:
             try:
                 client.close()
@@ -283,127 +315,84 @@ class OpenEnv(Environment):
                 if self._sessions is not None:
                     self._sessions.release()
 
-    def _step(self, client: Any, action: Any, rewards: list[float]) -> Any:
-        client.async_client.last_error = None
-        try:
-            result = client.step(action)
-        except RuntimeError as exc:  # the server's error frame: the action was refused or failed
-            data = client.async_client.last_error
-            detail = server_error_text(data) if data is not None else str(exc)
-            with self._lock:
-                self.rejected_actions += 1
-            if Tracer.current_rollout() is not None:
-                emit_signal("openenv.rejected", value=detail, status="error", action=repr(action))
-            raise _Rejected(f"OpenEnv {self.name} rejected the action {action!r}: {detail}") from exc
-        if result.reward is not None:
-            rewards.append(float(result.reward))
-        return result
-
-    def _episode(self, client: Any, task: dict[str, Any], llm: Any, temperature: float) -> float:
-        rewards: list[float] = []
-        result = client.reset(**task)
-        if result.reward is not None:
-            rewards.append(float(result.reward))
-        tools: list[dict[str, Any]] = []
-        if self.tools and not result.done:
-            listed = self._step(client, {"type": "list_tools"}, rewards)
-            tools = chat_tools(listed.observation.get("tools") or [])
-        system = llm.prompt("system", default=self.system_prompt)
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": self.render(result.observation)},
-        ]
-        openai = llm.openai_client(max_retries=0, timeout=self.timeout)
-        done = result.done
-        for _ in range(self.max_turns):
-            if done:
-                break
-            options: dict[str, Any] = {"tools": tools} if tools else {}
-            reply = openai.chat.completions.create(
-                model=llm.model,
-                messages=messages,
-                max_tokens=self.max_tokens,
-                temperature=temperature,
-                **options,
-            )
-            message = reply.choices[0].message
-            calls = list(message.tool_calls or [])
-            messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
-            if calls:
-                for call in calls:
-                    text, done = self._call_tool(client, call.function.name, call.function.arguments, rewards)
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
-                    if done:
-                        break
-                continue
-            if self.action_from_reply is None:  # tools only, and the model answered without one
-                break
-            result = self._act(client, message.content or "", rewards)
-            if result is None:  # unreadable, scored unreadable_reward
-                assert self.unreadable_reward is not None
-                return self.unreadable_reward
-            done = result.done
-            if not done:
-                messages.append({"role": "user", "content": self.render(result.observation)})
-        if self.reward_mode == "last":
-            return rewards[-1] if rewards else 0.0
-        return float(sum(rewards))
-
-    def _act(self, client: Any, reply: str, rewards: list[float]) -> Any:
-        """Step the action ``action_from_reply`` reads from ``reply``; ``None`` when there is no valid
-        action in it and ``unreadable_reward`` is set (else that raises)."""
-        assert self.action_from_reply is not None
-        try:
-            action = self.action_from_reply(reply)
-        except Exception as exc:
-            why = f"action_from_reply could not read the reply {reply[:200]!r}: {type(exc).__name__}: {exc}"
-            if self.unreadable_reward is None:
-                raise ValueError(
-                    f"OpenEnv {self.name}: {why} (to train, every reply must become an action; "
-                    "unreadable_reward= scores such replies instead of failing the rollout)"
-                ) from exc
-            self._unreadable(reply, why)
-            return None
-        try:
-            return self._step(client, action, rewards)
-        except _Rejected as exc:
-            if self.unreadable_reward is None:
-                raise
-            self._unreadable(reply, str(exc))
-            return None
-
-    def _unreadable(self, reply: str, why: str) -> None:
+    def _rejected(self, action: Any, detail: str) -> None:
         with self._lock:
-            self.unreadable_replies += 1
-            first = self.unreadable_replies == 1
+            self.rejected_actions += 1
         if Tracer.current_rollout() is not None:
-            emit_signal("openenv.unreadable", value=why, status="error", reply=reply[:500])
-        if first:
-            logger.warning(
-                "%s; the episode ends with unreadable_reward=%s (env.unreadable_replies counts these)",
-                why,
-                self.unreadable_reward,
-            )
-
-    def _call_tool(self, client: Any, name: str, arguments: str, rewards: list[float]) -> tuple[str, bool]:
-        """One ``call_tool`` step (a ``tool`` span): the result's text for the model; whether done."""
-        current = Tracer.current_rollout()
-        tracer = current.tracer if current is not None else Tracer()
-        with tracer.span("tool", name, input=arguments) as span:
-            try:
-                args = json.loads(arguments or "{}")
-            except json.JSONDecodeError as exc:
-                span.set_error(exc)
-                text = f"error: the arguments are not JSON: {exc}"
-                span.set_output(text)
-                return text, False
-            action = {"type": "call_tool", "tool_name": name, "arguments": args}
-            result = self._step(client, action, rewards)
-            text, failed = tool_text(result.observation)
-            if failed:
-                span.set_error(RuntimeError(text))
-            span.set_output(text)
-        return text, bool(result.done)
+            emit_signal("openenv.rejected", value=detail, status="error", action=repr(action))
 
     def __repr__(self) -> str:
         return f"OpenEnv({self.name!r}, {len(self.tasks)} tasks)"
+
+
+class _Episode(Hooks):
+    """One OpenEnv episode's hooks: ``reset`` / ``step`` over the session's client."""
+
+    def __init__(self, env: OpenEnv, client: Any, task: dict[str, Any]) -> None:
+        self.env, self.client, self.task = env, client, task
+
+    def _step(self, action: Any) -> Any:
+        """One ``step``; an action the environment refuses raises :class:`_Rejected` (counted)."""
+        self.client.async_client.last_error = None
+        try:
+            return self.client.step(action)
+        except RuntimeError as exc:  # the server's error frame: the action was refused or failed
+            data = self.client.async_client.last_error
+            detail = server_error_text(data) if data is not None else str(exc)
+            self.env._rejected(action, detail)
+            raise _Rejected(f"OpenEnv {self.env.name} rejected the action {action!r}: {detail}") from exc
+
+    def _observation(self, result: Any) -> Observation:
+        return Observation.text(self.env.render(result.observation))
+
+    def reset(self) -> StepResult:
+        result = self.client.reset(**self.task)
+        reward = None if result.reward is None else float(result.reward)
+        if result.done:
+            return StepResult(self._observation(result), reward, done=True)
+        tools: list[dict[str, Any]] | None = None
+        if self.env.tools:
+            listed = self._step({"type": "list_tools"})
+            if listed.reward is not None:  # a reward with the tool list: the reset's and this one
+                reward = (reward or 0.0) + float(listed.reward)
+            tools = chat_tools(listed.observation.get("tools") or [])
+        observation = self._observation(result)
+        return StepResult(Observation(observation.messages, tools=tools), reward)
+
+    def act(self, reply: Reply) -> StepResult:
+        """The action ``action_from_reply`` reads from the reply; :class:`Unreadable` when there is no
+        valid action in it and ``unreadable_reward`` is set (else that raises)."""
+        env = self.env
+        if env.action_from_reply is None:  # tools only, and the model answered without one
+            return StepResult(done=True)
+        try:
+            action = env.action_from_reply(reply.text)
+        except Exception as exc:
+            read = f"action_from_reply could not read the reply {reply.text[:200]!r}"
+            why = f"{read}: {type(exc).__name__}: {exc}"
+            if env.unreadable_reward is None:
+                raise ValueError(
+                    f"OpenEnv {env.name}: {why} (to train, every reply must become an action; "
+                    "unreadable_reward= scores such replies instead of failing the rollout)"
+                ) from exc
+            raise Unreadable(why) from exc
+        try:
+            result = self._step(action)
+        except _Rejected as exc:
+            if env.unreadable_reward is None:
+                raise
+            raise Unreadable(str(exc)) from exc
+        reward = None if result.reward is None else float(result.reward)
+        return StepResult(self._observation(result), reward, bool(result.done))
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """One ``call_tool`` step of the session; its result's text for the model."""
+        result = self._step({"type": "call_tool", "tool_name": name, "arguments": arguments})
+        text, failed = tool_text(result.observation)
+        reward = None if result.reward is None else float(result.reward)
+        return ToolResult(text, error=text if failed else None, reward=reward, done=bool(result.done))
+
+    def reward(self, episode: EpisodeResult) -> float:
+        if self.env.reward_mode == "last":
+            return episode.rewards[-1] if episode.rewards else 0.0
+        return float(sum(episode.rewards))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Environment, require
+from .episode import EpisodeResult, EpisodeSpec, Hooks, Observation, Reply, StepResult, run_episode
 
 __all__ = ["TextArena"]
 
@@ -89,26 +90,38 @@ class TextArena(Environment):
 
     def play(self, task: dict[str, Any], llm: Any, temperature: float) -> float:
         """Play one game: a model call per turn; the game's reward for player 0."""
-        env = _start(task["game"], int(task["seed"]))
-        client = llm.openai_client(max_retries=0)
-        system = llm.prompt("system", default=self.system_prompt)
-        done = False
-        for _ in range(self.max_turns):
-            _, observation = env.get_observation()
-            reply = client.chat.completions.create(
-                model=llm.model,
-                messages=[
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": _text(observation)},
-                ],
-                max_tokens=self.max_tokens,
-                temperature=temperature,
-            )
-            done, _ = env.step(reply.choices[0].message.content or "")
-            if done:
-                break
-        rewards, _ = env.close()
-        return float(rewards[0]) if done and rewards else 0.0
+        spec = EpisodeSpec(
+            "textarena",
+            max_turns=self.max_turns,
+            max_tokens=self.max_tokens,
+            system_prompt=self.system_prompt,
+        )
+        return run_episode(_Game(task["game"], int(task["seed"])), spec, llm, temperature)
 
     def __repr__(self) -> str:
         return f"TextArena({self.game!r}, {len(self.tasks)} games)"
+
+
+class _Game(Hooks):
+    """One game's hooks: each turn the game's observation alone (under the system prompt), the reply
+    stepped as the move; the game's reward for player 0 when it ended (0.0 when cut)."""
+
+    def __init__(self, game: str, seed: int) -> None:
+        self.game, self.seed = game, seed
+        self.env: Any = None
+
+    def _observation(self) -> Observation:
+        _, observation = self.env.get_observation()
+        return Observation.text(_text(observation), fresh=True)
+
+    def reset(self) -> StepResult:
+        self.env = _start(self.game, self.seed)
+        return StepResult(self._observation())
+
+    def act(self, reply: Reply) -> StepResult:
+        done, _ = self.env.step(reply.text)
+        return StepResult(None if done else self._observation(), done=bool(done))
+
+    def reward(self, episode: EpisodeResult) -> float:
+        rewards, _ = self.env.close()
+        return float(rewards[0]) if episode.done and rewards else 0.0

@@ -16,12 +16,14 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..tracer import Tracer, emit_signal
 from .base import Environment, require
+from .episode import EpisodeResult, EpisodeSpec, Hooks, Observation, Reply, StepResult, run_episode
+from .verifiers_env import EnvEpisode, load_env
 
 __all__ = ["Verifiers", "chat_messages"]
 
@@ -97,11 +99,11 @@ def _not_an_env(vf: Any, value: Any) -> None:
         return
     name = value.__name__ if is_class else type(value).__name__
     raise TypeError(
-        f"{name} is a verifiers environment (vf.Env: the agents of a multi-turn or multi-agent episode, "
-        "played by verifiers' own harnesses and runtime), not a taskset. agl.envs.Verifiers plays a "
-        "taskset's tasks in one chat call each, scored by the task's own rewards: give it the "
-        "taskset (a vf.Taskset, its class, a function returning one, or its verifiers taskset id, "
-        "e.g. the id in the env's config.taskset); run the environment itself with verifiers' vf-eval"
+        f"{name} is a verifiers environment (vf.Env: the agents of a multi-turn or multi-agent episode), "
+        "not a taskset. agl.envs.Verifiers plays a taskset's tasks: give it the taskset (a vf.Taskset, "
+        "its class, a function returning one, or its verifiers taskset id, e.g. the id in the env's "
+        f"config.taskset), and an environment of one agent seat as env={name} (its run() is the other "
+        "side of the conversation); run environments of several agents with verifiers' vf-eval"
     )
 
 
@@ -186,9 +188,18 @@ class Verifiers(Environment):
     ``config``), a function returning one (called with ``config`` as keywords), a string
     ``"pkg.module:name"`` or ``"path/file.py:name"`` naming any of these, or verifiers' own taskset
     id (an installed taskset package, loaded as ``vf.load_taskset`` does); a verifiers environment
-    (``vf.Env``: a multi-turn or multi-agent episode) is refused with a ``TypeError`` saying so.
-    ``size`` caps the tasks
+    (``vf.Env``: a multi-turn or multi-agent episode) given as the taskset is refused with a
+    ``TypeError`` saying so. ``size`` caps the tasks
     (``None``: all; an infinite taskset needs it), after a shuffle with ``seed`` when one is given.
+
+    Multi-turn: ``env`` is a ``vf.Env`` of one agent seat (its class, built with its config type and
+    ``env_config``; an instance; or ``"path/file.py:Name"``) whose ``run`` is the environment's side of
+    the conversation (``agents.<seat>.interaction(task)`` and ``await chat.turn(message)``). Each task
+    is then one episode of :func:`agl.envs.episode.run_episode`: the environment's ``run`` in a thread
+    of its own, each turn's message an observation, each policy reply the seat's answer, at most
+    ``max_turns`` model calls (then the next turn answers ``terminated``); the task the environment
+    handed its seat scores the whole conversation. Environments of several seats, or overriding
+    ``finalize`` / ``start`` / ``stop``, are refused with a ``TypeError`` saying why.
 
     The default agent is verifiers' tool-less chat harness played against the rollout's ``llm``:
     the task's ``system_prompt`` and ``prompt`` (:func:`chat_messages`) in one chat call. Its
@@ -218,6 +229,9 @@ class Verifiers(Environment):
         seed: int | None = None,
         *,
         config: Mapping[str, Any] | None = None,
+        env: Any = None,
+        env_config: Mapping[str, Any] | None = None,
+        max_turns: int = 10,
         max_tokens: int = 1024,
         temperature: float = 1.0,
         eval_temperature: float = 0.0,
@@ -225,7 +239,14 @@ class Verifiers(Environment):
         vf = _vf()  # the missing extra, named, before anything else
         named = getattr(taskset, "__name__", type(taskset).__name__)
         self.name: str = taskset if isinstance(taskset, str) else named
-        self.max_tokens = max_tokens
+        self.max_tokens, self.max_turns = max_tokens, max_turns
+        if isinstance(env, str):
+            env = _attr(env)
+        #: the verifiers environment (``env=``) and its agent seat, or ``None``: one chat call a task
+        self.env: Any = None
+        self.seat = ""
+        if env is not None:
+            self.env, self.seat = load_env(vf, env, env_config)
         self.taskset = _load_taskset(taskset, config)
         view = self.taskset
         if seed is not None:
@@ -237,7 +258,10 @@ class Verifiers(Environment):
         self.vf_tasks: dict[str, Any] = {}
         tasks = []
         for task in view:
-            if why := _unsupported(task, self.taskset):
+            why = _unsupported(task, self.taskset)
+            if self.env is not None and (stops := [fn.__name__ for fn in task.hooks("stop")]):
+                why.append(f"{type(task).__name__}'s @vf.stop hooks {stops} run in verifiers' own rollouts")
+            if why:
                 raise ValueError(f"agl.envs.Verifiers cannot play {self.name}: " + "; ".join(why))
             self.vf_tasks[task.key] = task
             data = task.data.model_dump(mode="json", exclude_defaults=True)
@@ -266,42 +290,52 @@ class Verifiers(Environment):
         ``reply`` is the model's text or its ``ChatCompletion`` (then its usage and finish reason
         reach the trace too); ``messages`` the conversation before it (default :meth:`messages`).
         """
+        before = messages if messages is not None else self.messages(task)
+        return self.score_turns(self.vf_task(task), [(before, reply)])
+
+    def score_turns(self, vf_task: Any, turns: Sequence[tuple[list[dict[str, Any]], Any]]) -> Any:
+        """The ``vf.Trace`` of a conversation on ``vf_task`` (a ``vf.Task``), scored by its ``score``:
+        ``turns`` are each model call's ``(messages before it, reply)``, the reply its text or its
+        ``ChatCompletion``, in order (a multi-turn episode: each call's messages extend the last's)."""
         vf = self._vf
-        vt = self.vf_task(task)
         graph = importlib.import_module("verifiers.v1.graph")
         chat = importlib.import_module("verifiers.v1.dialects.chat")
-        prompt = [chat.parse_message(m) for m in (messages if messages is not None else self.messages(task))]
-        if isinstance(reply, str) or reply is None:
-            response = vf.Response(
-                id=f"agl-{uuid.uuid4().hex}",
-                created=int(time.time()),
-                model="policy",
-                message=vf.AssistantMessage(content=reply or ""),
-                finish_reason="stop",
-            )
-        else:
-            response = chat.response_from_wire(reply)
         trace = vf.Trace(
-            task=vf.TraceTask(type=type(vt).__name__, data=vt.data, key=vt.key, hash=vt.hash),
-            agent=vf.AgentInfo(config=vf.AgentConfig(model=response.model)),
+            task=vf.TraceTask(
+                type=type(vf_task).__name__, data=vf_task.data, key=vf_task.key, hash=vf_task.hash
+            ),
+            agent=vf.AgentInfo(config=vf.AgentConfig(model="policy")),
         )
-        started = time.time()
-        node = graph.prepare_turn(trace, prompt, []).commit(response)
-        trace.calls.append(
-            vf.ModelCall(
-                node=node,
-                model=response.model,
-                endpoint="/chat/completions",
-                finish_reason=response.finish_reason,
-                usage=response.usage,
-                time=vf.TimeSpan(start=started, end=time.time()),
+        for messages, reply in turns:
+            prompt = [chat.parse_message(m) for m in messages]
+            if isinstance(reply, str) or reply is None:
+                response = vf.Response(
+                    id=f"agl-{uuid.uuid4().hex}",
+                    created=int(time.time()),
+                    model="policy",
+                    message=vf.AssistantMessage(content=reply or ""),
+                    finish_reason="stop",
+                )
+            else:
+                response = chat.response_from_wire(reply)
+            trace.agent.config = vf.AgentConfig(model=response.model)
+            started = time.time()
+            node = graph.prepare_turn(trace, prompt, []).commit(response)
+            trace.calls.append(
+                vf.ModelCall(
+                    node=node,
+                    model=response.model,
+                    endpoint="/chat/completions",
+                    finish_reason=response.finish_reason,
+                    usage=response.usage,
+                    time=vf.TimeSpan(start=started, end=time.time()),
+                )
             )
-        )
         trace.is_completed = trace.ok = True
-        _run(vt.score(trace))
+        _run(vf_task.score(trace))
         missing = [name for name, value in trace.rewards.items() if value is None]
         if missing:
-            raise RuntimeError(f"{type(vt).__name__}: rewards {missing} did not score")
+            raise RuntimeError(f"{type(vf_task).__name__}: rewards {missing} did not score")
         return trace
 
     def reward(
@@ -309,23 +343,62 @@ class Verifiers(Environment):
     ) -> float:
         """The task's reward for ``reply``: the scored trace's ``reward`` (see :meth:`score`); its
         named rewards and metrics go to the current rollout as a ``signal`` span ``verifiers``."""
-        trace = self.score(task, reply, messages)
-        if Tracer.current_rollout() is not None:
-            rewards = {k: [r.score, r.weight] for k, r in trace.rewards.items() if r is not None}
-            emit_signal("verifiers", json.loads(json.dumps({"rewards": rewards, "metrics": trace.metrics})))
-        return float(trace.reward)
+        return _recorded(self.score(task, reply, messages))
 
     def play(self, task: Mapping[str, Any], llm: Any, temperature: float) -> float:
-        """One chat call with the task's messages; the task's reward of the reply. The task's system
-        prompt is read through ``llm.prompt("system", default=...)``, so ``agl.APO`` can optimise it."""
-        messages = self.messages(task)
-        if messages and messages[0]["role"] == "system" and isinstance(messages[0]["content"], str):
-            messages[0] = {"role": "system", "content": llm.prompt("system", default=messages[0]["content"])}
-        client = llm.openai_client(max_retries=0)
-        completion = client.chat.completions.create(
-            model=llm.model, messages=messages, max_tokens=self.max_tokens, temperature=temperature
-        )
-        return self.reward(task, completion, messages)
+        """One episode of ``task`` (:func:`agl.envs.episode.run_episode`): one chat call with the
+        task's messages, or with ``env=`` the environment's turns; the task's reward of the
+        conversation. The task's system prompt is read through ``llm.prompt("system", default=...)``,
+        so ``agl.APO`` can optimise it."""
+
+        def system(text: str) -> str:
+            return str(llm.prompt("system", default=text))
+
+        if self.env is None:
+            hooks: Hooks = _OneCall(self, task, system)
+            spec = EpisodeSpec("verifiers", max_turns=1, max_tokens=self.max_tokens)
+        else:
+            hooks = EnvEpisode(
+                self._vf,
+                self.env,
+                self.seat,
+                self.vf_task(task),
+                lambda vt: chat_messages(vt.data.system_prompt, vt.data.prompt),
+                lambda vt, turns: _recorded(self.score_turns(vt, turns)),
+                system,
+            )
+            spec = EpisodeSpec("verifiers", max_turns=self.max_turns, max_tokens=self.max_tokens)
+        return run_episode(hooks, spec, llm, temperature)
 
     def __repr__(self) -> str:
         return f"Verifiers({self.name!r}, {len(self.tasks)} tasks)"
+
+
+def _recorded(trace: Any) -> float:
+    """A scored trace's reward; its named rewards and metrics recorded as a ``signal`` span ``verifiers``."""
+    if Tracer.current_rollout() is not None:
+        rewards = {k: [r.score, r.weight] for k, r in trace.rewards.items() if r is not None}
+        emit_signal("verifiers", json.loads(json.dumps({"rewards": rewards, "metrics": trace.metrics})))
+    return float(trace.reward)
+
+
+class _OneCall(Hooks):
+    """A taskset's task in one chat call: the task's messages, the reply scored by the task."""
+
+    def __init__(self, env: Verifiers, task: Mapping[str, Any], system: Callable[[str], str]) -> None:
+        self.env, self.task = env, task
+        self.messages = env.messages(task)
+        first = self.messages[0] if self.messages else None
+        if first is not None and first["role"] == "system" and isinstance(first["content"], str):
+            self.messages[0] = {"role": "system", "content": system(first["content"])}
+        self.completion: Any = None
+
+    def reset(self) -> StepResult:
+        return StepResult(Observation(self.messages))
+
+    def act(self, reply: Reply) -> StepResult:
+        self.completion = reply.completion
+        return StepResult(done=True)
+
+    def reward(self, episode: EpisodeResult) -> float:
+        return self.env.reward(self.task, self.completion, self.messages)
