@@ -29,6 +29,15 @@ def test_scripted_engine_serves_only() -> None:
     assert not hasattr(engine, "update_weights")  # no method that only raises: the contract is honest
 
 
+def test_backend_error_is_part_of_the_contract_and_importable_where_it_was() -> None:
+    """``BackendError`` lives with the engine contract; the HTTP engine's modules re-export the same class."""
+    from agentlightning_lite.serving.engines import contract, http, http_backend
+
+    assert engines.BackendError is contract.BackendError is http.BackendError is http_backend.BackendError
+    err = contract.BackendError("server down", status=None, path="/v1/completions", reason=None)
+    assert isinstance(err, RuntimeError) and err.path == "/v1/completions" and str(err) == "server down"
+
+
 def test_hf_engine_trains_in_place_and_serves_several_adapters(tiny_engine: Any) -> None:
     engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
     assert isinstance(engine, InPlaceEngine) and isinstance(engine, TrainableEngine)

@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import Engine, GenRequest, GenResult
+from .contract import BackendError
 from .http_backend import (
     Backend,
-    BackendError,
     adapter_directory,
     check_answer,
     completion_result,

@@ -20,7 +20,7 @@ from ...types import Span
 from ..chat_format import ChatFormatError, content_text
 from ..context import ServingContext
 from ..engines.base import GenRequest, GenResult
-from ..engines.http import BackendError
+from ..engines.contract import BackendError
 from ..errors import APIError, bad_request
 from ..params import Params
 from .request import Call
