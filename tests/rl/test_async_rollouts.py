@@ -158,11 +158,11 @@ def test_drain_mode_gives_no_request_that_spans_a_switch(tiny_engine: Any, tmp_p
     pairs: list[tuple[int, int]] = []
 
     class Recording(type(engine)):  # type: ignore[misc]
-        """Records the version each request reaches the engine at (a subclass's submit: behind the pause)."""
+        """Records the version each request reaches the engine at (its start_request: behind the pause)."""
 
-        def submit(self, request: Any) -> Any:
+        def start_request(self, request: Any) -> Any:
             at = self.version
-            future = super().submit(request)
+            future = super().start_request(request)
             future.add_done_callback(
                 lambda f: f.cancelled() or pairs.append((at, f.result().weights_version))
             )
@@ -298,13 +298,13 @@ class SlowEngine(Engine):
         super().__init__()
         self.pending: list[concurrent.futures.Future[Any]] = []
 
-    def submit(self, request: Any) -> concurrent.futures.Future[Any]:
+    def start_request(self, request: Any) -> concurrent.futures.Future[Any]:
         f: concurrent.futures.Future[Any] = concurrent.futures.Future()
         f.set_running_or_notify_cancel()
         self.pending.append(f)
         return f
 
-    def cancel(self, future: concurrent.futures.Future[Any]) -> bool:
+    def cancel_request(self, future: concurrent.futures.Future[Any]) -> bool:
         return False
 
     def generate(self, requests: Sequence[Any]) -> list[Any]:
