@@ -18,11 +18,13 @@ import torch
 
 import agentlightning_lite as agl
 from agentlightning_lite.remote import Runner
-from agentlightning_lite.rl.async_rollouts import RequestGate
+from agentlightning_lite.rl.async_rollouts import DrainingHandOver, RequestGate
 from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig, SampleConfig
+from agentlightning_lite.rl.learner import Learner
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
 from agentlightning_lite.rl.samples import next_tasks
 from agentlightning_lite.rl.sources import InProcessRollouts
+from agentlightning_lite.rl.weights import WeightHandOver
 from agentlightning_lite.serving.engines.base import Engine
 
 from .._helpers import lora_weights
@@ -267,6 +269,38 @@ def test_failed_steps_and_ctrl_c_stop_the_producer(tiny_engine: Any, tmp_path: P
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(varied, TASKS, steps=4)
     assert trainer.step == 1 and not producers()
+    trainer.close()
+
+
+def test_the_learner_hands_weights_over_through_a_context_that_restores_them() -> None:
+    model = torch.nn.Linear(2, 2)
+    engine = agl.engines.ScriptedEngine(["hi"], tokenizer="bytes")
+    learner = Learner(model, [], WeightHandOver(engine, model), agl.GRPO())
+    own, first, second = learner.weights, WeightHandOver(engine, model), WeightHandOver(engine, model)
+    with pytest.raises(ValueError, match="update failed"), learner.using_weights(first) as used:
+        assert used is first and learner.weights is first
+        with learner.using_weights(second):
+            assert learner.weights is second
+        assert learner.weights is first  # nested: each block gives back what it found
+        raise ValueError("update failed")
+    assert learner.weights is own
+
+
+def test_drain_mode_gives_the_learner_its_hand_over_back_after_an_error(
+    tiny_engine: Any, tmp_path: Path
+) -> None:
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    trainer = make(engine, tmp_path, handover="drain")
+    own, seen = trainer.learner.weights, []
+
+    def broken(task: dict, llm: agl.LLM) -> float:
+        seen.append(trainer.learner.weights)
+        raise ImportError("no module named 'tools'")
+
+    with pytest.raises(RuntimeError, match="every rollout of step 1 failed"):
+        trainer.fit(broken, TASKS, steps=3)
+    assert seen and all(isinstance(w, DrainingHandOver) for w in seen)  # the engine drains while fitting
+    assert trainer.learner.weights is own and not producers()
     trainer.close()
 
 
