@@ -34,6 +34,7 @@ _LAZY = {
     "harness": ".harness",
     "Trainer": ".rl",
     "PolicyServer": ".serving",
+    "ServingSettings": ".serving",
     "LLM": ".serving",
     "engines": ".serving",
     "envs": ".envs",
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from .remote import RayRunners, RemoteRunners
     from .rl import GRPO, PPO, SFT, Trainer
     from .rl.correction import TIS, MaskedIS
-    from .serving import LLM, PolicyServer, engines
+    from .serving import LLM, PolicyServer, ServingSettings, engines
 
 
 def __getattr__(name: str) -> Any:
@@ -85,6 +86,7 @@ __all__ = [
     "Rollout",
     "SFT",
     "SQLiteStore",
+    "ServingSettings",
     "Span",
     "Store",
     "TIS",

@@ -62,6 +62,7 @@ ADDED = {
     "MaskedIS": "masked importance sampling (token or sequence level), an off-policy correction",
     "envs": "environments from the hubs (reasoning-gym, NeMo Gym, TextArena, verifiers): tasks, reward",
     "rewards": "rewards an agent returns: an LLM judge grading replies against a rubric",
+    "ServingSettings": "the PolicyServer's settings as one object (host, port, key, limits, parsers)",
 }
 
 

@@ -18,11 +18,13 @@ import torch
 
 import agentlightning_lite as agl
 from agentlightning_lite.remote import Runner
-from agentlightning_lite.rl.async_rollouts import RequestGate
+from agentlightning_lite.rl.async_rollouts import DrainingHandOver, RequestGate
 from agentlightning_lite.rl.config import CheckpointConfig, LoggingConfig, RolloutConfig, SampleConfig
+from agentlightning_lite.rl.learner import Learner
 from agentlightning_lite.rl.rollouts import RolloutResult, RolloutSpec
 from agentlightning_lite.rl.samples import next_tasks
 from agentlightning_lite.rl.sources import InProcessRollouts
+from agentlightning_lite.rl.weights import WeightHandOver
 from agentlightning_lite.serving.engines.base import Engine
 
 from .._helpers import lora_weights
@@ -158,11 +160,11 @@ def test_drain_mode_gives_no_request_that_spans_a_switch(tiny_engine: Any, tmp_p
     pairs: list[tuple[int, int]] = []
 
     class Recording(type(engine)):  # type: ignore[misc]
-        """Records the version each request reaches the engine at (a subclass's submit: behind the pause)."""
+        """Records the version each request reaches the engine at (its start_request: behind the pause)."""
 
-        def submit(self, request: Any) -> Any:
+        def start_request(self, request: Any) -> Any:
             at = self.version
-            future = super().submit(request)
+            future = super().start_request(request)
             future.add_done_callback(
                 lambda f: f.cancelled() or pairs.append((at, f.result().weights_version))
             )
@@ -270,6 +272,38 @@ def test_failed_steps_and_ctrl_c_stop_the_producer(tiny_engine: Any, tmp_path: P
     trainer.close()
 
 
+def test_the_learner_hands_weights_over_through_a_context_that_restores_them() -> None:
+    model = torch.nn.Linear(2, 2)
+    engine = agl.engines.ScriptedEngine(["hi"], tokenizer="bytes")
+    learner = Learner(model, [], WeightHandOver(engine, model), agl.GRPO())
+    own, first, second = learner.weights, WeightHandOver(engine, model), WeightHandOver(engine, model)
+    with pytest.raises(ValueError, match="update failed"), learner.using_weights(first) as used:
+        assert used is first and learner.weights is first
+        with learner.using_weights(second):
+            assert learner.weights is second
+        assert learner.weights is first  # nested: each block gives back what it found
+        raise ValueError("update failed")
+    assert learner.weights is own
+
+
+def test_drain_mode_gives_the_learner_its_hand_over_back_after_an_error(
+    tiny_engine: Any, tmp_path: Path
+) -> None:
+    engine = tiny_engine(lora=agl.LoRA(r=2, alpha=4))
+    trainer = make(engine, tmp_path, handover="drain")
+    own, seen = trainer.learner.weights, []
+
+    def broken(task: dict, llm: agl.LLM) -> float:
+        seen.append(trainer.learner.weights)
+        raise ImportError("no module named 'tools'")
+
+    with pytest.raises(RuntimeError, match="every rollout of step 1 failed"):
+        trainer.fit(broken, TASKS, steps=3)
+    assert seen and all(isinstance(w, DrainingHandOver) for w in seen)  # the engine drains while fitting
+    assert trainer.learner.weights is own and not producers()
+    trainer.close()
+
+
 def test_async_training_resumes_from_its_checkpoint(tiny_engine: Any, tmp_path: Path) -> None:
     random.seed(3)
     save = CheckpointConfig(save_every=1)
@@ -298,13 +332,13 @@ class SlowEngine(Engine):
         super().__init__()
         self.pending: list[concurrent.futures.Future[Any]] = []
 
-    def submit(self, request: Any) -> concurrent.futures.Future[Any]:
+    def start_request(self, request: Any) -> concurrent.futures.Future[Any]:
         f: concurrent.futures.Future[Any] = concurrent.futures.Future()
         f.set_running_or_notify_cancel()
         self.pending.append(f)
         return f
 
-    def cancel(self, future: concurrent.futures.Future[Any]) -> bool:
+    def cancel_request(self, future: concurrent.futures.Future[Any]) -> bool:
         return False
 
     def generate(self, requests: Sequence[Any]) -> list[Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from agentlightning_lite.serving.engines import (
     ServingEngine,
     TrainableEngine,
 )
+from agentlightning_lite.serving.engines.pausing import Pausable, PauseGate
 
 
 def test_scripted_engine_serves_only() -> None:
@@ -27,6 +29,15 @@ def test_scripted_engine_serves_only() -> None:
     assert not isinstance(engine, MultiAdapterEngine)
     assert not isinstance(engine, AdapterRemovingEngine)
     assert not hasattr(engine, "update_weights")  # no method that only raises: the contract is honest
+
+
+def test_backend_error_is_part_of_the_contract_and_importable_where_it_was() -> None:
+    """``BackendError`` lives with the engine contract; the HTTP engine's modules re-export the same class."""
+    from agentlightning_lite.serving.engines import contract, http, http_backend
+
+    assert engines.BackendError is contract.BackendError is http.BackendError is http_backend.BackendError
+    err = contract.BackendError("server down", status=None, path="/v1/completions", reason=None)
+    assert isinstance(err, RuntimeError) and err.path == "/v1/completions" and str(err) == "server down"
 
 
 def test_hf_engine_trains_in_place_and_serves_several_adapters(tiny_engine: Any) -> None:
@@ -94,25 +105,28 @@ def test_resume_loads_the_checkpoint_through_the_engine(tiny_engine: Any, tmp_pa
 
 
 class _Gated(engines.ScriptedEngine):
-    """A subclass with its own submit (calling its parent's): the pause still gates it once."""
+    """A subclass with its own start_request (calling its parent's): behind the pause, reached once."""
 
     def __init__(self) -> None:
         super().__init__(["ok"], tokenizer="bytes")
         self.reached: list[int] = []
 
-    def submit(self, request: Any) -> Any:
+    def start_request(self, request: Any) -> Any:
         self.reached.append(self.version)
-        return super().submit(request)
+        return super().start_request(request)
 
 
 def test_every_engine_pauses_through_its_contract() -> None:
     """``pause()`` holds new requests until ``resume()`` and waits for the ones in flight; a held
-    request can be cancelled; every engine class has it from the base class (no instance patching)."""
+    request can be cancelled; every engine class has it from the base class (no instance patching):
+    ``submit``/``cancel`` are the base class's, through the pause gate, and the engines implement
+    ``start_request``/``cancel_request``."""
     for cls in (engines.ScriptedEngine, engines.HFEngine, engines.HTTPEngine, engines.VLLMEngine):
         assert all(callable(getattr(cls, n, None)) for n in ("pause", "resume", "paused"))
-        assert getattr(cls.submit, "__agl_gated__", False) and getattr(cls.cancel, "__agl_gated__", False)
+        assert cls.submit is engines.Engine.submit and cls.cancel is engines.Engine.cancel
+    assert engines.HFEngine.start_request is not engines.Engine.start_request  # its own, behind the gate
     engine = _Gated()
-    assert isinstance(engine, ServingEngine)
+    assert isinstance(engine, ServingEngine) and isinstance(engine, Pausable)
     req = engines.GenRequest(prompt_token_ids=[1])
     with engine.paused():
         held, dropped = engine.submit(req), engine.submit(req)
@@ -149,3 +163,64 @@ def test_a_pause_waits_for_the_requests_in_flight() -> None:
     assert first.result(5).text == "ok" and paused_at and paused_at[0] >= released
     engine.resume()
     engine.close()
+
+
+def _started(log: list[Any]) -> Any:
+    """A start function that records each request and leaves its future pending (the test settles it)."""
+    import concurrent.futures
+
+    def start(request: Any) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        log.append((request, future))
+        return future
+
+    return start
+
+
+def test_the_pause_gate_holds_nests_and_resumes_on_an_error() -> None:
+    """The gate alone: nested pauses resume at the last, a held request's start error reaches its
+    caller's future, ``paused()`` resumes on an error, a resume without a pause is refused."""
+    log: list[Any] = []
+    gate = PauseGate()
+    gate.pause()
+    gate.pause()
+    held = gate.submit("a", _started(log))
+
+    def broken(request: Any) -> Any:
+        raise ValueError(f"cannot start {request}")
+
+    failing = gate.submit("b", broken)
+    gate.resume()
+    assert log == [] and not held.done()  # one pause still open
+    gate.resume()
+    assert [r for r, _ in log] == ["a"] and gate.in_flight == 1
+    with pytest.raises(ValueError, match="cannot start b"):
+        failing.result(1)
+    log[0][1].set_result("A")
+    assert held.result(1) == "A" and gate.in_flight == 0
+    with pytest.raises(RuntimeError, match="boom"), gate.paused():
+        raise RuntimeError("boom")
+    assert gate.pauses == 0
+    with pytest.raises(RuntimeError, match=r"resume\(\) without pause\(\)"):
+        gate.resume()
+
+
+def test_a_request_passed_on_after_a_pause_is_cancelled_where_it_runs() -> None:
+    log: list[Any] = []
+    cancelled: list[Any] = []
+    gate = PauseGate()
+    with gate.paused():
+        outer = gate.submit("a", _started(log))
+    ((_, inner),) = log
+    assert outer is not inner and not outer.done()
+
+    def cancel(future: Any) -> bool:
+        cancelled.append(future)
+        future.set_exception(concurrent.futures.CancelledError())  # a running request stopped
+        return True
+
+    assert gate.cancel(outer, cancel) and cancelled == [inner]  # the engine is asked about the running one
+    with pytest.raises(concurrent.futures.CancelledError):
+        outer.result(1)
+    assert gate.in_flight == 0

@@ -206,7 +206,7 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
     route files a call that names no rollout; it is finished (``succeeded``, or ``failed`` when the
     root span's status is an error) once the trace's root span arrives. (The trainer keeps refusing
     such spans with a 400 that says why: it trains only on rollouts it handed out.) With
-    ``server.flush`` the spans are committed before the answer.
+    ``server.settings.flush`` the spans are committed before the answer.
     """
     from starlette.concurrency import run_in_threadpool
     from starlette.routing import Route
@@ -237,7 +237,7 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
 
     async def traces_in(request: Request) -> Response:
         check_auth(server, request)
-        decoded, default, proto = await read_otlp(request, server.max_body_bytes)
+        decoded, default, proto = await read_otlp(request, server.settings.max_body_bytes)
         for d in decoded:  # a runner's lease token (meaningless here): never stored
             d.attributes.pop(_LEASE_ATTR, None)
         own = {trace_rollout_id(d.context.trace_id) for d in decoded}
@@ -258,7 +258,7 @@ def otlp_routes(server: PolicyServer, known_size: int = 10_000) -> list[BaseRout
                 if s.rollout_id in own and s.parent_id is None:
                     status = "failed" if s.status == "error" else "succeeded"
                     store.finish_rollout(s.rollout_id, status=status, only_if_running=True)
-            if server.flush:
+            if server.settings.flush:
                 store.flush()
 
         await run_in_threadpool(write)

@@ -204,7 +204,7 @@ def _result_rows(raw: Any, rid: str, version_of: Callable[[str], int]) -> list[S
 def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
     """The runner routes for ``server`` (mounted through its ``extra_routes`` hook)."""
     store = server.store
-    limit = server.max_body_bytes
+    limit = server.settings.max_body_bytes
 
     def check(request: Request) -> None:
         check_auth(server, request)
@@ -264,7 +264,8 @@ def remote_routes(server: PolicyServer, queue: RolloutQueue) -> list[BaseRoute]:
         # the agent's OpenAI client sends only base_url and api_key: the lease rides in the URL
         out["llm_path"] = f"/rollout/{quote(att.rollout_id, safe='')}/lease/{att.lease}/v1"
         out["model"] = server.model_name
-        if server.api_key is not None:  # a key for this rollout's model calls only (a harness gets it)
+        # a key for this rollout's model calls only (a harness gets it)
+        if server.settings.api_key is not None:
             out["rollout_key"] = server.rollout_key(att.rollout_id)
         out["lease_timeout"] = queue.lease_timeout
         return out

@@ -299,14 +299,18 @@ class AsyncBatches:
             return next_tasks(dataset, batch_size, seed, at)
 
         self.producer = Producer(run_step, draw, first_step, last_step, position, self.k)
-        self._weights: WeightHandOver | None = None
+        self._handover = contextlib.ExitStack()  # the learner's draining hand-over, while open
         self._mark, self._waited = 0.0, 0.0
 
     def __enter__(self) -> AsyncBatches:
-        if self.handover == "drain" and self.learner is not None:
-            self._weights = self.learner.weights
-            self.learner.weights = DrainingHandOver(self._weights, RequestGate(self.rollouts.engine))
-        self.producer.start()
+        with contextlib.ExitStack() as opening:
+            if self.handover == "drain" and self.learner is not None:
+                gate = RequestGate(self.rollouts.engine)
+                opening.enter_context(
+                    self.learner.using_weights(DrainingHandOver(self.learner.weights, gate))
+                )
+            self.producer.start()
+            self._handover = opening.pop_all()  # started: the hand-over stays until __exit__
         self._mark = time.perf_counter()
         return self
 
@@ -353,11 +357,8 @@ class AsyncBatches:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        try:
+        with self._handover:  # the learner's own hand-over is back after, on an error too
             unused = self.producer.stop(cancel=self.cancel if exc is not None else None)
-        finally:
-            if self._weights is not None:
-                self.learner.weights, self._weights = self._weights, None
         n = sum(len(b.results) for b in unused)
         if n:
             logger.warning(

@@ -334,6 +334,30 @@ class Learner:
             params = adapter_params(self.model, pol.adapter)
             pol.optimizer, pol.value_head = make_optimizer(algorithm, params, self.model, self.device)
 
+    @contextmanager
+    def using_weights(self, weights: WeightHandOver) -> Iterator[WeightHandOver]:
+        """Hand the new weights over through ``weights`` inside the block; the hand-over the learner had
+        is back when the block ends, on an error too (asynchronous rollouts with ``handover="drain"``
+        switch the weights with the engine paused this way).
+
+        >>> import torch, agentlightning_lite as agl
+        >>> from agentlightning_lite.serving.engines import ScriptedEngine
+        >>> model = torch.nn.Linear(2, 2)
+        >>> engine = ScriptedEngine(["hi"], tokenizer="bytes")
+        >>> learner = Learner(model, [], WeightHandOver(engine, model), agl.GRPO())
+        >>> before, other = learner.weights, WeightHandOver(engine, model)
+        >>> with learner.using_weights(other):
+        ...     learner.weights is other
+        True
+        >>> learner.weights is before
+        True
+        """
+        previous, self.weights = self.weights, weights
+        try:
+            yield weights
+        finally:
+            self.weights = previous
+
     def train_only(self) -> None:
         """Train this process's copy but never hand it to a shared engine (a rank other than 0)."""
         self.weights = TrainOnly(self.weights.engine, self.weights.model)

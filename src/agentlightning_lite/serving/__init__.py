@@ -20,11 +20,12 @@ from . import engines
 if TYPE_CHECKING:
     from .llm import LLM
     from .server import PolicyServer
+    from .settings import ServingSettings
 
-_LAZY = {"LLM": ".llm", "PolicyServer": ".server"}
+_LAZY = {"LLM": ".llm", "PolicyServer": ".server", "ServingSettings": ".settings"}
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 
-__all__ = ["LLM", "PolicyServer", "engines"]
+__all__ = ["LLM", "PolicyServer", "ServingSettings", "engines"]

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from ..store.base import Store
 from .engines.contract import ServingEngine
 from .reply import ReplyParser
+from .settings import ServingSettings
 from .state import RecentDict, RolloutState
 
 __all__ = ["ServingContext"]
@@ -21,17 +22,11 @@ class ServingContext(Protocol):
 
     engine: ServingEngine
     store: Store
-    api_key: str | None
+    #: the key, the limits, what a training rollout's truncated sampling gets... (read-only)
+    settings: ServingSettings
     #: the name the server answers with; ``served_names``: every name a request may ask for
     model_name: str
     served_names: set[str]
-    default_max_tokens: int
-    max_n: int
-    record_unrouted: bool
-    flush: bool
-    max_body_bytes: int
-    #: ``"ignore"``, ``"refuse"`` or ``"keep"``: what a training rollout's truncated sampling gets
-    truncated_sampling: str
     #: per-rollout state: known rollouts, modes, requests in flight, cancellations, keys, warnings
     rollouts: RolloutState
     #: Responses API: the conversations kept for ``previous_response_id``

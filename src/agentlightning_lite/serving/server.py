@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from starlette.applications import Starlette
@@ -36,10 +36,14 @@ from .parsers import auto_parser
 from .reply import ReplyParser, special_markers
 from .routes import chat, completions, lora, messages, meta, responses
 from .routes.request import AGENT_HEADER, PARENT_HEADER, ROLLOUT_HEADER
+from .settings import ServingOptions, ServingSettings
 from .state import RecentDict, RolloutState
 from .threaded import ThreadedUvicorn
 
-__all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer"]
+if TYPE_CHECKING:  # the keyword arguments' types, for the type checker (Python 3.10 has no typing.Unpack)
+    from typing_extensions import Unpack
+
+__all__ = ["AGENT_HEADER", "PARENT_HEADER", "ROLLOUT_HEADER", "APIError", "PolicyServer", "ServingSettings"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,17 @@ class PolicyServer(ThreadedUvicorn):
     The server runs in a background thread of this process (``with PolicyServer(...) as server``
     or ``start()``/``stop()``); ``port=0`` picks a free port. Hand agents ``server.llm(rollout_id)``:
     its ``base_url`` (``http://host:port/rollout/<id>/v1``) routes every call to that rollout.
+
+    Settings: ``PolicyServer(engine, store, settings=ServingSettings(...))`` is the preferred form (see
+    :class:`~.settings.ServingSettings` for every field: host, port, key, limits, loop, parsers...).
+    Each field is also taken as a keyword, applied over ``settings`` (``PolicyServer(engine, store,
+    port=8000)``); ``server.settings`` holds what the server runs with.
+
+    >>> from agentlightning_lite.serving import PolicyServer, ServingSettings, engines
+    >>> engine = engines.ScriptedEngine(["ok"], tokenizer="bytes")
+    >>> server = PolicyServer(engine, settings=ServingSettings(api_key="k", max_n=4), port=0)
+    >>> server.settings.api_key, server.settings.max_n, server.settings.host
+    ('k', 4, '127.0.0.1')
 
     Recording: each generated choice becomes one ``llm`` span (``n=3`` gives three spans sharing
     ``attributes["request_id"]``) with ``input`` = the request messages (the prompt string for
@@ -130,50 +145,31 @@ class PolicyServer(ThreadedUvicorn):
         self,
         engine: ServingEngine,
         store: Store | None = None,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        api_key: str | None = None,
-        model_name: str | None = None,
-        aliases: Sequence[str] = (),
-        default_max_tokens: int = 1024,
-        max_n: int = 16,
-        record_unrouted: bool = True,
-        flush: bool = False,
-        log_level: str = "warning",
-        max_body_bytes: int = 32 * 2**20,
-        loop: str = "auto",
-        clamp_max_tokens: bool | None = None,
-        truncated_sampling: str = "ignore",
-        tool_parser: str = "auto",
-        reasoning_parser: str | None = "auto",
+        settings: ServingSettings | None = None,
+        **options: Unpack[ServingOptions],
     ) -> None:
-        super().__init__(host, port, log_level)
+        if settings is not None and not isinstance(settings, ServingSettings):
+            raise TypeError(
+                f"settings must be a ServingSettings, got {type(settings).__name__} {settings!r} (the other "
+                "settings are keywords: PolicyServer(engine, store, host=..., port=...))"
+            )
+        #: the server's settings: ``settings`` with the keyword ``options`` applied over it
+        self.settings: ServingSettings = (settings if settings is not None else ServingSettings()).replace(
+            **options
+        )
+        s = self.settings
+        super().__init__(s.host, s.port, s.log_level)
         self.engine = engine
         self.store: Store = store if store is not None else MemoryStore()
-        self.api_key = api_key
-        self.model_name = model_name or engine.model_name
-        self.served_names = {self.model_name, engine.model_name, *aliases}
-        self.default_max_tokens = default_max_tokens
-        self.max_n = max_n
-        self.record_unrouted = record_unrouted
-        self.flush = flush
-        self.max_body_bytes = int(max_body_bytes)
-        if loop not in ("auto", "asyncio", "uvloop"):
-            raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
-        self.loop = loop
-        self.clamp_max_tokens = clamp_max_tokens
-        if truncated_sampling not in ("ignore", "refuse", "keep"):
-            raise ValueError(
-                f"truncated_sampling must be 'ignore', 'refuse' or 'keep', got {truncated_sampling!r}"
-            )
-        self.truncated_sampling = truncated_sampling
+        self.model_name = s.model_name or engine.model_name
+        self.served_names = {self.model_name, engine.model_name, *s.aliases}
         #: what the server knows of the rollouts it serves (the last 10,000 of each kind): known rollouts,
         #: their modes, engine requests in flight, cancellations, rollout keys, warnings given once
         self.rollouts = RolloutState(10_000)
         #: Responses API: the conversations of responses kept for ``previous_response_id`` (the last 1,000)
         self.responses: RecentDict[list[dict[str, Any]]] = RecentDict(1000)
         #: how the served model writes tool calls (and reasoning) in its replies (see :mod:`.parsers`)
-        self.reply_parser: ReplyParser = auto_parser(engine.chat_template, tool_parser, reasoning_parser)
+        self.reply_parser: ReplyParser = auto_parser(engine.chat_template, s.tool_parser, s.reasoning_parser)
         #: the reply parser's markers (``<tool_call>``, ``<think>``...) that are special tokens of the
         #: served tokenizer, id -> text: replies are decoded keeping them (other special tokens dropped)
         self.reply_markers = special_markers(engine, self.reply_parser)
@@ -192,6 +188,52 @@ class PolicyServer(ThreadedUvicorn):
         self.lora_adapters: dict[str, str] = {}
         self.lora_lock = asyncio.Lock()
         self.app = self._build_app()
+
+    # -- the settings, as the attributes they were read as (read-only) ------------------------
+    @property
+    def api_key(self) -> str | None:
+        """``settings.api_key``."""
+        return self.settings.api_key
+
+    @property
+    def default_max_tokens(self) -> int:
+        """``settings.default_max_tokens``."""
+        return self.settings.default_max_tokens
+
+    @property
+    def max_n(self) -> int:
+        """``settings.max_n``."""
+        return self.settings.max_n
+
+    @property
+    def record_unrouted(self) -> bool:
+        """``settings.record_unrouted``."""
+        return self.settings.record_unrouted
+
+    @property
+    def flush(self) -> bool:
+        """``settings.flush``."""
+        return self.settings.flush
+
+    @property
+    def max_body_bytes(self) -> int:
+        """``settings.max_body_bytes``."""
+        return self.settings.max_body_bytes
+
+    @property
+    def loop(self) -> str:
+        """``settings.loop``."""
+        return self.settings.loop
+
+    @property
+    def clamp_max_tokens(self) -> bool | None:
+        """``settings.clamp_max_tokens``."""
+        return self.settings.clamp_max_tokens
+
+    @property
+    def truncated_sampling(self) -> str:
+        """``settings.truncated_sampling``."""
+        return self.settings.truncated_sampling
 
     # -- lifecycle (start, stop, serve_forever, port, url, running: ThreadedUvicorn) -------------
     @property

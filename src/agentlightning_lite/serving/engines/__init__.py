@@ -9,9 +9,16 @@ attached), and a scripted one for tests.
 from ..._compat import quiet_upstream_warnings
 from .base import Engine, GenRequest, GenResult
 from .batching import BatchingEngine, RunningRequest, describe_running
-from .contract import AdapterRemovingEngine, InPlaceEngine, MultiAdapterEngine, ServingEngine, TrainableEngine
+from .contract import (
+    AdapterRemovingEngine,
+    BackendError,
+    InPlaceEngine,
+    MultiAdapterEngine,
+    ServingEngine,
+    TrainableEngine,
+)
 from .hf import HFEngine
-from .http import BackendError, HTTPEngine
+from .http import HTTPEngine
 from .scripted import ScriptedEngine
 from .vllm import VLLMEngine
 

@@ -13,12 +13,13 @@ import collections
 import concurrent.futures
 import threading
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..chat_format import chat_template_text, render_chat
 from ..structured import ResponseFormat, ResponseFormatError
-from .pausing import Pausable
+from .pausing import PauseGate
 
 __all__ = ["Engine", "GenRequest", "GenResult", "RunningRequest", "describe_running"]
 
@@ -144,7 +145,7 @@ def describe_running(running: Sequence[RunningRequest], limit: int = 5) -> str:
     return f"{len(items)} {noun} still generating: " + "; ".join(parts) + more
 
 
-class Engine(Pausable, abc.ABC):
+class Engine(abc.ABC):
     """Base class of the policy engines (``HFEngine``, ``VLLMEngine``, ``ScriptedEngine``).
 
     Subclasses set ``model_name``, ``tokenizer`` (a Hugging Face tokenizer or one with the same
@@ -153,7 +154,11 @@ class Engine(Pausable, abc.ABC):
     contract callers rely on is in :mod:`.contract`: every engine is a ``ServingEngine``; one that
     takes new weights adds ``update_weights(source, adapter=None)`` (a ``TrainableEngine``, and only it
     changes its ``version``); one that serves several adapters adds ``add_adapter``. Every engine can
-    be paused for a weight switch (``with engine.paused(): ...``, :class:`~.pausing.Pausable`).
+    be paused for a weight switch (``with engine.paused(): ...``, the :class:`~.pausing.Pausable`
+    contract): :meth:`submit` and :meth:`cancel` pass every request through the engine's
+    :class:`~.pausing.PauseGate`, then to :meth:`start_request` and :meth:`cancel_request`, which
+    subclasses override to start and stop one request (never ``submit``/``cancel`` themselves: code
+    there would run for requests the pause holds).
 
     >>> from agentlightning_lite.serving.engines import ScriptedEngine
     >>> engine = ScriptedEngine(["Hello!"], tokenizer="bytes")
@@ -180,6 +185,8 @@ class Engine(Pausable, abc.ABC):
             "busy_s": 0.0,
             "aborted": 0,
         }
+        #: holds the requests that arrive while paused and counts those in flight (see :mod:`.pausing`)
+        self.pause_gate = PauseGate()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self.routes: dict[str, str | None] = {}
@@ -249,7 +256,14 @@ class Engine(Pausable, abc.ABC):
         """Generate for every request (blocking; thread-safe). One result per request, in order."""
 
     def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
-        """Start one generation and return a future (the server awaits it without blocking)."""
+        """Start one generation and return a future (the server awaits it without blocking); while the
+        engine is paused the future is held, and the request starts at :meth:`resume`."""
+        return self.pause_gate.submit(request, self.start_request)
+
+    def start_request(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+        """Start one generation now and return its future (what :meth:`submit` calls once the pause
+        gate lets the request through; engines override it). This one runs :meth:`generate` on a
+        worker thread."""
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
         if self._executor is None:
@@ -267,7 +281,31 @@ class Engine(Pausable, abc.ABC):
         in engines that support it (``HFEngine``): its future then gets the tokens so far, with
         ``finish_reason="abort"``. Returns whether the request was dropped or marked to stop.
         """
+        return self.pause_gate.cancel(future, self.cancel_request)
+
+    def cancel_request(self, future: concurrent.futures.Future[GenResult]) -> bool:
+        """Give up a request that :meth:`start_request` started (what :meth:`cancel` calls for a
+        request not held by a pause; engines that can stop a running request override it)."""
         return future.cancel()
+
+    # -- pausing (the Pausable contract) ----------------------------------------------------
+    def pause(self) -> None:
+        """Hold new requests; return once no request is in flight (the weights may then switch)."""
+        self.pause_gate.pause()
+
+    def resume(self) -> None:
+        """End a :meth:`pause`: the held requests go on (at the last of nested pauses)."""
+        self.pause_gate.resume()
+
+    def paused(self) -> AbstractContextManager[None]:
+        """No request generates inside: new ones wait, the ones in flight finish first.
+
+        >>> from agentlightning_lite.serving.engines import ScriptedEngine
+        >>> engine = ScriptedEngine(["hi"], tokenizer="bytes")
+        >>> with engine.paused():
+        ...     pass  # switch the weights here
+        """
+        return self.pause_gate.paused()
 
     # -- adapters -------------------------------------------------------------------------
     @property

@@ -65,7 +65,7 @@ class BatchingEngine(Engine):
         and stops that row (``finish_reason="abort"``) when it says so.
         """
 
-    def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool:
+    def cancel_request(self, future: concurrent.futures.Future[GenResult]) -> bool:
         if future.cancel():
             return True
         with self._abort_lock:
@@ -150,7 +150,7 @@ class BatchingEngine(Engine):
         futures = [self.submit(r) for r in requests]
         return [f.result() for f in futures]
 
-    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+    def start_request(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
         self._ensure_loop()

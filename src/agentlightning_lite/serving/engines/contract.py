@@ -11,6 +11,7 @@ the trainer updates ``model`` inside ``update_weights(fn)``, under the engine's 
 :class:`MultiAdapterEngine` serves several LoRA adapters on one base model, one per agent;
 :class:`AdapterRemovingEngine` can also take one out again (``HFEngine``).
 :class:`BatchLimitedEngine` decodes at most ``max_batch_size`` requests together (``HFEngine``).
+:class:`BackendError` is what an engine raises when the inference server behind it fails a request.
 
 The protocols are checked at runtime with ``isinstance`` (attribute presence, not signatures):
 
@@ -34,6 +35,7 @@ from .base import GenRequest, GenResult, RunningRequest
 
 __all__ = [
     "AdapterRemovingEngine",
+    "BackendError",
     "BatchLimitedEngine",
     "InPlaceEngine",
     "MultiAdapterEngine",
@@ -45,6 +47,28 @@ __all__ = [
 #: What :meth:`TrainableEngine.update_weights` accepts: a state dict, an adapter directory, or (engines
 #: that train in place) a function run on the engine's own model under its lock.
 WeightSource = Union[Mapping[str, Any], str, "os.PathLike[str]", Callable[[Any], Any]]
+
+
+class BackendError(RuntimeError):
+    """An inference server failed a request: unreachable, dead, or it answered with an error
+    (``status``: its HTTP status, ``None`` when it did not answer; ``path``: the route asked; ``reason``:
+    the server's own words, when it answered with an error).
+
+    Engines that serve through inference servers (``HTTPEngine``, ``VLLMEngine``) raise it; the
+    PolicyServer answers a generation it failed with the server's 400/413/422, or a 502.
+
+    >>> err = BackendError("inference server http://h:8000 answered 400", status=400, path="/v1/completions")
+    >>> isinstance(err, RuntimeError), err.status, err.path
+    (True, 400, '/v1/completions')
+    """
+
+    def __init__(
+        self, message: str, status: int | None = None, path: str | None = None, reason: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.path = path
+        self.reason = reason
 
 
 @runtime_checkable

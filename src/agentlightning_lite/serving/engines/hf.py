@@ -267,7 +267,7 @@ class HFEngine(ContinuousBatching, HFAdapters, BatchingEngine):
         grammar(fmt, tool_names(tools))
         self._ll_tokenizer()
 
-    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+    def start_request(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
         """Queue one generation; a ``response_format`` this engine cannot enforce fails its own future
         at once (not the batch it would have joined)."""
         if request.response_format is not None:
@@ -277,7 +277,7 @@ class HFEngine(ContinuousBatching, HFAdapters, BatchingEngine):
                 failed: concurrent.futures.Future[GenResult] = concurrent.futures.Future()
                 failed.set_exception(exc)
                 return failed
-        return super().submit(request)
+        return super().start_request(request)
 
     def _serve(self, batch: list[Item]) -> None:
         if (

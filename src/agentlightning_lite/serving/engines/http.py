@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import Engine, GenRequest, GenResult
+from .contract import BackendError
 from .http_backend import (
     Backend,
-    BackendError,
     adapter_directory,
     check_answer,
     completion_result,
@@ -365,7 +365,7 @@ class HTTPEngine(Engine):
         futures = [self.submit(r) for r in requests]
         return [f.result() for f in futures]
 
-    def submit(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
+    def start_request(self, request: GenRequest) -> concurrent.futures.Future[GenResult]:
         """Send one request; cancelling the future closes its connection (vLLM then aborts it)."""
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
@@ -447,7 +447,7 @@ class HTTPEngine(Engine):
         the reply is held to the format alone (the server does not see the tools)."""
         return None
 
-    def cancel(self, future: concurrent.futures.Future[GenResult]) -> bool:
+    def cancel_request(self, future: concurrent.futures.Future[GenResult]) -> bool:
         return future.cancel()
 
     def health(self) -> dict[str, str]:

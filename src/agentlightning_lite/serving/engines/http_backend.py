@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import GenRequest, GenResult
+from .contract import BackendError  # defined with the engine contract; importable from here too
 
 __all__ = ["Backend", "BackendError", "adapter_directory", "check_answer", "completion_result"]
 __all__ += ["sampling_settings", "write_adapter"]
@@ -35,20 +36,6 @@ def sampling_settings(req: GenRequest) -> dict[str, Any]:
         "presence_penalty": float(req.presence_penalty),
         "frequency_penalty": float(req.frequency_penalty),
     }
-
-
-class BackendError(RuntimeError):
-    """An inference server failed a request: unreachable, dead, or it answered with an error
-    (``status``: its HTTP status, ``None`` when it did not answer; ``path``: the route asked; ``reason``:
-    the server's own words, when it answered with an error)."""
-
-    def __init__(
-        self, message: str, status: int | None = None, path: str | None = None, reason: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.path = path
-        self.reason = reason
 
 
 @dataclass

@@ -1,15 +1,21 @@
 """Pausing an engine for a weight switch: new requests wait, the ones in flight finish first.
 
-Every :class:`~.base.Engine` is :class:`Pausable`: :meth:`~Pausable.pause` holds the requests that
-arrive from then on (their futures are returned at once and start when the engine resumes) and returns
-once no request is generating; :meth:`~Pausable.resume` sends the held ones on; :meth:`~Pausable.paused`
-is both as a context manager. Pauses nest (the engine resumes at the last ``resume``). A held request
-can be cancelled like any other (``engine.cancel(future)``). The mixin routes each subclass's own
-``submit`` and ``cancel`` through the pause when the subclass is defined, so an engine gets it without
-writing anything.
+:class:`Pausable` is the contract: :meth:`~Pausable.pause` holds the requests that arrive from then on
+(their futures are returned at once and start when the engine resumes) and returns once no request is
+generating; :meth:`~Pausable.resume` sends the held ones on; :meth:`~Pausable.paused` is both as a
+context manager. Pauses nest (the engine resumes at the last ``resume``). A held request can be
+cancelled like any other (``engine.cancel(future)``).
+
+:class:`PauseGate` is the shared logic, an ordinary object an engine holds and calls:
+:class:`~.base.Engine` implements ``pause``/``resume``/``paused`` with it, and its ``submit`` and
+``cancel`` pass through it to ``start_request`` and ``cancel_request``, the two methods an engine
+implements to start and stop one request. So every engine pauses, and an engine's own code runs only
+for requests the gate lets through.
 
 >>> from agentlightning_lite.serving.engines import GenRequest, ScriptedEngine
 >>> engine = ScriptedEngine(["hi"], tokenizer="bytes")
+>>> isinstance(engine, Pausable)
+True
 >>> engine.pause()
 >>> held = engine.submit(GenRequest(prompt_token_ids=[1]))
 >>> held.done()  # waits for the resume
@@ -23,142 +29,137 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Pausable"]
+__all__ = ["Pausable", "PauseGate"]
 
-_MAKE_STATE = threading.Lock()
+Future = concurrent.futures.Future
+#: how a gate starts one request the engine takes now: ``start(request) -> future``
+Start = Callable[[Any], "concurrent.futures.Future[Any]"]
 
 
-class _PauseState:
-    """One engine's pause: how many pauses are open, the requests in flight and held."""
+@runtime_checkable
+class Pausable(Protocol):
+    """What an engine that can be paused for a weight switch implements (every :class:`~.base.Engine`)."""
+
+    def pause(self) -> None:
+        """Hold new requests; return once no request is in flight (the weights may then switch)."""
+
+    def resume(self) -> None:
+        """End a :meth:`pause`: the held requests go on (at the last of nested pauses)."""
+
+    def paused(self) -> AbstractContextManager[None]:
+        """``pause()`` ... ``resume()`` as a context: no request generates inside."""
+
+
+class PauseGate:
+    """One engine's pause: how many pauses are open, the requests in flight and those held.
+
+    The engine routes each request through :meth:`submit` (with the function that starts it) and each
+    cancellation through :meth:`cancel`; :meth:`pause`, :meth:`resume` and :meth:`paused` are the
+    engine's own.
+
+    >>> import concurrent.futures
+    >>> def start(request):
+    ...     done = concurrent.futures.Future()
+    ...     done.set_result(request * 2)
+    ...     return done
+    >>> gate = PauseGate()
+    >>> with gate.paused():
+    ...     held = gate.submit(21, start)
+    ...     held.done()
+    False
+    >>> held.result(5)
+    42
+    """
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.pauses = 0
         self.in_flight = 0
-        self.held: list[tuple[Any, concurrent.futures.Future[Any]]] = []
-        self.forward: dict[concurrent.futures.Future[Any], concurrent.futures.Future[Any]] = {}
-        self.local = threading.local()  # ``inside``: a gated submit runs in this thread (super() calls)
+        #: requests that arrived while paused: (request, the future handed out, how to start it)
+        self.held: list[tuple[Any, Future[Any], Start]] = []
+        #: a held request's future -> the future of the request once started (to cancel it there)
+        self.forward: dict[Future[Any], Future[Any]] = {}
+
+    def submit(self, request: Any, start: Start) -> Future[Any]:
+        """``start(request)`` now, counted in flight until its future is done; while paused, a future
+        held until :meth:`resume` instead."""
+        with self.cond:
+            if self.pauses:
+                held: Future[Any] = Future()
+                self.held.append((request, held, start))
+                return held
+            self.in_flight += 1
+        try:
+            future = start(request)
+        except BaseException:
+            self.finished()
+            raise
+        future.add_done_callback(self.finished)
+        return future
+
+    def cancel(self, future: Future[Any], cancel: Callable[[Future[Any]], bool]) -> bool:
+        """Drop ``future`` if it is held; else ``cancel`` it (or the request it was passed on to)."""
+        with self.cond:
+            for i, (_request, held, _start) in enumerate(self.held):
+                if held is future:
+                    del self.held[i]
+                    return future.cancel()
+            inner = self.forward.get(future)
+        return cancel(inner if inner is not None else future)
 
     def finished(self, _future: object = None) -> None:
+        """Count one request out of flight."""
         with self.cond:
             self.in_flight -= 1
             self.cond.notify_all()
 
-
-def _state(engine: object) -> _PauseState:
-    state = engine.__dict__.get("_pause_state")
-    if state is None:
-        with _MAKE_STATE:
-            state = engine.__dict__.setdefault("_pause_state", _PauseState())
-    return state
-
-
-def _gated_submit(submit: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(submit)
-    def gated(self: Any, request: Any) -> concurrent.futures.Future[Any]:
-        state = _state(self)
-        if getattr(state.local, "inside", False):  # a subclass's submit calling its parent's
-            return submit(self, request)
-        with state.cond:
-            if state.pauses:
-                held: concurrent.futures.Future[Any] = concurrent.futures.Future()
-                state.held.append((request, held))
-                return held
-            state.in_flight += 1
-        state.local.inside = True
-        try:
-            future = submit(self, request)
-        except BaseException:
-            state.finished()
-            raise
-        finally:
-            state.local.inside = False
-        future.add_done_callback(state.finished)
-        return future
-
-    gated.__agl_gated__ = True  # type: ignore[attr-defined]
-    return gated
-
-
-def _gated_cancel(cancel: Callable[..., bool]) -> Callable[..., bool]:
-    @functools.wraps(cancel)
-    def gated(self: Any, future: concurrent.futures.Future[Any]) -> bool:
-        state = _state(self)
-        with state.cond:
-            for i, (_request, held) in enumerate(state.held):
-                if held is future:
-                    del state.held[i]
-                    return future.cancel()
-            inner = state.forward.get(future)
-        return cancel(self, inner if inner is not None else future)
-
-    gated.__agl_gated__ = True  # type: ignore[attr-defined]
-    return gated
-
-
-class Pausable:
-    """``pause()``, ``resume()`` and ``paused()`` of every engine (see the module docstring)."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for name, gate in (("submit", _gated_submit), ("cancel", _gated_cancel)):
-            own = cls.__dict__.get(name)
-            if callable(own) and not getattr(own, "__agl_gated__", False):
-                setattr(cls, name, gate(own))
-
     def pause(self) -> None:
-        """Hold new requests; return once no request is in flight (the weights may then switch)."""
-        state = _state(self)
-        with state.cond:
-            state.pauses += 1
-            state.cond.wait_for(lambda: state.in_flight == 0)
+        """Hold new requests; return once no request is in flight."""
+        with self.cond:
+            self.pauses += 1
+            self.cond.wait_for(lambda: self.in_flight == 0)
 
     def resume(self) -> None:
         """End a :meth:`pause`: the held requests go on (at the last of nested pauses)."""
-        state = _state(self)
-        with state.cond:
-            if state.pauses == 0:
+        with self.cond:
+            if self.pauses == 0:
                 raise RuntimeError("resume() without pause()")
-            state.pauses -= 1
-            if state.pauses:
+            self.pauses -= 1
+            if self.pauses:
                 return
-            held, state.held = state.held, []
-        for request, outer in held:
+            held, self.held = self.held, []
+        for request, outer, start in held:
             if outer.set_running_or_notify_cancel():
-                self._pass_on(state, request, outer)
+                self.pass_on(request, outer, start)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No request generates inside: new ones wait, the ones in flight finish first.
-
-        >>> from agentlightning_lite.serving.engines import ScriptedEngine
-        >>> engine = ScriptedEngine(["hi"], tokenizer="bytes")
-        >>> with engine.paused():
-        ...     pass  # switch the weights here
-        """
+        """:meth:`pause` ... :meth:`resume` as a context (resumed on an error too)."""
         self.pause()
         try:
             yield
         finally:
             self.resume()
 
-    def _pass_on(self, state: _PauseState, request: Any, outer: concurrent.futures.Future[Any]) -> None:
+    def pass_on(self, request: Any, outer: Future[Any], start: Start) -> None:
+        """Submit a held request again (held anew if another pause began meanwhile); its result, error
+        or cancellation reaches ``outer``, the future its caller holds."""
         try:
-            inner = type(self).submit(self, request)  # type: ignore[attr-defined]  # (the class's: gated once)
+            inner = self.submit(request, start)
         except BaseException as exc:  # the request's caller gets it
             outer.set_exception(exc)
             return
-        with state.cond:
-            state.forward[outer] = inner
+        with self.cond:
+            self.forward[outer] = inner
 
-        def copy(f: concurrent.futures.Future[Any]) -> None:
-            with state.cond:
-                state.forward.pop(outer, None)
+        def copy(f: Future[Any]) -> None:
+            with self.cond:
+                self.forward.pop(outer, None)
             if f.cancelled():
                 outer.set_exception(concurrent.futures.CancelledError())
             elif f.exception() is not None:

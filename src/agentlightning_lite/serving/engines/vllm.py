@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import models
-from .http import BackendError, HTTPEngine
+from .contract import BackendError
+from .http import HTTPEngine
 from .vllm_launch import (
     API_SERVER,
     CPU_KVCACHE_GB,

@@ -20,7 +20,7 @@ from ...types import Span
 from ..chat_format import ChatFormatError, content_text
 from ..context import ServingContext
 from ..engines.base import GenRequest, GenResult
-from ..engines.http import BackendError
+from ..engines.contract import BackendError
 from ..errors import APIError, bad_request
 from ..params import Params
 from .request import Call
@@ -37,7 +37,7 @@ async def for_training(ctx: ServingContext, call: Call, p: Params) -> None:
     answers 400. The trainer scores the full vocabulary at the call's temperature, so the logprob
     the engine reports and the one the ratio divides by are of the same distribution only without
     truncation or penalties. Other rollouts (``val``, ``trace``) and unrouted calls keep their settings."""
-    policy, asked = ctx.truncated_sampling, p.reshaping()
+    policy, asked = ctx.settings.truncated_sampling, p.reshaping()
     if policy == "keep" or not asked or call.rollout_id is None:
         return
     mode = ctx.rollouts.mode(call.rollout_id)
@@ -94,7 +94,7 @@ def budget(ctx: ServingContext, prompt_len: int, p: Params, param: str, clamp: b
             param,
             code="context_length_exceeded",
         )
-    return p.max_tokens if p.max_tokens is not None else min(ctx.default_max_tokens, room)
+    return p.max_tokens if p.max_tokens is not None else min(ctx.settings.default_max_tokens, room)
 
 
 def gen_requests(
@@ -186,7 +186,7 @@ def record(ctx: ServingContext, call: Call, task: Any, spans: list[Span], failed
     rollout_id = call.rollout_id
     implicit = rollout_id is None
     if rollout_id is None:
-        if not ctx.record_unrouted:
+        if not ctx.settings.record_unrouted:
             return
         ro = ctx.store.start_rollout(
             task, mode="trace", metadata={"implicit": True, "source": "agl.PolicyServer"}
@@ -196,7 +196,7 @@ def record(ctx: ServingContext, call: Call, task: Any, spans: list[Span], failed
     ctx.store.add_spans(spans)
     if implicit:
         ctx.store.finish_rollout(rollout_id, status="failed" if failed else "succeeded")
-    if ctx.flush:
+    if ctx.settings.flush:
         ctx.store.flush()
 
 

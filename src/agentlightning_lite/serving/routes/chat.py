@@ -56,7 +56,7 @@ class ChatRun:
 async def chat_completions(ctx: ServingContext, request: Request) -> Response:
     """Generate ``n`` assistant replies to ``messages`` and record one ``llm`` span per reply."""
     call = await resolve_call(ctx, request)
-    req = chat_request(call.body, ctx.max_n)
+    req = chat_request(call.body, ctx.settings.max_n)
     run = await serve_chat(ctx, call, req, request)
     if req.params.stream:
         return sse(chat_chunks(ctx, run, req.params))

@@ -36,7 +36,7 @@ async def completions(ctx: ServingContext, request: Request) -> Response:
     start = time.time()
     call = await resolve_call(ctx, request)
     body = call.body
-    p = parse_params(body, chat=False, max_n=ctx.max_n)
+    p = parse_params(body, chat=False, max_n=ctx.settings.max_n)
     await for_training(ctx, call, p)
     engine = ctx.engine
     encoded = [

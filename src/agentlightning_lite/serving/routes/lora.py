@@ -36,7 +36,7 @@ def _name(body: dict[str, Any], key: str = "lora_name") -> str:
 async def load_lora_adapter(ctx: ServingContext, request: Request) -> Response:
     """Load a peft adapter directory as ``lora_name`` (``load_inplace``: replace a loaded one's weights)."""
     check_auth(ctx, request)
-    body = await read_json(request, ctx.max_body_bytes)
+    body = await read_json(request, ctx.settings.max_body_bytes)
     name = _name(body)
     path = body.get("lora_path")
     if not isinstance(path, str) or not path:
@@ -87,7 +87,7 @@ async def load_lora_adapter(ctx: ServingContext, request: Request) -> Response:
 async def unload_lora_adapter(ctx: ServingContext, request: Request) -> Response:
     """Unload an adapter loaded with :func:`load_lora_adapter` (404 for any other name)."""
     check_auth(ctx, request)
-    body = await read_json(request, ctx.max_body_bytes)
+    body = await read_json(request, ctx.settings.max_body_bytes)
     name = _name(body)
     engine = ctx.engine
     async with ctx.lora_lock:

@@ -45,9 +45,9 @@ def check_auth(ctx: ServingContext, request: Request, rollout_id: str | None = N
     (``ctx.rollout_key(rollout_id)``) is accepted too: a key handed to one rollout's agent
     reaches that rollout's model routes and nothing else.
     """
-    if ctx.api_key is None:
+    if ctx.settings.api_key is None:
         return
-    expected = [ctx.api_key.encode()]
+    expected = [ctx.settings.api_key.encode()]
     if rollout_id is not None:
         expected.append(ctx.rollout_key(rollout_id).encode())
     presented = _presented_keys(request)
@@ -155,7 +155,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 async def resolve_call(ctx: ServingContext, request: Request) -> Call:
     """Authenticate and parse a generation request: body, rollout, agent, parent span, model."""
     check_auth(ctx, request, routed_to(request))
-    body = await read_json(request, ctx.max_body_bytes)
+    body = await read_json(request, ctx.settings.max_body_bytes)
     rollout_id = await rollout_of(ctx, request)
     if rollout_id is not None and ctx.rollout_guard is not None:  # a claimed rollout: its lease
         ctx.rollout_guard(rollout_id, call_leases(request))
