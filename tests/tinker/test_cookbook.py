@@ -68,7 +68,9 @@ def run_recipe(module: str, args: list[str], log_path: Path, timeout: float = 30
     env.pop("TINKER_BASE_URL", None)
     cmd = [str(COOKBOOK_PYTHON), "-m", f"tinker_cookbook.recipes.{module}", *args]
     cmd += [f"log_path={log_path}", "behavior_if_log_dir_exists=delete"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+    )
     tail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
     assert proc.returncode == 0, tail
     assert "Training completed successfully" in proc.stdout + proc.stderr, tail

@@ -90,7 +90,12 @@ def test_create_model_accepts_the_tokenizer_directory_get_info_names(
     http = httpx.Client(base_url=f"{server.url}/api/v1", timeout=60)
 
     def create(session: str, seq: int, base_model: str) -> dict[str, Any]:
-        body = {"session_id": session, "model_seq_id": seq, "base_model": base_model, "lora_config": {"rank": 4}}
+        body = {
+            "session_id": session,
+            "model_seq_id": seq,
+            "base_model": base_model,
+            "lora_config": {"rank": 4},
+        }
         future = http.post("/create_model", json=body).json()
         for _ in range(120):
             out = http.post("/retrieve_future", json={"request_id": future["request_id"]}).json()

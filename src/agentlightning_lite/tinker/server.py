@@ -39,7 +39,7 @@ def base_model_names(model: str) -> list[str]:
     tinker-cookbook recipe given ``model_name=<directory>``, can name the model by it too).
 
     >>> base_model_names("smollm2-135m")  # doctest: +SKIP
-    ['HuggingFaceTB/SmolLM2-135M-Instruct', 'smollm2-135m', '/root/.cache/agentlightning-lite/smollm2-135m/safetensors']
+    ['HuggingFaceTB/SmolLM2-135M-Instruct', 'smollm2-135m', '/root/.cache/.../safetensors']
     >>> base_model_names("/models/tiny")
     ['/models/tiny']
     """
