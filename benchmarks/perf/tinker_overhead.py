@@ -71,6 +71,9 @@ CLIENT = textwrap.dedent(
     def client():
         return sc.create_lora_training_client(base_model=cfg["base_model"], rank=cfg["rank"], seed=0)
 
+    def say(msg):
+        print(f"[sdk] {msg}", file=sys.stderr, flush=True)
+
     out = {}
     tc = client()
     step(tc)  # warm-up
@@ -80,6 +83,7 @@ CLIENT = textwrap.dedent(
         losses.append(step(tc))
         times.append(time.perf_counter() - t0)
     out["step_s"], out["losses"] = times, losses
+    say(f"steps: {times}")
     sampler = tc.save_weights_and_get_sampling_client()
     params = types.SamplingParams(max_tokens=cfg["max_tokens"], temperature=1.0, seed=0)
     t0 = time.perf_counter()
@@ -87,6 +91,7 @@ CLIENT = textwrap.dedent(
     seqs = [f.result().sequences[0] for f in futures]
     out["sample_s"] = time.perf_counter() - t0
     out["sample_tokens"] = sum(len(s.tokens) for s in seqs)
+    say(f"sample: {out['sample_s']:.1f} s")
 
     out["concurrency"] = {}
     for n in cfg["clients"]:
@@ -110,6 +115,7 @@ CLIENT = textwrap.dedent(
             t.join()
         wall = time.perf_counter() - t0
         out["concurrency"][str(n)] = {"wall_s": wall, "steps": n * cfg["steps"], "errors": errors}
+        say(f"{n} clients: {wall:.1f} s")
     sc.close("success")
     print("RESULT " + json.dumps(out), flush=True)
     """
@@ -243,9 +249,11 @@ def main() -> None:
     prompts = [ids[: args.tokens // 2] for ids in batch]
     print(f"in-process: {args.batch} x {args.tokens} tokens, {args.steps} steps...", flush=True)
     local = in_process(engine, batch, args.steps, prompts, args.max_tokens)
+    print(f"in-process: steps {local['step_s']}, sample {local['sample_s']:.1f} s", flush=True)
     backend = PeftBackend(engine, base_model_names("smollm2-135m"), tokenizer_id("smollm2-135m"))
     print("backend, no HTTP...", flush=True)
     direct = backend_direct(backend, batch, args.steps)
+    print(f"backend: steps {direct['step_s']}", flush=True)
     clients = [int(x) for x in args.clients.split(",")]
     cfg = {
         "batch": batch,
@@ -258,20 +266,25 @@ def main() -> None:
         "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
     }
     with tempfile.TemporaryDirectory() as out_dir:
-        server = TinkerServer(backend, out_dir, poll_s=5.0).start()
+        server = TinkerServer(backend, out_dir).start()
         try:
             cfg["url"] = server.url
             print(f"Tinker SDK over HTTP ({python})...", flush=True)
             env = {**os.environ, "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1"}
             env.pop("TINKER_BASE_URL", None)
+            # the child's stderr (its progress) passes through; its stdout carries the result
             proc = subprocess.run(
-                [python, "-c", CLIENT, json.dumps(cfg)], capture_output=True, text=True, env=env, timeout=1800
+                [python, "-c", CLIENT, json.dumps(cfg)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                timeout=1800,
             )
         finally:
             server.close()
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        sys.exit(f"the SDK client failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        sys.exit(f"the SDK client failed (exit {proc.returncode}): its stderr is above")
     sdk = json.loads(lines[-1][len("RESULT ") :])
     errors = {n: c["errors"] for n, c in sdk["concurrency"].items() if c["errors"]}
     if errors:
