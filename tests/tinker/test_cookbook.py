@@ -54,7 +54,7 @@ def server(tiny_smol: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     srv.close()
 
 
-def run_recipe(module: str, args: list[str], log_path: Path, timeout: float = 300) -> list[dict[str, Any]]:
+def run_recipe(module: str, args: list[str], log_path: Path, timeout: float = 600) -> list[dict[str, Any]]:
     """Run ``python -m tinker_cookbook.recipes.<module>`` with ``args`` (offline); the rows of its
     ``metrics.jsonl``."""
     env = {
