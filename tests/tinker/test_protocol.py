@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from agentlightning_lite.tinker import Datum, TinkerServer
+from agentlightning_lite.tinker import Datum, TinkerServer, build_backend
+from agentlightning_lite.tinker.server import base_model_names, tokenizer_id
 from agentlightning_lite.tinker.wire import decode_message, encode_forward_backward_request
 
 PROTO = {"content-type": "application/x-protobuf"}
@@ -58,6 +60,63 @@ def test_get_info_names_a_tokenizer_directory_that_loads_offline(api: Any) -> No
 
     tok = AutoTokenizer.from_pretrained(info["model_data"]["tokenizer_id"])
     assert tok.decode(tok.encode("hello")) == "hello"
+
+
+def test_base_model_names_end_with_the_tokenizer_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentlightning_lite import models
+
+    converted = tmp_path / "smollm2-135m" / "safetensors"
+    monkeypatch.setattr(models, "safetensors_dir", lambda name: converted)
+    names = base_model_names("smollm2-135m")
+    assert names == ["HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m", str(converted)]
+    assert names[-1] == tokenizer_id("smollm2-135m")
+    (tmp_path / "local-model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert base_model_names("local-model") == ["local-model", str(tmp_path.resolve() / "local-model")]
+    assert base_model_names("org/not-a-directory") == ["org/not-a-directory"]
+
+
+def test_create_model_accepts_the_tokenizer_directory_get_info_names(
+    tiny_smol: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a recipe that loads its tokenizer from a local directory (tinker-cookbook's `model_name=DIR`) names
+    # the base model by that directory too: a server started on a relative path accepts the absolute one
+    import httpx
+
+    monkeypatch.chdir(tiny_smol.parent)
+    server = TinkerServer(build_backend(tiny_smol.name, num_threads=1), tmp_path, poll_s=0.5).start()
+    http = httpx.Client(base_url=f"{server.url}/api/v1", timeout=60)
+
+    def create(session: str, seq: int, base_model: str) -> dict[str, Any]:
+        body = {
+            "session_id": session,
+            "model_seq_id": seq,
+            "base_model": base_model,
+            "lora_config": {"rank": 4},
+        }
+        future = http.post("/create_model", json=body).json()
+        for _ in range(120):
+            out = http.post("/retrieve_future", json={"request_id": future["request_id"]}).json()
+            if out.get("type") != "try_again":
+                return dict(out)
+        raise AssertionError(f"create_model({base_model!r}) did not finish")
+
+    try:
+        session = http.post("/create_session", json={}).json()["session_id"]
+        first = create(session, 0, tiny_smol.name)["model_id"]  # by the name it was started with
+        directory = http.post("/get_info", json={"model_id": first}).json()["model_data"]["tokenizer_id"]
+        assert directory == str(tiny_smol.resolve())
+        second = create(session, 1, directory)
+        assert second == {"type": "create_model", "model_id": f"{session}:train:1"}
+        info = http.post("/get_info", json={"model_id": second["model_id"]}).json()
+        assert info["model_data"]["model_name"] == tiny_smol.name  # the first name is the one reported
+        caps = http.get("/get_server_capabilities").json()["supported_models"]
+        assert [m["model_name"] for m in caps] == [tiny_smol.name, directory]
+    finally:
+        http.close()
+        server.close()
 
 
 def test_ops_run_in_seq_id_order_and_poll_answers_try_again_meanwhile(api: Any) -> None:

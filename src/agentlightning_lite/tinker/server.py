@@ -34,15 +34,19 @@ STORE_FILE = "store.sqlite"  #: the store under ``output_dir`` when none is give
 
 def base_model_names(model: str) -> list[str]:
     """The names a client may give as ``base_model`` for ``model``: a known model's Hugging Face id
-    first (what ``get_info`` reports), then the name it was started with.
+    first (what ``get_info`` reports), then the name it was started with, then the local directory
+    :func:`tokenizer_id` names (so a client that loads its tokenizer from that directory, such as a
+    tinker-cookbook recipe given ``model_name=<directory>``, can name the model by it too).
 
-    >>> base_model_names("smollm2-135m")
-    ['HuggingFaceTB/SmolLM2-135M-Instruct', 'smollm2-135m']
+    >>> base_model_names("smollm2-135m")  # doctest: +SKIP
+    ['HuggingFaceTB/SmolLM2-135M-Instruct', 'smollm2-135m', '/root/.cache/.../safetensors']
     >>> base_model_names("/models/tiny")
     ['/models/tiny']
     """
     spec = models.KNOWN_MODELS.get(model.lower())
-    return [spec.hf_id, model] if spec is not None else [model]
+    names = [spec.hf_id, model] if spec is not None else [model]
+    directory = tokenizer_id(model)
+    return names if directory in names else [*names, directory]
 
 
 def tokenizer_id(model: str) -> str:
