@@ -196,3 +196,34 @@ def test_rl_imports_nothing_from_remote_and_its_agent_side_no_torch() -> None:
 def test_every_rl_module_stays_under_600_lines() -> None:
     sizes = {p.name: len(p.read_text().splitlines()) for p in (SRC / "rl").glob("*.py")}
     assert max(sizes.values()) <= 600, sizes
+
+
+def test_an_agents_client_waits_as_long_as_its_rollout_may_run(tiny_engine: Any, tmp_path: Path) -> None:
+    """The endpoint an agent gets carries the rollout's time limit, and the clients made from it wait
+    that long, not the OpenAI SDK's 600 s: on a loaded CPU a step's queued requests outlast 600 s while
+    the rollout still has time, and every such rollout failed with ``APITimeoutError``."""
+    seen: list[tuple[float | None, float]] = []
+
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = llm.openai_client()
+        seen.append((llm.timeout, _seconds(client.timeout)))
+        client.chat.completions.create(
+            model=llm.model, max_tokens=2, messages=[{"role": "user", "content": task["q"]}]
+        )
+        return random.random()
+
+    trainer = make(
+        tiny_engine(lora=agl.LoRA(r=2, alpha=4)), tmp_path, rollout_config=RolloutConfig(timeout=1234.0)
+    )
+    trainer.fit(agent, TASKS[:2], steps=1)
+    trainer.close()
+    assert seen and all(pair == (1234.0, 1234.0) for pair in seen), seen
+    assert _seconds(agl.LLM(base_url="http://127.0.0.1:1/v1", model="m").openai_client().timeout) == 600.0
+    told = agl.LLM(base_url="http://127.0.0.1:1/v1", model="m", timeout=5.0)
+    assert _seconds(told.openai_client(timeout=9.0).timeout) == 9.0  # what the agent asks for wins
+    assert _seconds(told.openai_client().timeout) == 5.0
+
+
+def _seconds(timeout: Any) -> float:
+    """A client's read timeout: a number, or an ``httpx.Timeout`` (the SDK's default)."""
+    return float(timeout) if isinstance(timeout, (int, float)) else float(timeout.read)

@@ -74,8 +74,9 @@ class ReasoningGym(Environment):
     replies are ``<answer>ANSWER</answer>``: a small model that ignores a system prompt's answer format
     copies it from the turns. They come from the same generator and config with ``shots_seed`` (one
     fixed set, so training and held-out tasks see the same prompt); :meth:`messages` is what the agent
-    sends. ``timeout`` (seconds) is the agent's client's wait for a reply (the OpenAI client's own
-    default, 600 s, when None): raise it when a loaded CPU queues requests longer than that.
+    sends. ``timeout`` (seconds) is the agent's client's wait for a reply; ``None`` waits as long as the
+    rollout may run (``llm.timeout``: the trainer's rollout timeout, sized to the engine before the first
+    step), or the OpenAI client's own default (600 s) when the endpoint has no limit.
 
     >>> import agentlightning_lite as agl
     >>> env = agl.envs.ReasoningGym("basic_arithmetic", size=4, seed=1)

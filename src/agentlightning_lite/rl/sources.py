@@ -95,7 +95,7 @@ class InProcessRollouts:
                 agent,
                 specs,
                 self.tracer,
-                server.llm,
+                _with_timeout(server.llm, self.config.timeout_s),
                 concurrency=self.config.concurrency or self.default_concurrency,
                 timeout=self.config.timeout_s,
                 on_done=(lambda _r: progress()) if progress is not None else None,
@@ -153,3 +153,15 @@ class Serving:
                 server, self.server = self.server, None
                 if server is not None:
                     server.stop()
+
+
+def _with_timeout(llm_for: Callable[..., Any], timeout: float | None) -> Callable[..., Any]:
+    """``llm_for`` whose endpoints carry the rollout's time limit (``LLM.timeout``), so an agent's client
+    made from one waits as long as the rollout may run, not its SDK's shorter default."""
+    if timeout is None:
+        return llm_for
+
+    def llm(rollout_id: str, *args: Any, **kwargs: Any) -> Any:
+        return llm_for(rollout_id, *args, **kwargs).model_copy(update={"timeout": timeout})
+
+    return llm

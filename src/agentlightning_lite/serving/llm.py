@@ -36,6 +36,11 @@ class LLM(BaseModel):
     #: a key valid for this rollout's model calls only (``PolicyServer.rollout_key``), when the
     #: server has a key; what a program launched for the rollout is given (``agl.CommandAgent``)
     rollout_key: str | None = None
+    #: the rollout's time limit in seconds (the trainer's ``RolloutConfig.timeout_s``), when it has one:
+    #: the clients made here (:meth:`openai_client`, :meth:`anthropic_client`...) wait this long for a
+    #: reply unless told otherwise, instead of their SDK's own default (600 s for OpenAI's), which a
+    #: loaded CPU queueing a whole step's requests can outlast while the rollout itself still has time
+    timeout: float | None = None
 
     def for_agent(self, agent: str) -> LLM:
         """The same endpoint for one agent of a multi-agent system: its calls are recorded with
@@ -92,6 +97,8 @@ class LLM(BaseModel):
 
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultHttpxClient(verify=_tls_context())
+        if self.timeout is not None:
+            kwargs.setdefault("timeout", self.timeout)
         return OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
     def async_openai_client(self, **kwargs: Any) -> Any:
@@ -102,6 +109,8 @@ class LLM(BaseModel):
 
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultAsyncHttpxClient(verify=_tls_context())
+        if self.timeout is not None:
+            kwargs.setdefault("timeout", self.timeout)
         return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
     @property
@@ -125,6 +134,8 @@ class LLM(BaseModel):
 
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultHttpxClient(verify=_tls_context())
+        if self.timeout is not None:
+            kwargs.setdefault("timeout", self.timeout)
         return Anthropic(base_url=self.anthropic_base_url, api_key=self.api_key, **kwargs)
 
     def async_anthropic_client(self, **kwargs: Any) -> Any:
@@ -135,6 +146,8 @@ class LLM(BaseModel):
 
         if "http_client" not in kwargs:
             kwargs["http_client"] = DefaultAsyncHttpxClient(verify=_tls_context())
+        if self.timeout is not None:
+            kwargs.setdefault("timeout", self.timeout)
         return AsyncAnthropic(base_url=self.anthropic_base_url, api_key=self.api_key, **kwargs)
 
 
