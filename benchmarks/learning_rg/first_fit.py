@@ -103,13 +103,13 @@ def table() -> str:
         "# A first `trainer.fit(env.agent, env.tasks)` with every default",
         "",
         '`agl.envs.ReasoningGym("basic_arithmetic", size=64, seed=0)` (its agent: `max_tokens=512`,',
-        'stops at `</answer>`) and `agl.Trainer(model="smollm2-135m")` (GRPO, 8 tasks x 8 rollouts a',
-        "step), nothing else set. Rewritten from `results/first_fit/*.json` by",
+        'stops at `</answer>`) and `agl.Trainer(model="smollm2-135m")` (GRPO with its default tasks and',
+        "rollouts a step), nothing else set. Rewritten from `results/first_fit/*.json` by",
         "`python -m benchmarks.learning_rg.first_fit`.",
         "",
-        "| date | torch threads | load avg (1 min) | rollout timeout sized | step wall s "
-        "| failed / timed out | cut at max_tokens | mean reply tokens | train reward |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| date | tasks x rollouts a step | torch threads | load avg (1 min) | rollout timeout sized | step wall s "
+        "| failed / timed out (why) | cut at max_tokens | mean reply tokens | train reward |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     command = None
     for path in sorted(RESULTS.glob("*.json")):
@@ -123,14 +123,18 @@ def table() -> str:
             f"{s.get('samples/truncated') or 0:.0f}/{s.get('train/samples') or 0:.0f}" for s in ps
         )
         toks = "; ".join(
-            f"{(s.get('train/response_tokens') or 0) / max(1.0, s.get('train/samples') or 1):.0f}" for s in ps
+            f"{s['train/response_tokens'] / max(1.0, s.get('train/samples') or 1):.0f}"
+            if s.get("train/response_tokens")
+            else "-"
+            for s in ps
         )
         reward = "; ".join(f"{s.get('train/reward_mean') or 0:.3f}" for s in ps)
         rows.append(
-            f"| {r['date'][:16]} | {r['machine']['torch_threads']} of {r['machine']['cpus']} cores "
+            f"| {r['date'][:16]} | {r['trainer']['batch_size']} x {r['trainer']['group_size']} "
+            f"| {r['machine']['torch_threads']} of {r['machine']['cpus']} cores "
             f"| {r['load_avg'][0]:.1f} | {r['rollout_timeout_s']:.0f} s "
             f"| {'; '.join(map(str, r['step_wall_s']))} "
-            f"| {failed} | {cut} | {toks} | {reward} |"
+            f"| {failed}{' (' + r['note'] + ')' if r.get('note') else ''} | {cut} | {toks} | {reward} |"
         )
         command = r["command"]
     if command:
