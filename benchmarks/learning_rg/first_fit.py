@@ -107,7 +107,8 @@ def table() -> str:
         "rollouts a step), nothing else set. Rewritten from `results/first_fit/*.json` by",
         "`python -m benchmarks.learning_rg.first_fit`.",
         "",
-        "| date | tasks x rollouts a step | torch threads | load avg (1 min) | rollout timeout sized | step wall s "
+        "| date | tasks x rollouts a step | torch threads | load avg (1 min) | rollout timeout sized "
+        "| step wall s "
         "| failed / timed out (why) | cut at max_tokens | mean reply tokens | train reward |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
