@@ -337,8 +337,10 @@ class Judge:
         assert self.model is not None
         with self._lock:
             if self._client is None:
-                kwargs = {} if self.api_key is None else {"api_key": self.api_key}
-                self._client = self._openai(LLM(base_url=self.base_url, model=self.model, **kwargs))
+                llm = LLM(base_url=self.base_url, model=self.model)
+                if self.api_key is not None:
+                    llm = llm.model_copy(update={"api_key": self.api_key})
+                self._client = self._openai(llm)
         return self._client, self.base_url, self.model, False
 
     def _openai(self, llm: LLM) -> Any:
