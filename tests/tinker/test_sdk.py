@@ -59,7 +59,11 @@ def run_sdk(server: TinkerServer, body: str, timeout: float = 240) -> dict[str, 
     script = "import json, sys, warnings\nwarnings.simplefilter('ignore')\n"
     script += "import tinker\nfrom tinker import types\n"
     script += f"sc = tinker.ServiceClient(base_url={server.url!r}, api_key='tml-test-key')\nout = {{}}\n"
-    script += textwrap.dedent(body) + "\nsc.close('success')\nprint('RESULT ' + json.dumps(out))\n"
+    script += textwrap.dedent(body) + "\nsc.close('success')\n"
+    script += "print('RESULT ' + json.dumps(out), flush=True)\n"
+    # the SDK's background threads can abort the interpreter as it finalises (SIGABRT after every result
+    # was printed): the client's work is done by then, so the script leaves without finalising
+    script += "import os\nos._exit(0)\n"
     env = {**os.environ, "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1"}
     env.pop("TINKER_BASE_URL", None)
     proc = subprocess.run(
