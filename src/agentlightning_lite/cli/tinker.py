@@ -32,7 +32,27 @@ def add_parser(sub: Any) -> None:
         help="model name, Hugging Face id or local directory (default: smollm2-135m; clients may also name "
         "it by its Hugging Face id, HuggingFaceTB/SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--engine", choices=("hf",), default="hf", help="hf: transformers in this process")
+    p.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="hf: transformers in this process trains and samples (CPU or GPU); vllm: a vLLM server samples "
+        "(started here, or --vllm-url) while a transformers copy trains (default: hf)",
+    )
+    p.add_argument(
+        "--vllm-url",
+        default=None,
+        metavar="URL",
+        help="with --engine vllm: attach to this running vLLM server (started with --enable-lora and "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) instead of starting one",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=None,
+        help="with --engine vllm: the largest LoRA rank clients may ask for (vLLM's --max-lora-rank; "
+        "default: 64)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument(
@@ -77,9 +97,25 @@ def tinker(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     print(f"agl-lite: loading {args.model} ({args.engine})...", file=sys.stderr, flush=True)
-    backend = build_backend(
-        args.model, args.engine, device=args.device, num_threads=args.threads, seed=args.seed
-    )
+    if args.engine != "vllm" and (args.vllm_url or args.max_lora_rank):
+        raise CLIError("--vllm-url and --max-lora-rank go with --engine vllm", EXIT_USAGE)
+    vllm_options: dict[str, Any] = {}
+    if args.vllm_url:
+        vllm_options["url"] = args.vllm_url
+    if args.max_lora_rank:
+        vllm_options["max_lora_rank"] = args.max_lora_rank
+    try:
+        backend = build_backend(
+            args.model,
+            args.engine,
+            output_dir=args.output_dir,
+            vllm_options=vllm_options,
+            device=args.device,
+            num_threads=args.threads,
+            seed=args.seed,
+        )
+    except ImportError as exc:  # vLLM is not installed (VLLMEngine's message says how)
+        raise CLIError(str(exc), EXIT_USAGE) from None
     store = SQLiteStore(args.store) if args.store else None
     store_path = args.store or os.path.join(args.output_dir, STORE_FILE)
     server = TinkerServer(

@@ -80,7 +80,7 @@ def save_adapter(model: Any, adapter: str, path: str | os.PathLike[str]) -> Path
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    state = get_peft_model_state_dict(model, adapter_name=adapter)
+    state = get_peft_model_state_dict(model, adapter_name=adapter, save_embedding_layers=False)
     save_file(
         {k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / "adapter_model.safetensors")
     )

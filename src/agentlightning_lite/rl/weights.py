@@ -58,7 +58,9 @@ class WeightHandOver:
         engine = self.trainable()
         for adapter in adapters:
             if adapter is None:
-                engine.update_weights(get_peft_model_state_dict(self.model))
+                engine.update_weights(get_peft_model_state_dict(self.model, save_embedding_layers=False))
             else:
-                state = get_peft_model_state_dict(self.model, adapter_name=adapter)
+                state = get_peft_model_state_dict(
+                    self.model, adapter_name=adapter, save_embedding_layers=False
+                )
                 engine.update_weights(state, adapter=adapter)

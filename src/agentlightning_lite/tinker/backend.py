@@ -86,6 +86,9 @@ class ModelInfo:
     base_model: str
     lora_rank: int
     tokenizer_id: str
+    train_attn: bool = True  #: LoRA on the attention projections
+    train_mlp: bool = True  #: LoRA on the MLP projections
+    train_unembed: bool = True  #: LoRA on the unembedding (``lm_head``)
 
 
 @dataclass
@@ -109,8 +112,20 @@ class TrainingBackend(Protocol):
         """The names ``create_model(base_model=...)`` accepts; the first is the one reported."""
         ...
 
-    def create_model(self, model_id: str, base_model: str, lora_rank: int, seed: int | None) -> ModelInfo:
-        """A fresh LoRA adapter of rank ``lora_rank`` on the base model, with its own optimiser."""
+    def create_model(
+        self,
+        model_id: str,
+        base_model: str,
+        lora_rank: int,
+        seed: int | None,
+        *,
+        train_attn: bool = True,
+        train_mlp: bool = True,
+        train_unembed: bool = True,
+    ) -> ModelInfo:
+        """A fresh LoRA adapter of rank ``lora_rank`` on the base model, with its own optimiser, on the
+        attention projections, the MLP projections and the unembedding as the three flags say (Tinker's
+        ``LoraConfig``)."""
         ...
 
     def info(self, model_id: str) -> ModelInfo:
@@ -136,6 +151,11 @@ class TrainingBackend(Protocol):
 
     def save_state(self, model_id: str, directory: Path, optimizer: bool = True) -> None:
         """Write the adapter (and the optimiser state) into ``directory``."""
+        ...
+
+    def saved_info(self, directory: Path) -> dict[str, Any]:
+        """What the weights :meth:`save_state` wrote into ``directory`` were trained with: ``lora_rank``,
+        ``train_attn``, ``train_mlp``, ``train_unembed``."""
         ...
 
     def load_state(self, model_id: str, directory: Path, optimizer: bool) -> None:

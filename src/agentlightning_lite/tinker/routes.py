@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
 MAX_SAMPLES = 1024  #: the most ``num_samples`` one ``asample`` request may ask for
+#: Tinker's ``LoraConfig`` flags: which modules a training model's LoRA adapts (each true by default)
+LORA_FLAGS = ("train_attn", "train_mlp", "train_unembed")
 
 
 def error(message: str, status: int, category: str = "user") -> JSONResponse:
@@ -259,10 +261,11 @@ class TinkerAPI:
             )
         model_id = self.registry.model_id(session, body.get("model_seq_id"))
         rank, seed = lora.get("rank", 32), lora.get("seed")
+        flags = {k: lora.get(k, True) for k in LORA_FLAGS}  # Tinker's defaults: all three true
         self.queue.open(model_id)
 
         def create() -> Outcome:
-            self.backend.create_model(model_id, str(base_model), rank, seed)
+            self.backend.create_model(model_id, str(base_model), rank, seed, **flags)
             self.recorder.training_model(model_id, str(base_model), rank, session)
             return Outcome(json={"type": "create_model", "model_id": model_id})
 
@@ -415,13 +418,14 @@ class TinkerAPI:
                 self.queue.submit(model_id, body.get("seq_id"), load, _fingerprint(body)), model_id=model_id
             )
         session = self.registry.check_session(body.get("session_id"))
-        rank = self.backend.saved_rank(directory) if hasattr(self.backend, "saved_rank") else 32
+        saved = self.backend.saved_info(directory)
         model_id = self.registry.model_id(session, body.get("model_seq_id"))
         base = self.backend.base_model_names()[0]
+        rank = saved["lora_rank"]
         self.queue.open(model_id)
 
         def create_and_load() -> Outcome:
-            self.backend.create_model(model_id, base, rank, None)
+            self.backend.create_model(model_id, base, rank, None, **{k: saved[k] for k in LORA_FLAGS})
             self.recorder.training_model(model_id, base, rank, session)
             start = time.time()
             try:
@@ -520,6 +524,7 @@ class TinkerAPI:
                 "model_owner": "local",
                 "is_lora": True,
                 "lora_rank": info.lora_rank,
+                **{k: getattr(info, k) for k in LORA_FLAGS},
                 "corrupted": False,
                 "last_request_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
@@ -528,6 +533,6 @@ class TinkerAPI:
     async def weights_info(self, request: Request) -> Response:
         path = (await _json(request)).get("tinker_path")
         directory = self.registry.existing(path)
-        rank = self.backend.saved_rank(directory) if hasattr(self.backend, "saved_rank") else None
+        saved = self.backend.saved_info(directory)
         base = self.backend.base_model_names()[0]
-        return JSONResponse({"base_model": base, "is_lora": True, "lora_rank": rank})
+        return JSONResponse({"base_model": base, "is_lora": True, **saved})

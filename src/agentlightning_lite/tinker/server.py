@@ -30,6 +30,8 @@ from .routes import TinkerAPI
 __all__ = ["STORE_FILE", "TinkerServer", "base_model_names", "build_backend", "tokenizer_id"]
 
 STORE_FILE = "store.sqlite"  #: the store under ``output_dir`` when none is given
+VLLM_MAX_LORA_RANK = 64  #: the largest LoRA rank a vLLM-backed server takes unless told otherwise
+KEEP_SAMPLERS = 8  #: how many unnamed sampler snapshots stay loaded
 
 
 def base_model_names(model: str) -> list[str]:
@@ -58,15 +60,60 @@ def tokenizer_id(model: str) -> str:
     return str(path.resolve()) if path.is_dir() else model
 
 
-def build_backend(model: str = "smollm2-135m", engine: str = "hf", **engine_options: Any) -> TrainingBackend:
-    """The training backend for ``model`` on ``engine`` (``"hf"``: transformers in this process, the
-    only one that trains in place today); ``engine_options`` go to ``HFEngine``."""
-    if engine != "hf":
-        raise ValueError(f"the Tinker server trains on the hf engine only, got engine={engine!r}")
+def build_backend(
+    model: str = "smollm2-135m",
+    engine: str = "hf",
+    *,
+    output_dir: str | os.PathLike[str] | None = None,
+    vllm_options: dict[str, Any] | None = None,
+    **engine_options: Any,
+) -> TrainingBackend:
+    """The training backend for ``model`` on ``engine``.
+
+    ``"hf"``: transformers in this process trains each LoRA adapter in place and samples from it
+    (``engine_options`` go to ``HFEngine``). ``"vllm"``: a vLLM server samples (started here, or the one
+    at ``vllm_options["url"]``; ``vllm_options`` go to ``VLLMEngine``) while a transformers copy of the
+    same weights trains (``engine_options`` go to its ``HFEngine``); each sampler's adapter is saved
+    under ``output_dir/samplers`` (a temporary directory without ``output_dir``) and loaded by vLLM.
+
+    >>> build_backend("smollm2-135m", "vllm", output_dir="runs/tinker")  # doctest: +SKIP
+    <agentlightning_lite.tinker.peft_backend.PeftBackend object at ...>
+    """
+    if engine not in ("hf", "vllm"):
+        raise ValueError(f"the Tinker server runs on engine 'hf' or 'vllm', got engine={engine!r}")
     from ..serving.engines import HFEngine
     from .peft_backend import PeftBackend
 
-    return PeftBackend(HFEngine(model, **engine_options), base_model_names(model), tokenizer_id(model))
+    names, tokenizer = base_model_names(model), tokenizer_id(model)
+    if engine == "hf":
+        return PeftBackend(HFEngine(model, **engine_options), names, tokenizer)
+    from ..rl.engine_setup import VLLM_GPU_SHARE
+    from ..serving.engines import VLLMEngine
+
+    trainer = HFEngine(model, **engine_options)
+    options: dict[str, Any] = {"max_lora_rank": VLLM_MAX_LORA_RANK, **(vllm_options or {})}
+    options.setdefault("dtype", str(trainer.dtype).removeprefix("torch."))  # vLLM computes as the trainer
+    options.setdefault("max_loras", 4)
+    options.setdefault("max_cpu_loras", KEEP_SAMPLERS + 4)  # the snapshots kept, and a few being replaced
+    if next(trainer.model.parameters()).device.type == "cuda":
+        options.setdefault("gpu_memory_utilization", VLLM_GPU_SHARE)  # the rest is the trainer's
+    if output_dir is not None:
+        options.setdefault("log_dir", str(Path(output_dir).absolute() / "vllm-logs"))
+    try:
+        sampler = VLLMEngine(model, **options)
+    except BaseException:
+        trainer.close()
+        raise
+    samplers = None if output_dir is None else Path(output_dir).absolute() / "samplers"
+    return PeftBackend(
+        sampler,
+        names,
+        tokenizer,
+        keep_samplers=KEEP_SAMPLERS,
+        trainer=trainer,
+        sampler_dir=samplers,
+        max_lora_rank=int(options["max_lora_rank"]),
+    )
 
 
 class TinkerServer(ThreadedUvicorn):

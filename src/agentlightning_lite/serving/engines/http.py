@@ -31,6 +31,7 @@ from .http_backend import (
     adapter_directory,
     check_answer,
     completion_result,
+    prompt_logprobs_of,
     sampling_settings,
     write_adapter,
 )
@@ -264,6 +265,17 @@ class HTTPEngine(Engine):
                 raise ValueError(f"adapter {name!r} already exists")
             self._set_version(name, adapter_directory(str(lora)))
 
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name``: requests admitted with it finish on it, then every server
+        unloads it (``KeyError`` when the engine has no such adapter)."""
+        with self.lock:
+            if name not in self._current:
+                raise KeyError(f"unknown adapter {name!r}: this engine serves {self.adapters}")
+            vname = self._current.pop(name)
+            self._retired.add(vname)
+            if not self._uses.get(vname):
+                self._unload_soon(vname)
+
     def _set_version(self, name: str, path: str) -> None:
         vname = f"{name}-v{self.version}"
         old = self._current.get(name)
@@ -441,6 +453,53 @@ class HTTPEngine(Engine):
         result = completion_result(b, req, r.json(), version, name)
         self._record_batch([req], [result], time.perf_counter() - t0)
         return result
+
+    def prompt_logprobs(
+        self, prompt_token_ids: Sequence[int], adapter: str | None = None
+    ) -> list[float | None]:
+        """The logprob of each of ``prompt_token_ids`` given the ones before it (``None`` for the
+        first), as the server scores it under adapter ``adapter`` (``None``: the base model): vLLM's
+        ``prompt_logprobs``, from the weights it samples with.
+
+        >>> engine.prompt_logprobs([1, 15, 27])  # doctest: +SKIP
+        [None, -9.1, -3.2]
+        """
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            return []
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        with self.lock:
+            if adapter is not None and adapter not in self._current:
+                raise KeyError(f"unknown adapter {adapter!r}: this engine serves {self.adapters}")
+            vname = None if adapter is None else self._current[adapter]
+            path = None if vname is None else self._paths[vname]
+            if vname is not None:
+                self._uses[vname] = self._uses.get(vname, 0) + 1
+        try:
+            b = self._pick(None)
+            try:
+                return list(self._run(self._score(b, prompt, vname, path), timeout=self.timeout_s + 10))
+            finally:
+                with self._select_lock:
+                    b.in_flight -= 1
+        finally:
+            self._release(vname)
+
+    async def _score(
+        self, b: Backend, prompt: list[int], vname: str | None, path: str | None
+    ) -> list[float | None]:
+        if vname is not None and path is not None:
+            await self._ensure(b, vname, path)
+        body = {
+            "model": vname or self.served_model,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": 0,  # the logprob of each prompt token itself (no alternatives)
+        }
+        r = await self._post(b, "/v1/completions", body)
+        return prompt_logprobs_of(b, prompt, r.json())
 
     def check_response_format(self, fmt: Any, tools: Sequence[dict[str, Any]] | None = None) -> None:
         """Accepted: the server enforces it (an error it answers fails that request). With tools offered,

@@ -15,7 +15,7 @@ from .base import GenRequest, GenResult
 from .contract import BackendError  # defined with the engine contract; importable from here too
 
 __all__ = ["Backend", "BackendError", "adapter_directory", "check_answer", "completion_result"]
-__all__ += ["sampling_settings", "write_adapter"]
+__all__ += ["prompt_logprobs_of", "sampling_settings", "write_adapter"]
 
 
 def sampling_settings(req: GenRequest) -> dict[str, Any]:
@@ -105,6 +105,33 @@ def completion_result(
         weights_version=version,
         adapter=adapter,
     )
+
+
+def prompt_logprobs_of(b: Backend, prompt: list[int], data: dict[str, Any]) -> list[float | None]:
+    """The logprob of each prompt token from a ``/v1/completions`` answer asked for
+    ``prompt_logprobs`` (vLLM: per position ``None`` or ``{token id: {"logprob": ...}}``, the prompt's
+    own token among the keys).
+
+    >>> row = {"15": {"logprob": -2.5, "rank": 3}}
+    >>> prompt_logprobs_of(Backend("http://h"), [1, 15], {"choices": [{"prompt_logprobs": [None, row]}]})
+    [None, -2.5]
+    """
+    try:
+        rows = data["choices"][0]["prompt_logprobs"]
+        if not isinstance(rows, list) or len(rows) != len(prompt):
+            raise ValueError(
+                f"{0 if not isinstance(rows, list) else len(rows)} rows for {len(prompt)} tokens"
+            )
+        out: list[float | None] = [None]
+        for token, row in zip(prompt[1:], rows[1:], strict=True):
+            entry = row.get(str(token)) or row.get(f"token_id:{token}")
+            out.append(float(entry["logprob"] if isinstance(entry, dict) else entry))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise BackendError(
+            f"inference server {b.url} answered /v1/completions without the prompt's logprobs "
+            f"(prompt_logprobs, as vLLM returns them): {exc!r}"
+        ) from None
+    return out
 
 
 def adapter_directory(path: str) -> str:
