@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from agentlightning_lite.tinker import Datum, TinkerServer
+from agentlightning_lite.tinker.routes import MAX_BODY_BYTES
 from agentlightning_lite.tinker.wire import decode_message, encode_forward_backward_request
 
 from .test_protocol import DATUM, PROTO, fwd_bwd, optim, sample
@@ -219,3 +220,39 @@ def test_two_clients_racing_on_one_model_each_get_an_answer(api: Any, tinker_ser
 def test_json_routes_refuse_what_is_not_a_json_object(api: Any, route: str) -> None:
     _refused(api.http.post(f"/{route}", content=b"{not json"), 422, "not JSON")
     _refused(api.post(route, [1, 2]), 422, "must be a JSON object")
+
+
+def test_bodies_over_the_limit_get_a_413_that_says_it(api: Any, tinker_server: TinkerServer) -> None:
+    """A body past ``max_body_bytes`` (declared or streamed), and a small zstd body that decompresses
+    past it, are refused with a 413 naming the limit; the server serves on."""
+    import zstandard
+
+    model = api.model(api.session())
+    limit = 4096
+    tinker_server.api.max_body_bytes = limit
+    try:
+        big = Datum([5] * 2000, {"target_tokens": [6] * 2000, "weights": [1.0] * 2000})  # compresses well
+        raw = encode_forward_backward_request(model, 1, [big], "cross_entropy")
+        assert len(raw) > limit
+        _refused(_post_proto(api, raw), 413, f"this server takes at most {limit}")
+
+        def chunks() -> Any:  # streamed: no Content-Length to refuse it by
+            yield raw[:limit]
+            yield raw[limit:]
+
+        _refused(_post_proto(api, chunks()), 413, f"this server takes at most {limit}")
+        bomb = zstandard.ZstdCompressor().compress(raw)
+        assert len(bomb) < limit
+        _refused(
+            _post_proto(api, bomb, **{"content-encoding": "zstd"}),
+            413,
+            f"the decompressed forward_backward body is {limit + 1} bytes",
+        )
+        _refused(api.post("create_session", {"tags": ["x" * limit]}), 413, "the request body is")
+        # a body under the limit, compressed, is taken
+        small = encode_forward_backward_request(model, 1, [DATUM], "cross_entropy")
+        zipped = zstandard.ZstdCompressor().compress(small)
+        assert api.result(_post_proto(api, zipped, **{"content-encoding": "zstd"}).json())["metrics"]
+    finally:
+        tinker_server.api.max_body_bytes = MAX_BODY_BYTES
+    _alive(api)

@@ -73,6 +73,13 @@ def add_parser(sub: Any) -> None:
         default=os.environ.get("AGL_API_KEY"),
         help="require this key as X-API-Key (default: $AGL_API_KEY, else none)",
     )
+    p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=256.0,
+        help="the largest request body in MiB, a zstd forward_backward batch once decompressed too "
+        "(larger ones get a 413; default: 256)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda... (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="seeds samples that bring no seed (default: 0)")
@@ -97,6 +104,8 @@ def tinker(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     print(f"agl-lite: loading {args.model} ({args.engine})...", file=sys.stderr, flush=True)
+    if not args.max_body_mb > 0:
+        raise CLIError(f"--max-body-mb must be positive, got {args.max_body_mb}", EXIT_USAGE)
     if args.engine != "vllm" and (args.vllm_url or args.max_lora_rank):
         raise CLIError("--vllm-url and --max-lora-rank go with --engine vllm", EXIT_USAGE)
     vllm_options: dict[str, Any] = {}
@@ -126,6 +135,7 @@ def tinker(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         log_level=args.log_level,
         store=store,
+        max_body_bytes=int(args.max_body_mb * 2**20),
     )
     try:
         server.start()

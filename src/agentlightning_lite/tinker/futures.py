@@ -41,9 +41,10 @@ class OpError(Exception):
     'user'
     """
 
-    def __init__(self, message: str, category: Category = "user") -> None:
+    def __init__(self, message: str, category: Category = "user", status: int | None = None) -> None:
         super().__init__(message)
         self.category: Category = category
+        self.status = status  #: the HTTP status when the request itself is refused (``None``: by kind)
 
 
 @dataclass

@@ -30,12 +30,15 @@ from .recording import Recorder
 from .registry import Registry
 from .wire import decode_forward_backward_request, encode_forward_backward_output, encode_sample_response
 
-__all__ = ["MAX_SAMPLES", "PROTO", "TinkerAPI"]
+__all__ = ["MAX_BODY_BYTES", "MAX_SAMPLES", "PROTO", "TinkerAPI", "read_body", "read_json", "unzstd"]
 
 logger = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
 MAX_SAMPLES = 1024  #: the most ``num_samples`` one ``asample`` request may ask for
+#: the largest request body (a ``forward_backward`` batch, after zstd): 256 sequences of 32k tokens
+#: with three float32 arrays each fit
+MAX_BODY_BYTES = 256 * 2**20
 #: Tinker's ``LoraConfig`` flags: which modules a training model's LoRA adapts (each true by default)
 LORA_FLAGS = ("train_attn", "train_mlp", "train_unembed")
 
@@ -44,9 +47,51 @@ def error(message: str, status: int, category: str = "user") -> JSONResponse:
     return JSONResponse({"error": message, "category": category}, status_code=status)
 
 
-async def _json(request: Request) -> dict[str, Any]:
+def _too_large(size: int, limit: int, what: str = "the request body") -> OpError:
+    return OpError(f"{what} is {size} bytes; this server takes at most {limit} (--max-body-mb)", status=413)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise _too_large(int(length), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def unzstd(body: bytes, limit: int) -> bytes:
+    """A zstd body decompressed, refused (413) once it passes ``limit`` bytes (a small body can
+    decompress to a huge one)."""
+    import zstandard
+
+    reader = zstandard.ZstdDecompressor().stream_reader(body)
     try:
-        body = await request.json()
+        out = reader.read(limit + 1)
+        while len(out) <= limit:
+            more = reader.read(limit + 1 - len(out))
+            if not more:
+                break
+            out += more
+    except zstandard.ZstdError as exc:
+        raise OpError(
+            f"the forward_backward body is not valid zstd (Content-Encoding: zstd): {exc}"
+        ) from None
+    if len(out) > limit:
+        raise _too_large(len(out), limit, "the decompressed forward_backward body")
+    return out
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object (413 past ``limit`` bytes; a clear error for anything else)."""
+    raw = await read_body(request, limit)
+    try:
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise OpError(f"the request body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
@@ -89,7 +134,11 @@ class TinkerAPI:
         poll_s: float = 30.0,
         sample_workers: int = 16,
         recorder: Recorder | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
+        self.max_body_bytes = int(max_body_bytes)
         self.backend = backend
         self.registry = registry
         self.recorder = recorder if recorder is not None else Recorder(MemoryStore())
@@ -163,7 +212,7 @@ class TinkerAPI:
             try:
                 return await handler(request)
             except OpError as exc:
-                status = (
+                status = exc.status or (
                     404 if str(exc).startswith("unknown") or str(exc).startswith("no checkpoint") else 422
                 )
                 return error(str(exc), status, exc.category)
@@ -188,11 +237,11 @@ class TinkerAPI:
         )
 
     async def create_session(self, request: Request) -> Response:
-        await _json(request)
+        await read_json(request, self.max_body_bytes)
         return JSONResponse({"type": "create_session", "session_id": self.registry.new_session()})
 
     async def heartbeat(self, request: Request) -> Response:
-        self.registry.check_session((await _json(request)).get("session_id"))
+        self.registry.check_session((await read_json(request, self.max_body_bytes)).get("session_id"))
         return JSONResponse({"type": "session_heartbeat"})
 
     async def telemetry(self, request: Request) -> Response:
@@ -228,7 +277,7 @@ class TinkerAPI:
         return JSONResponse({"request_id": request_id, **extra})
 
     async def retrieve_future(self, request: Request) -> Response:
-        rid = (await _json(request)).get("request_id")
+        rid = (await read_json(request, self.max_body_bytes)).get("request_id")
         if not isinstance(rid, str):
             raise OpError(f"request_id must be a string, got {rid!r}")
         try:
@@ -248,7 +297,7 @@ class TinkerAPI:
 
     # -- models ---------------------------------------------------------------------------------
     async def create_model(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request, self.max_body_bytes)
         session = self.registry.check_session(body.get("session_id"))
         lora = body.get("lora_config") or {}
         if not isinstance(lora, dict):
@@ -272,7 +321,7 @@ class TinkerAPI:
         return self._future(self.queue.submit(None, None, create), model_id=model_id)
 
     async def get_info(self, request: Request) -> Response:
-        model_id = self.registry.check_model((await _json(request)).get("model_id"))
+        model_id = self.registry.check_model((await read_json(request, self.max_body_bytes)).get("model_id"))
         info = self.backend.info(model_id)
         return JSONResponse(
             {
@@ -291,16 +340,9 @@ class TinkerAPI:
             raise OpError(
                 f"forward_backward takes a protobuf body (Content-Type: {PROTO}), as SDK 0.38 sends"
             )
-        body = await request.body()
+        body = await read_body(request, self.max_body_bytes)
         if request.headers.get("content-encoding", "") == "zstd":
-            import zstandard
-
-            try:
-                body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
-            except zstandard.ZstdError as exc:
-                raise OpError(
-                    f"the forward_backward body is not valid zstd (Content-Encoding: zstd): {exc}"
-                ) from None
+            body = unzstd(body, self.max_body_bytes)
         req = decode_forward_backward_request(body)
         model_id = self.registry.check_model(req.model_id)
 
@@ -331,7 +373,7 @@ class TinkerAPI:
         )
 
     async def optim_step(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request, self.max_body_bytes)
         model_id = self.registry.check_model(body.get("model_id"))
         if body.get("optimizer_params") is not None and body.get("adam_params") is None:
             raise OpError("only AdamW (adam_params) is served here, not optimizer_params")
@@ -347,7 +389,7 @@ class TinkerAPI:
 
     # -- weights --------------------------------------------------------------------------------
     async def save_weights(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request, self.max_body_bytes)
         model_id = self.registry.check_model(body.get("model_id"))
         name = self.registry.check_name(body.get("path"))
         directory = self.registry.directory_of(model_id, "weights", name)
@@ -365,7 +407,7 @@ class TinkerAPI:
         )
 
     async def save_weights_for_sampler(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request, self.max_body_bytes)
         model_id = self.registry.check_model(body.get("model_id"))
         name = body.get("path")
         base = self.backend.info(model_id).base_model
@@ -401,7 +443,7 @@ class TinkerAPI:
         )
 
     async def load_weights(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request, self.max_body_bytes)
         directory = self.registry.existing(body.get("path"))
         optimizer = bool(body.get("optimizer", False))
         if body.get("model_id") is not None:  # into an existing model, in its seq_id order
@@ -440,7 +482,7 @@ class TinkerAPI:
 
     # -- sampling -------------------------------------------------------------------------------
     async def create_sampling_session(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request, self.max_body_bytes)
         self.registry.check_session(body.get("session_id"))
         base_names = self.backend.base_model_names()
         path = body.get("model_path")
@@ -462,7 +504,7 @@ class TinkerAPI:
         )
 
     async def asample(self, request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request, self.max_body_bytes)
         info: dict[str, Any] = {"base_model": self.backend.base_model_names()[0]}
         if body.get("sampling_session_id") is not None:
             found = self.registry.sampling_session(body.get("sampling_session_id"))
@@ -531,7 +573,7 @@ class TinkerAPI:
         )
 
     async def weights_info(self, request: Request) -> Response:
-        path = (await _json(request)).get("tinker_path")
+        path = (await read_json(request, self.max_body_bytes)).get("tinker_path")
         directory = self.registry.existing(path)
         saved = self.backend.saved_info(directory)
         base = self.backend.base_model_names()[0]

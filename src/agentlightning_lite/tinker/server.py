@@ -25,7 +25,7 @@ from ..store.sqlite import SQLiteStore
 from .backend import TrainingBackend
 from .recording import Recorder
 from .registry import Registry
-from .routes import TinkerAPI
+from .routes import MAX_BODY_BYTES, TinkerAPI
 
 __all__ = ["STORE_FILE", "TinkerServer", "base_model_names", "build_backend", "tokenizer_id"]
 
@@ -130,6 +130,8 @@ class TinkerServer(ThreadedUvicorn):
         api_key: require this key (``X-API-Key`` or ``Authorization: Bearer``); ``None``: no key.
         poll_s: how long ``/retrieve_future`` waits for an unfinished operation before it answers
             ``try_again`` (Tinker clients time out after 45 s).
+        max_body_bytes: the largest request body, a zstd ``forward_backward`` body once decompressed
+            too; a larger one gets a 413 that says the limit (default 256 MiB).
 
     >>> import agentlightning_lite.tinker as tk  # doctest: +SKIP
     >>> backend = tk.build_backend("smollm2-135m")  # doctest: +SKIP
@@ -152,6 +154,7 @@ class TinkerServer(ThreadedUvicorn):
         poll_s: float = 30.0,
         log_level: str = "warning",
         store: Store | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         super().__init__(host, port, log_level)
         self.backend = backend
@@ -161,7 +164,9 @@ class TinkerServer(ThreadedUvicorn):
             Path(output_dir).mkdir(parents=True, exist_ok=True)
             store = SQLiteStore(Path(output_dir) / STORE_FILE)
         self.store: Store = store
-        self.api = TinkerAPI(backend, self.registry, poll_s=poll_s, recorder=Recorder(store))
+        self.api = TinkerAPI(
+            backend, self.registry, poll_s=poll_s, recorder=Recorder(store), max_body_bytes=max_body_bytes
+        )
         self.api_key = api_key
         self.app = Starlette(
             routes=self.api.routes(), middleware=[Middleware(BaseHTTPMiddleware, dispatch=self._check_key)]
