@@ -3,8 +3,9 @@
 One model (SmolLM2-135M from the embedded GGUF, float32 on CPU), one LoRA (rank 8, alpha 32), one batch
 (``--batch`` conversations-like sequences of ``--tokens`` tokens, cross-entropy on every target):
 
-* **in-process**: ``rl.primitives.forward_backward`` + ``rl.primitives.optim_step`` (what
-  ``Learner.forward_backward`` / ``Learner.optim_step`` run) on a LoRA adapter of the engine's module;
+* **in-process**: ``Learner.forward_backward`` + ``Learner.optim_step`` on a LoRA adapter of the
+  engine's module, with the server's settings for a client with Tinker's defaults (the attention, MLP and
+  unembedding projections; the learner's micro-batches and precision);
   the sample: each prompt of the batch through ``HFEngine.submit`` directly.
 * **backend, no HTTP**: the server's ``PeftBackend.forward_backward`` / ``optim_step`` called directly
   (the training side the routes call), to split the overhead into backend and protocol.
@@ -15,8 +16,9 @@ One model (SmolLM2-135M from the embedded GGUF, float32 on CPU), one LoRA (rank 
 * **concurrency**: 1, 2 and 4 SDK clients (threads of the child, each its own LoRA training client)
   doing ``--steps`` steps at once: steps per second of wall time over all of them.
 
-Nothing runs beside anything else except the concurrent clients. The SDK's Python is this one when it
-has ``tinker``, else ``--sdk-python`` / ``$AGL_TINKER_PYTHON``.
+Nothing runs beside anything else except the concurrent clients. The in-process steps run again after
+the SDK's, so drift over the run (the machine's load, its clocks) shows as two passes. The SDK's Python is
+this one when it has ``tinker``, else ``--sdk-python`` / ``$AGL_TINKER_PYTHON``.
 
     python -m benchmarks.perf.tinker_overhead --threads 1     # writes tinker_overhead_results.md/.json
     python -m benchmarks.perf.tinker_overhead --threads 1 --steps 1 --no-write   # a quick look
@@ -147,33 +149,46 @@ def make_batch(engine: Any, n: int, length: int) -> list[list[int]]:
 def in_process(
     engine: Any, batch: list[list[int]], steps: int, prompts: list[list[int]], max_tokens: int
 ) -> dict:
-    """The trainer's primitives on a LoRA adapter of the engine's module; then a sample per prompt."""
+    """The Learner's primitives in process, on a LoRA adapter of the engine's module (the modules, the
+    learner's settings and precision the server uses for a client with Tinker's defaults); then a
+    sample per prompt."""
     import torch
 
     from agentlightning_lite.lora_settings import LoRA
-    from agentlightning_lite.rl import primitives
     from agentlightning_lite.rl.datum import AdamParams, Datum
-    from agentlightning_lite.rl.policies import adapter_params
+    from agentlightning_lite.rl.engine_setup import update_autocast
+    from agentlightning_lite.rl.learner import Learner
+    from agentlightning_lite.rl.policies import Policy, adapter_params
+    from agentlightning_lite.rl.sft import SFT
+    from agentlightning_lite.rl.weights import WeightHandOver
     from agentlightning_lite.serving.engines import GenRequest
+    from agentlightning_lite.tinker.peft_backend import (
+        LORA_ALPHA,
+        MICRO_BATCH_SIZE,
+        MICRO_BATCH_TOKENS,
+        lora_targets,
+    )
 
-    engine.add_adapter("bench", LoRA(r=RANK, alpha=32), named_only=True)
+    lora = LoRA(r=RANK, alpha=LORA_ALPHA, target_modules=lora_targets(engine.model))
+    engine.add_adapter("bench", lora, named_only=True)
     params = adapter_params(engine.model, "bench")
     optimizer = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+    learner = Learner(
+        engine.model,
+        [Policy("bench", "bench", None, optimizer, None)],
+        WeightHandOver(engine, engine.model),
+        SFT(micro_batch_size=MICRO_BATCH_SIZE, micro_batch_tokens=MICRO_BATCH_TOKENS),
+        autocast=update_autocast(engine, params[0].device),
+    )
     datums = [Datum.from_tokens(ids, weights=[1.0] * (len(ids) - 1)) for ids in batch]
     adam = AdamParams(learning_rate=LR)
 
     def step() -> float:
-        loss: dict[str, float] = {}
-
-        def run(_module: Any) -> None:
-            for p in params:
-                p.requires_grad_(True)
-            with engine.using_adapter("bench") as m:
-                loss["sum"] = primitives.forward_backward(m, datums, "cross_entropy").metrics["loss:sum"]
-            primitives.optim_step(optimizer, adam)
-
-        engine.update_weights(run)
-        return loss["sum"]
+        for p in params:
+            p.requires_grad_(True)
+        loss = learner.forward_backward(datums, "cross_entropy").metrics["loss:sum"]
+        learner.optim_step(adam)
+        return float(loss)
 
     step()
     times, losses = [], []
@@ -190,13 +205,22 @@ def in_process(
     ]
     results = [f.result() for f in futures]
     sample_s = time.perf_counter() - t0
-    engine.remove_adapter("bench")
     return {
         "step_s": times,
         "losses": losses,
         "sample_s": sample_s,
         "sample_tokens": sum(r.num_tokens for r in results),
+        "step": step,  # run again after the other paths (not written out)
     }
+
+
+def timed(step: Any, steps: int) -> list[float]:
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def backend_direct(backend: Any, batch: list[list[int]], steps: int) -> dict:
@@ -282,6 +306,9 @@ def main() -> None:
             )
         finally:
             server.close()
+    # the in-process steps again, now that the other paths have run: drift over the run shows here
+    again = timed(local.pop("step"), args.steps)
+    print(f"in-process again: steps {again}", flush=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.exit(f"the SDK client failed (exit {proc.returncode}): its stderr is above")
@@ -292,7 +319,9 @@ def main() -> None:
     wall = time.perf_counter() - wall0
 
     med = statistics.median
-    step_local, step_direct, step_sdk = med(local["step_s"]), med(direct["step_s"]), med(sdk["step_s"])
+    # in-process: the median over both passes (before and after the other paths)
+    step_local = med(local["step_s"] + again)
+    step_direct, step_sdk = med(direct["step_s"]), med(sdk["step_s"])
     conc = {
         n: {"steps_per_s": c["steps"] / c["wall_s"], "wall_s": c["wall_s"], "steps": c["steps"]}
         for n, c in sdk["concurrency"].items()
@@ -301,11 +330,13 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "command": "python -m benchmarks.perf.tinker_overhead " + " ".join(sys.argv[1:]),
+        "autocast": str(engine.autocast_dtype).removeprefix("torch."),  # None: float32 throughout
         "load_before": load_before,
         "load_after": load(),
         "wall_s": round(wall, 1),
         "settings": {k: v for k, v in vars(args).items() if k not in ("no_write", "sdk_python")},
         "step_s": {"in_process": step_local, "backend": step_direct, "sdk_http": step_sdk},
+        "in_process_passes_s": {"first": med(local["step_s"]), "last": med(again)},
         "losses": {"in_process": local["losses"], "backend": direct["losses"], "sdk_http": sdk["losses"]},
         "sample": {
             "in_process_s": local["sample_s"],
@@ -325,9 +356,11 @@ def main() -> None:
 def render(r: dict[str, Any]) -> str:
     s, smp, c, st = r["step_s"], r["sample"], r["concurrency"], r["settings"]
     base = s["in_process"]
+    passes = r["in_process_passes_s"]
     one = c.get("1", {}).get("steps_per_s")
     head = (
-        f"`{r['command']}` ({r['date']}; {r['machine']}; smollm2-135m (GGUF, float32, CPU), "
+        f"`{r['command']}` ({r['date']}; {r['machine']}; smollm2-135m (GGUF, float32 weights, CPU, "
+        f"autocast {r.get('autocast')}), "
         f"LoRA rank {RANK}, {st['threads']} torch thread(s); a step = cross-entropy `forward_backward` + "
         f"`optim_step` on {st['batch']} sequences of {st['tokens']} tokens; median of {st['steps']} steps "
         f"after a warm-up). Load average (1, 5, 15 min) {r['load_before']} before, {r['load_after']} after; "
@@ -341,7 +374,9 @@ def render(r: dict[str, Any]) -> str:
         "",
         "| one supervised step | seconds | vs in-process |",
         "|---|---|---|",
-        f"| in-process (`rl.primitives`, the Learner's path) | {base:.2f} | 1.00x |",
+        f"| in-process (`Learner.forward_backward` + `optim_step`), both passes | {base:.2f} | 1.00x |",
+        f"| in-process, first pass / last pass | {passes['first']:.2f} / {passes['last']:.2f} | "
+        f"{passes['first'] / base:.2f}x / {passes['last'] / base:.2f}x |",
         f"| server backend called directly (no HTTP) | {s['backend']:.2f} | {s['backend'] / base:.2f}x |",
         f"| Tinker SDK over HTTP (`agl-lite tinker`) | {s['sdk_http']:.2f} | {s['sdk_http'] / base:.2f}x |",
         "",
