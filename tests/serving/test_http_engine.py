@@ -740,6 +740,33 @@ def test_vllm_engine_startup_timeout_says_what_to_check(
     ), note
 
 
+def test_a_program_that_never_closes_the_engine_stops_its_vllm_on_exit(tmp_path: Path) -> None:
+    """A vLLM the engine started runs in its own process group (so close() stops its workers too), so
+    nothing stops it when the program exits without close(): the engine's exit hook does."""
+    code = (
+        "import os, sys\n"
+        "from agentlightning_lite.serving.engines.vllm import VLLMEngine\n"
+        "engine = VLLMEngine.__new__(VLLMEngine)\n"
+        "engine.processes, engine.log_paths, engine.commands = [], [], []\n"
+        "engine._launch([sys.executable, '-c', 'import time; time.sleep(300)'], dict(os.environ), "
+        f"{str(tmp_path / 'vllm.log')!r})\n"
+        "print(engine.processes[0].pid, flush=True)\n"  # and exit, engine never closed
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"the server process {pid} outlived the program that started it")
+
+
 FAKE_OLD_VLLM = """
 from http.server import BaseHTTPRequestHandler, HTTPServer
 args = sys.argv[1:]

@@ -121,6 +121,10 @@ def test_trained_adapters_sample_on_vllm_with_the_trainers_logprobs(api: Api, se
     )
     seqs = out["sequences"]
     assert len(seqs) == 2 and all(len(s["tokens"]) == len(s["logprobs"]) > 0 for s in seqs)
+    # samples from the snapshot say which trained weights they are: the trainer's version after 4 steps
+    name = server.registry.sampling_session(sampling).sampler
+    assert backend.sample(name, prompt, {"max_tokens": 2, "seed": 0}, 1)[0].weights_version == 4
+    assert backend.weights_version() == 4
     diffs: list[float] = []
     for s in seqs:
         mine = _scored(api, model, seq, prompt, s["tokens"])

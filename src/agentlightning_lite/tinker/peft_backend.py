@@ -140,6 +140,7 @@ class PeftBackend:
         self._ids = itertools.count()
         self._ephemeral: collections.deque[str] = collections.deque()
         self._retired_dirs: collections.deque[Path] = collections.deque()
+        self._snapshot_version: dict[str, int] = {}  # sampler -> the trainer's version it was taken at
         self._lock = threading.Lock()
         self._learner: Learner | None = None
         self._own_sampler_dir = sampler_dir is None and not self.in_place
@@ -348,6 +349,7 @@ class PeftBackend:
         model = self._model(model_id)
         with self._lock:
             name = f"sampler{next(self._ids)}"
+            self._snapshot_version[name] = int(self.trainer.version)
         if directory is None:
             if self.in_place:  # a frozen copy of the adapter, on the engine's own module
                 with self.engine.lock:
@@ -372,6 +374,7 @@ class PeftBackend:
 
     def _remove_sampler(self, name: str) -> None:
         self.engine.remove_adapter(name)
+        self._snapshot_version.pop(name, None)
         if self.sampler_dir is None:
             return
         # its files go once keep_samplers more have been retired after it: a sample admitted before the
@@ -414,7 +417,12 @@ class PeftBackend:
         self._check_prompt(prompt)
         settings = request_settings(params, self.engine.eos_token_ids, self.engine.max_context)
         futures = [self.engine.submit(r) for r in gen_requests(prompt, settings, num_samples, sampler)]
-        return sequences_of([f.result() for f in futures])
+        seqs = sequences_of([f.result() for f in futures])
+        if not self.in_place:  # the engine's own version never moves: say which trained weights these are
+            version = None if sampler is None else self._snapshot_version.get(sampler)
+            for seq in seqs:
+                seq.weights_version = version
+        return seqs
 
     def prompt_logprobs(self, sampler: str | None, prompt: list[int]) -> list[float | None]:
         if not prompt:

@@ -16,6 +16,7 @@ group (``tests/serving/test_vllm_real.py``); no GPU build has run (docs/gpu.md s
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -247,6 +248,8 @@ class VLLMEngine(HTTPEngine):
         finally:
             log.close()
         logger.info("started vLLM (pid %d): %s; its log: %s", proc.pid, " ".join(argv), log_path)
+        if not self.processes:  # a program that never closes the engine still stops its servers on exit
+            atexit.register(self._stop_servers)
         self.processes.append(proc)
         self.log_paths.append(log_path)
         self.commands.append(argv)
@@ -326,6 +329,7 @@ class VLLMEngine(HTTPEngine):
             check_vllm_version(version, u)
 
     def _stop_servers(self) -> None:
+        atexit.unregister(self._stop_servers)
         for proc in self.processes:
             if proc.poll() is None:
                 try:
