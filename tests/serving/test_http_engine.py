@@ -4,6 +4,7 @@ on the tiny random Llama behind it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -404,6 +405,44 @@ def test_lora_version_switch_while_requests_are_in_flight(backend: Any, tmp_path
             time.sleep(0.02)
         assert list(server.lora_adapters) == ["policy-v1"]
         assert server.engine.adapters == ["policy-v1"]
+    finally:
+        engine.close()
+        e0.close()
+        e1.close()
+
+
+def test_an_adapter_removed_and_added_again_serves_its_new_weights(backend: Any, tmp_path: Path) -> None:
+    """remove_adapter stops serving a name (and unloads it from the server); the same name added again
+    gets a version name of its own, so the server loads the new weights instead of reusing the old;
+    preload_adapter loads a version before any request needs it."""
+    server = backend()
+    p0, e0 = save_adapter(tmp_path / "v0", seed=1)
+    p1, e1 = save_adapter(tmp_path / "v1", seed=2)
+    ids = prompts(server.engine)[1]
+    plain = GenRequest(prompt_token_ids=ids, max_tokens=6, temperature=0)
+    want0, want1 = (e.generate([plain])[0].token_ids for e in (e0, e1))
+    assert want0 != want1
+    req = dataclasses.replace(plain, adapter="a")
+    engine = HTTPEngine(server.url, tokenizer=server.engine.tokenizer, api_key="k")
+    try:
+        engine.add_adapter("a", p0, named_only=True)
+        first = engine.adapter_version("a")
+        engine.preload_adapter("a")
+        assert first in server.lora_adapters  # loaded before any request
+        assert engine.generate([req])[0].token_ids == want0
+        engine.remove_adapter("a")
+        with pytest.raises(KeyError, match="unknown adapter 'a'"):
+            engine.generate([req])
+        with pytest.raises(KeyError, match="unknown adapter 'a'"):
+            engine.remove_adapter("a")
+        engine.add_adapter("a", p1, named_only=True)
+        second = engine.adapter_version("a")
+        assert second != first
+        assert engine.generate([req])[0].token_ids == want1
+        deadline = time.monotonic() + 10
+        while first in server.lora_adapters and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert first not in server.lora_adapters and second in server.lora_adapters
     finally:
         engine.close()
         e0.close()

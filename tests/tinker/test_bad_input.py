@@ -246,11 +246,18 @@ def test_bodies_over_the_limit_get_a_413_that_says_it(api: Any, tinker_server: T
         _refused(
             _post_proto(api, bomb, **{"content-encoding": "zstd"}),
             413,
-            f"the decompressed forward_backward body is {limit + 1} bytes",
+            f"the decompressed forward_backward body is more than {limit} bytes",
         )
         _refused(api.post("create_session", {"tags": ["x" * limit]}), 413, "the request body is")
-        # a body under the limit, compressed, is taken
+        # a body under the limit, compressed (in two frames), is taken whole
         small = encode_forward_backward_request(model, 1, [DATUM], "cross_entropy")
+        half = len(small) // 2
+        frames = zstandard.ZstdCompressor().compress(small[:half]) + zstandard.ZstdCompressor().compress(
+            small[half:]
+        )
+        assert api.result(_post_proto(api, frames, **{"content-encoding": "zstd"}).json())["metrics"]
+        # and in one frame
+        small = encode_forward_backward_request(model, 2, [DATUM], "cross_entropy")
         zipped = zstandard.ZstdCompressor().compress(small)
         assert api.result(_post_proto(api, zipped, **{"content-encoding": "zstd"}).json())["metrics"]
     finally:

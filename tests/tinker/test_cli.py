@@ -36,8 +36,13 @@ def test_flags() -> None:
 
 
 def test_vllm_flags_need_the_vllm_engine(capsys: pytest.CaptureFixture) -> None:
-    assert main(["tinker", "--port", "0", "--vllm-url", "http://127.0.0.1:9"]) == 2
+    assert main(["tinker", "--port", "0", "--max-lora-rank", "16"]) == 2
     assert "--vllm-url and --max-lora-rank go with --engine vllm" in capsys.readouterr().err
+    url = ["--engine", "vllm", "--vllm-url", "http://127.0.0.1:9"]
+    assert main(["tinker", "--port", "0", *url]) == 2
+    assert "--vllm-url needs --max-lora-rank" in capsys.readouterr().err
+    assert main(["tinker", "--port", "0", *url, "--max-lora-rank", "0"]) == 2
+    assert "--max-lora-rank must be at least 1" in capsys.readouterr().err
 
 
 def test_engine_vllm_with_no_vllm_says_how_to_install_it(

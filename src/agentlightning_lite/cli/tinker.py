@@ -106,6 +106,14 @@ def tinker(args: argparse.Namespace) -> int:
     print(f"agl-lite: loading {args.model} ({args.engine})...", file=sys.stderr, flush=True)
     if not args.max_body_mb > 0:
         raise CLIError(f"--max-body-mb must be positive, got {args.max_body_mb}", EXIT_USAGE)
+    if args.max_lora_rank is not None and args.max_lora_rank < 1:
+        raise CLIError(f"--max-lora-rank must be at least 1, got {args.max_lora_rank}", EXIT_USAGE)
+    if args.vllm_url and args.max_lora_rank is None:
+        raise CLIError(
+            "--vllm-url needs --max-lora-rank: the attached server's own --max-lora-rank "
+            "(vLLM's default is 16)",
+            EXIT_USAGE,
+        )
     if args.engine != "vllm" and (args.vllm_url or args.max_lora_rank):
         raise CLIError("--vllm-url and --max-lora-rank go with --engine vllm", EXIT_USAGE)
     vllm_options: dict[str, Any] = {}

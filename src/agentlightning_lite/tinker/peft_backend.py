@@ -44,6 +44,7 @@ from ..rl.losses import LOSS_INPUTS, builtin_token_losses
 from ..rl.policies import Policy, adapter_params
 from ..rl.sft import SFT
 from ..rl.weights import WeightHandOver
+from ..serving.engines.contract import BackendError
 from .backend import Datum, ForwardBackwardResult, ModelInfo, SampledSequence
 from .futures import OpError
 from .losses import required_inputs
@@ -81,7 +82,11 @@ def lora_targets(
     """
     if not (train_attn or train_mlp or train_unembed):
         raise OpError("lora_config: at least one of train_attn, train_mlp and train_unembed must be true")
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}  # LoRA-wrapped ones too
+    present = {  # linear layers, also once wrapped by a LoRA adapter (a peft layer over a base_layer)
+        name.rsplit(".", 1)[-1]
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) or isinstance(getattr(m, "base_layer", None), torch.nn.Linear)
+    }
     out: list[str] = []
     for flag, names in (("train_attn", ATTENTION), ("train_mlp", MLP), ("train_unembed", UNEMBED)):
         if not {"train_attn": train_attn, "train_mlp": train_mlp, "train_unembed": train_unembed}[flag]:
@@ -218,7 +223,10 @@ class PeftBackend:
             # the unembedding's LoRA on a model whose embeddings are tied adapts the output side only,
             # as Tinker's train_unembed means (peft warns about merging such an adapter, which we never do)
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*", category=UserWarning)
-            self.trainer.add_adapter(name, lora, named_only=True)
+            try:
+                self.trainer.add_adapter(name, lora, named_only=True)
+            except (ValueError, TypeError) as exc:  # peft could not adapt these modules
+                raise OpError(f"a LoRA adapter on {targets} cannot be made on this model: {exc}") from None
         params = adapter_params(self.trainer.model, name)
         if not params:
             raise RuntimeError(f"the LoRA adapter {name!r} has no weights on this model")
@@ -361,7 +369,7 @@ class PeftBackend:
             else:  # the engine loads adapters from files: a snapshot directory, removed with the sampler
                 assert self.sampler_dir is not None
                 self.save_state(model_id, self.sampler_dir / name, optimizer=False)
-                self.engine.add_adapter(name, str(self.sampler_dir / name), named_only=True)
+                self._serve(name, self.sampler_dir / name)
             with self._lock:
                 self._ephemeral.append(name)
                 old = [self._ephemeral.popleft() for _ in range(len(self._ephemeral) - self.keep_samplers)]
@@ -369,8 +377,21 @@ class PeftBackend:
                 self._remove_sampler(stale)
             return name
         self.save_state(model_id, directory, optimizer=False)
-        self.engine.add_adapter(name, str(directory), named_only=True)
+        self._serve(name, directory)
         return name
+
+    def _serve(self, sampler: str, directory: Path) -> None:
+        """Have the engine serve the adapter saved in ``directory`` as ``sampler``; an engine that
+        loads adapters from files (vLLM) loads it now, so a refusal (a rank above the server's
+        ``--max-lora-rank``, a directory it cannot read) is this call's error, not a later sample's."""
+        self.engine.add_adapter(sampler, str(directory), named_only=True)
+        if self.in_place:
+            return
+        try:
+            self.engine.preload_adapter(sampler)
+        except BackendError as exc:
+            self.engine.remove_adapter(sampler)
+            raise OpError(f"the sampling server could not load the snapshot: {exc}") from None
 
     def _remove_sampler(self, name: str) -> None:
         self.engine.remove_adapter(name)
@@ -397,7 +418,7 @@ class PeftBackend:
             raise OpError(f"no sampler weights at {directory}")
         with self._lock:
             name = f"sampler{next(self._ids)}"
-        self.engine.add_adapter(name, str(directory), named_only=True)
+        self._serve(name, directory)
         return name
 
     # -- sampling -------------------------------------------------------------------------------
@@ -416,7 +437,16 @@ class PeftBackend:
             raise OpError(f"the sampler weights {sampler!r} were unloaded (only the newest are kept)")
         self._check_prompt(prompt)
         settings = request_settings(params, self.engine.eos_token_ids, self.engine.max_context)
-        futures = [self.engine.submit(r) for r in gen_requests(prompt, settings, num_samples, sampler)]
+        futures: list[Any] = []
+        try:
+            for request in gen_requests(prompt, settings, num_samples, sampler):
+                futures.append(self.engine.submit(request))
+        except KeyError:  # unloaded between the check above and the submission
+            for f in futures:
+                self.engine.cancel(f)
+            raise OpError(
+                f"the sampler weights {sampler!r} were unloaded (only the newest are kept)"
+            ) from None
         seqs = sequences_of([f.result() for f in futures])
         if not self.in_place:  # the engine's own version never moves: say which trained weights these are
             version = None if sampler is None else self._snapshot_version.get(sampler)
@@ -431,7 +461,12 @@ class PeftBackend:
             raise OpError(f"the sampler weights {sampler!r} were unloaded (only the newest are kept)")
         self._check_prompt(prompt)
         if not self.in_place:  # the sampling engine scores them (vLLM's prompt_logprobs)
-            return list(self.engine.prompt_logprobs(prompt, adapter=sampler))
+            try:
+                return list(self.engine.prompt_logprobs(prompt, adapter=sampler))
+            except KeyError:
+                raise OpError(
+                    f"the sampler weights {sampler!r} were unloaded (only the newest are kept)"
+                ) from None
         with self.engine.lock, self.engine.using_adapter(sampler) as m, torch.no_grad():
             device = next(m.parameters()).device
             ids = torch.tensor([prompt], device=device)
@@ -443,8 +478,10 @@ class PeftBackend:
         return int(self.trainer.version)
 
     def close(self) -> None:
-        self.engine.close()
-        if not self.in_place:
-            self.trainer.close()
-        if self._own_sampler_dir and self.sampler_dir is not None:
-            shutil.rmtree(self.sampler_dir, ignore_errors=True)
+        try:
+            self.engine.close()
+        finally:
+            if not self.in_place:
+                self.trainer.close()
+            if self._own_sampler_dir and self.sampler_dir is not None:
+                shutil.rmtree(self.sampler_dir, ignore_errors=True)

@@ -66,25 +66,30 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def unzstd(body: bytes, limit: int) -> bytes:
-    """A zstd body decompressed, refused (413) once it passes ``limit`` bytes (a small body can
-    decompress to a huge one)."""
+    """A zstd body decompressed (every frame), refused (413) once it passes ``limit`` bytes: a small
+    body can decompress to a huge one."""
     import zstandard
 
-    reader = zstandard.ZstdDecompressor().stream_reader(body)
+    reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
+    chunks, size = [], 0
     try:
-        out = reader.read(limit + 1)
-        while len(out) <= limit:
-            more = reader.read(limit + 1 - len(out))
-            if not more:
+        while True:
+            chunk = reader.read(min(1 << 20, limit + 1 - size))
+            if not chunk:
                 break
-            out += more
+            size += len(chunk)
+            if size > limit:
+                raise OpError(
+                    f"the decompressed forward_backward body is more than {limit} bytes; this server takes "
+                    f"at most {limit} (--max-body-mb)",
+                    status=413,
+                )
+            chunks.append(chunk)
     except zstandard.ZstdError as exc:
         raise OpError(
             f"the forward_backward body is not valid zstd (Content-Encoding: zstd): {exc}"
         ) from None
-    if len(out) > limit:
-        raise _too_large(len(out), limit, "the decompressed forward_backward body")
-    return out
+    return b"".join(chunks)
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -249,10 +254,11 @@ class TinkerAPI:
 
     async def finish(self, request: Request) -> Response:
         session = self.registry.check_session(request.path_params["session_id"])
+        raw = await read_body(request, self.max_body_bytes)
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
-            body = {}
+            body = {}  # a finish without a readable body still finishes
         reason = body.get("reason") if isinstance(body, dict) else None
         kind = reason.get("type") if isinstance(reason, dict) else None
         detail = body.get("detail") if isinstance(body, dict) else None
@@ -342,7 +348,7 @@ class TinkerAPI:
             )
         body = await read_body(request, self.max_body_bytes)
         if request.headers.get("content-encoding", "") == "zstd":
-            body = unzstd(body, self.max_body_bytes)
+            body = await asyncio.to_thread(unzstd, body, self.max_body_bytes)
         req = decode_forward_backward_request(body)
         model_id = self.registry.check_model(req.model_id)
 

@@ -72,7 +72,8 @@ def build_backend(
 
     ``"hf"``: transformers in this process trains each LoRA adapter in place and samples from it
     (``engine_options`` go to ``HFEngine``). ``"vllm"``: a vLLM server samples (started here, or the one
-    at ``vllm_options["url"]``; ``vllm_options`` go to ``VLLMEngine``) while a transformers copy of the
+    at ``vllm_options["url"]``, with its ``max_lora_rank``; ``vllm_options`` go to ``VLLMEngine``) while a
+    transformers copy of the
     same weights trains (``engine_options`` go to its ``HFEngine``); each sampler's adapter is saved
     under ``output_dir/samplers`` (a temporary directory without ``output_dir``) and loaded by vLLM.
 
@@ -90,6 +91,11 @@ def build_backend(
     from ..rl.engine_setup import VLLM_GPU_SHARE
     from ..serving.engines import VLLMEngine
 
+    if (vllm_options or {}).get("url") is not None and "max_lora_rank" not in (vllm_options or {}):
+        raise ValueError(
+            "attaching to a running vLLM (url=) needs its max_lora_rank= (the server's --max-lora-rank; "
+            "vLLM's default is 16): ranks above it cannot be sampled"
+        )
     trainer = HFEngine(model, **engine_options)
     options: dict[str, Any] = {"max_lora_rank": VLLM_MAX_LORA_RANK, **(vllm_options or {})}
     options.setdefault("dtype", str(trainer.dtype).removeprefix("torch."))  # vLLM computes as the trainer
@@ -105,15 +111,20 @@ def build_backend(
         trainer.close()
         raise
     samplers = None if output_dir is None else Path(output_dir).absolute() / "samplers"
-    return PeftBackend(
-        sampler,
-        names,
-        tokenizer,
-        keep_samplers=KEEP_SAMPLERS,
-        trainer=trainer,
-        sampler_dir=samplers,
-        max_lora_rank=int(options["max_lora_rank"]),
-    )
+    try:
+        return PeftBackend(
+            sampler,
+            names,
+            tokenizer,
+            keep_samplers=KEEP_SAMPLERS,
+            trainer=trainer,
+            sampler_dir=samplers,
+            max_lora_rank=int(options["max_lora_rank"]),
+        )
+    except BaseException:
+        sampler.close()
+        trainer.close()
+        raise
 
 
 class TinkerServer(ThreadedUvicorn):

@@ -115,6 +115,7 @@ class HTTPEngine(Engine):
         self._current: dict[str, str] = {}  # adapter name -> its current version name
         self._uses: dict[str, int] = {}  # version name -> requests in flight with it
         self._retired: set[str] = set()  # replaced versions, unloaded after their last request
+        self._issued: set[str] = set()  # every version name given out (a name is never reused)
         self._sessions: OrderedDict[str, Backend] = OrderedDict()  # session -> its server (LRU)
         self._select_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -276,8 +277,25 @@ class HTTPEngine(Engine):
             if not self._uses.get(vname):
                 self._unload_soon(vname)
 
+    def preload_adapter(self, name: str) -> None:
+        """Load adapter ``name``'s current version on every live server now (else each loads it before
+        its first request with it), so a server that refuses it says so here: a :class:`BackendError`
+        naming the server and its reason."""
+        with self.lock:
+            if name not in self._current:
+                raise KeyError(f"unknown adapter {name!r}: this engine serves {self.adapters}")
+            vname = self._current[name]
+            path = self._paths[vname]
+        for b in self.backends:
+            if b.dead_since is None:
+                self._run(self._ensure(b, vname, path), timeout=self.timeout_s)
+
     def _set_version(self, name: str, path: str) -> None:
         vname = f"{name}-v{self.version}"
+        k = 1
+        while vname in self._issued:  # an adapter removed and added again: never reuse a version's name
+            vname, k = f"{name}-v{self.version}-{k}", k + 1
+        self._issued.add(vname)
         old = self._current.get(name)
         self._paths[vname] = path
         self._current[name] = vname
@@ -479,7 +497,15 @@ class HTTPEngine(Engine):
         try:
             b = self._pick(None)
             try:
-                return list(self._run(self._score(b, prompt, vname, path), timeout=self.timeout_s + 10))
+                fut = asyncio.run_coroutine_threadsafe(self._score(b, prompt, vname, path), self._loop)
+                try:
+                    return list(fut.result(self.timeout_s + 10))
+                except concurrent.futures.TimeoutError:
+                    fut.cancel()  # not left running on an adapter released below
+                    waited = self.timeout_s + 10
+                    raise BackendError(
+                        f"inference server {b.url} did not score the prompt within {waited:.0f} s"
+                    ) from None
             finally:
                 with self._select_lock:
                     b.in_flight -= 1

@@ -249,7 +249,7 @@ class VLLMEngine(HTTPEngine):
             log.close()
         logger.info("started vLLM (pid %d): %s; its log: %s", proc.pid, " ".join(argv), log_path)
         if not self.processes:  # a program that never closes the engine still stops its servers on exit
-            atexit.register(self._stop_servers)
+            atexit.register(self._stop_at_exit)
         self.processes.append(proc)
         self.log_paths.append(log_path)
         self.commands.append(argv)
@@ -328,8 +328,14 @@ class VLLMEngine(HTTPEngine):
                 )
             check_vllm_version(version, u)
 
+    def _stop_at_exit(self) -> None:
+        try:
+            self._stop_servers()
+        except Exception:  # never an exception out of an exit hook
+            logger.warning("stopping the vLLM servers at exit failed", exc_info=True)
+
     def _stop_servers(self) -> None:
-        atexit.unregister(self._stop_servers)
+        atexit.unregister(self._stop_at_exit)
         for proc in self.processes:
             if proc.poll() is None:
                 try:
