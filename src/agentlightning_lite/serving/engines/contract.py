@@ -9,7 +9,7 @@ the only one that changes its ``version`` (callers read it, never write it).
 :class:`InPlaceEngine` is a trainable engine whose module *is* the training model (``HFEngine``):
 the trainer updates ``model`` inside ``update_weights(fn)``, under the engine's lock.
 :class:`MultiAdapterEngine` serves several LoRA adapters on one base model, one per agent;
-:class:`AdapterRemovingEngine` can also take one out again (``HFEngine``).
+:class:`AdapterRemovingEngine` can also take one out again (``HFEngine``, ``HTTPEngine``/``VLLMEngine``).
 :class:`BatchLimitedEngine` decodes at most ``max_batch_size`` requests together (``HFEngine``).
 :class:`BackendError` is what an engine raises when the inference server behind it fails a request.
 
@@ -185,7 +185,7 @@ class MultiAdapterEngine(ServingEngine, Protocol):
 
 @runtime_checkable
 class AdapterRemovingEngine(MultiAdapterEngine, Protocol):
-    """A multi-adapter engine that can also remove an adapter (``HFEngine``)."""
+    """A multi-adapter engine that can also remove an adapter (``HFEngine``, ``HTTPEngine``)."""
 
     def remove_adapter(self, name: str) -> None:
         """Remove adapter ``name`` (``KeyError`` when the engine has no such adapter)."""
