@@ -248,7 +248,7 @@ def test_bodies_over_the_limit_get_a_413_that_says_it(api: Any, tinker_server: T
             413,
             f"the decompressed forward_backward body is more than {limit} bytes",
         )
-        _refused(api.post("create_session", {"tags": ["x" * limit]}), 413, "the request body is")
+        _refused(api.post("create_session", {"tags": ["x" * limit]}), 413, "request body is")
         # a body under the limit, compressed (in two frames), is taken whole
         small = encode_forward_backward_request(model, 1, [DATUM], "cross_entropy")
         half = len(small) // 2

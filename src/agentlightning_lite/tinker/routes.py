@@ -23,6 +23,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..serving.errors import APIError
+from ..serving.routes.request import read_body as read_limited
 from ..store.memory import MemoryStore
 from .backend import TrainingBackend, adam_params
 from .futures import FutureTable, OpError, OrderedQueue, Outcome
@@ -47,22 +49,13 @@ def error(message: str, status: int, category: str = "user") -> JSONResponse:
     return JSONResponse({"error": message, "category": category}, status_code=status)
 
 
-def _too_large(size: int, limit: int, what: str = "the request body") -> OpError:
-    return OpError(f"{what} is {size} bytes; this server takes at most {limit} (--max-body-mb)", status=413)
-
-
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it passes ``limit`` bytes."""
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise _too_large(int(length), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The request body, refused (413) as soon as it passes ``limit`` bytes (the PolicyServer's reader,
+    its error as this API's)."""
+    try:
+        return await read_limited(request, limit)
+    except APIError as exc:
+        raise OpError(f"{exc.message.rstrip('.')} (--max-body-mb)", status=exc.status) from None
 
 
 def unzstd(body: bytes, limit: int) -> bytes:
